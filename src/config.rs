@@ -1,0 +1,624 @@
+//! Configuration: one TOML file plus `OUTBOXD_` environment overrides, validated up front.
+//!
+//! The whole schema of the design contract parses today, including keys whose features live in other
+//! modules or later releases, so a config written now keeps working. Unknown keys are an error naming the
+//! key (a typo must never silently fall back to a default). Overrides use the key path with `__`
+//! between levels: `OUTBOXD_KAFKA__BROKERS=…` sets `kafka.brokers`. A value that parses as a TOML
+//! literal (number, boolean, array, quoted string) is taken as such, anything else as a plain string.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// Environment variable naming the config file when `--config` is absent.
+pub const CONFIG_ENV: &str = "OUTBOXD_CONFIG";
+const ENV_PREFIX: &str = "OUTBOXD_";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Pipeline name: names the checkpoint file and labels metrics.
+    pub name: String,
+    pub source: SourceConfig,
+    #[serde(default)]
+    pub route: RouteConfig,
+    pub kafka: KafkaConfig,
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+    #[serde(default)]
+    pub http: HttpConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    Mysql,
+    Postgres,
+}
+
+impl SourceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceKind::Mysql => "mysql",
+            SourceKind::Postgres => "postgres",
+        }
+    }
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    pub kind: SourceKind,
+    pub url: String,
+    /// Set through `OUTBOXD_SOURCE__PASSWORD`; never logged.
+    #[serde(default)]
+    pub password: Option<String>,
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    pub tables: Vec<String>,
+    /// MySQL: this reader's replica server id. Defaults to a value derived from the pipeline name.
+    #[serde(default)]
+    pub server_id: Option<u32>,
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    #[serde(default = "default_slot")]
+    pub slot: String,
+    #[serde(default = "default_slot")]
+    pub publication: String,
+    #[serde(default)]
+    pub message_prefixes: Vec<String>,
+    /// Heartbeat the server sends when idle; a stream silent for 3x this long is treated as dead.
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_interval_ms: u64,
+}
+
+impl std::fmt::Debug for SourceConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceConfig")
+            .field("kind", &self.kind)
+            .field("url", &redact_url(&self.url))
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("password_file", &self.password_file)
+            .field("tables", &self.tables)
+            .field("server_id", &self.server_id)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TlsMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub mode: TlsMode,
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+}
+
+fn default_slot() -> String {
+    "outboxd".to_string()
+}
+
+fn default_heartbeat_ms() -> u64 {
+    5_000
+}
+
+/// How a row becomes a Kafka record. Defaults are those of Debezium's Outbox Event Router.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteConfig {
+    pub by: String,
+    pub topic: String,
+    pub key: String,
+    pub payload: String,
+    pub id: String,
+    pub headers: BTreeMap<String, String>,
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        RouteConfig {
+            by: "aggregatetype".into(),
+            topic: "outbox.event.${routedByValue}".into(),
+            key: "aggregateid".into(),
+            payload: "payload".into(),
+            id: "id".into(),
+            headers: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    pub brokers: String,
+    #[serde(default)]
+    pub dead_letter_topic: Option<String>,
+    /// Records produced but not yet acknowledged; the source pauses when the window is full.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// Passed to librdkafka verbatim.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+fn default_max_in_flight() -> usize {
+    10_000
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    pub dir: PathBuf,
+    pub interval_ms: u64,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig {
+            dir: PathBuf::from("checkpoints"),
+            interval_ms: 50,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// `host:port` for /metrics, /healthz, /readyz; empty disables the server.
+    pub listen: String,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: "127.0.0.1:9187".into(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads the file at `path`, applies `OUTBOXD_*` overrides from the process environment, validates.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::config(format!("cannot read config file {}: {e}", path.display())).remedy(
+                "pass the file with --config PATH or OUTBOXD_CONFIG, or create ./outboxd.toml",
+            )
+        })?;
+        Self::from_toml_with_env(&text, &path.display().to_string(), std::env::vars())
+    }
+
+    /// Parses `text` (named `origin` in errors), applies the given `OUTBOXD_*` variables, validates.
+    pub fn from_toml_with_env(
+        text: &str,
+        origin: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config> {
+        let mut doc: toml::Table = toml::from_str(text).map_err(|e| {
+            Error::config(format!("{origin} is not valid TOML: {e}"))
+                .remedy("fix the syntax at the line shown")
+        })?;
+        apply_env_overrides(&mut doc, env)?;
+        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(doc)).map_err(
+            |e| {
+                let path = e.path().to_string();
+                Error::config(format!("{origin}: key `{path}`: {}", e.into_inner())).remedy(
+                    "correct or remove that key (see the configuration reference in README.md)",
+                )
+            },
+        )?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |key: &str, why: String, fix: &str| {
+            Err(Error::config(format!("key `{key}`: {why}")).remedy(fix.to_string()))
+        };
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            || self.name.starts_with('.')
+        {
+            return bad(
+                "name",
+                format!("{:?} cannot name a checkpoint file", self.name),
+                "use letters, digits, '-', '_' or '.' (e.g. name = \"orders\")",
+            );
+        }
+        let scheme = self.source.url.split("://").next().unwrap_or("");
+        let expected: &[&str] = match self.source.kind {
+            SourceKind::Mysql => &["mysql", "mariadb"],
+            SourceKind::Postgres => &["postgres", "postgresql"],
+        };
+        if !self.source.url.contains("://") || !expected.contains(&scheme) {
+            return bad(
+                "source.url",
+                format!(
+                    "{} is not a {} URL",
+                    redact_url(&self.source.url),
+                    self.source.kind.as_str()
+                ),
+                match self.source.kind {
+                    SourceKind::Mysql => "use mysql://USER@HOST:PORT/DB",
+                    SourceKind::Postgres => "use postgres://USER@HOST:PORT/DB",
+                },
+            );
+        }
+        if url::Url::parse(&self.source.url).is_err() {
+            return bad(
+                "source.url",
+                format!("{} is not a valid URL", redact_url(&self.source.url)),
+                "percent-encode special characters in the user and password",
+            );
+        }
+        if self.source.password.is_some() && self.source.password_file.is_some() {
+            return bad(
+                "source.password_file",
+                "both a password and a password_file are set".into(),
+                "keep one of them",
+            );
+        }
+        if self.source.tables.is_empty() {
+            return bad(
+                "source.tables",
+                "no outbox table listed".into(),
+                "list the schema-qualified outbox tables, e.g. tables = [\"app.outbox\"]",
+            );
+        }
+        for t in &self.source.tables {
+            let parts: Vec<&str> = t.split('.').collect();
+            if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
+                return bad(
+                    "source.tables",
+                    format!("{t:?} is not schema-qualified"),
+                    "write each table as \"schema.table\" (MySQL: database.table)",
+                );
+            }
+        }
+        if self.source.server_id == Some(0) {
+            return bad(
+                "source.server_id",
+                "0 is not a valid replica server id".into(),
+                "pick a number unique among the server's replicas, e.g. 4242",
+            );
+        }
+        if self.source.heartbeat_interval_ms < 100 {
+            return bad(
+                "source.heartbeat_interval_ms",
+                format!("{} ms is too short", self.source.heartbeat_interval_ms),
+                "use at least 100 (default 5000)",
+            );
+        }
+        if !self.route.topic.contains("${routedByValue}") && self.route.topic.contains("${") {
+            return bad(
+                "route.topic",
+                format!("{:?} has an unknown placeholder", self.route.topic),
+                "the only placeholder is ${routedByValue}",
+            );
+        }
+        for (key, value) in [
+            ("route.by", &self.route.by),
+            ("route.key", &self.route.key),
+            ("route.payload", &self.route.payload),
+            ("route.id", &self.route.id),
+        ] {
+            if value.is_empty() {
+                return bad(key, "empty column name".into(), "name a column of the outbox table");
+            }
+        }
+        if self.kafka.brokers.trim().is_empty() {
+            return bad(
+                "kafka.brokers",
+                "no broker listed".into(),
+                "set brokers = \"host:9092[,host2:9092]\"",
+            );
+        }
+        if self.kafka.max_in_flight == 0 || self.kafka.max_in_flight > 1_000_000 {
+            return bad(
+                "kafka.max_in_flight",
+                format!("{} is out of range", self.kafka.max_in_flight),
+                "use 1..=1000000 (default 10000)",
+            );
+        }
+        for (key, value) in &self.kafka.properties {
+            let refuse = match key.as_str() {
+                "enable.idempotence" => value != "true",
+                "acks" | "request.required.acks" => value != "all" && value != "-1",
+                "bootstrap.servers" | "metadata.broker.list" => true,
+                "transactional.id" => true,
+                _ => false,
+            };
+            if refuse {
+                return bad(
+                    &format!("kafka.properties.{key}"),
+                    format!("outboxd sets {key} itself (ordering and no-loss depend on it)"),
+                    "remove it; brokers go in kafka.brokers",
+                );
+            }
+        }
+        if let Some(t) = &self.kafka.dead_letter_topic {
+            if let Err(why) = crate::route::validate_topic_name(t) {
+                return bad("kafka.dead_letter_topic", why, "use a valid Kafka topic name");
+            }
+        }
+        if self.checkpoint.interval_ms == 0 {
+            return bad(
+                "checkpoint.interval_ms",
+                "0 would fsync on every ack".into(),
+                "use a positive number of milliseconds (default 50)",
+            );
+        }
+        if !self.http.listen.is_empty() && self.http.listen.parse::<SocketAddr>().is_err() {
+            return bad(
+                "http.listen",
+                format!("{:?} is not host:port", self.http.listen),
+                "use e.g. \"127.0.0.1:9187\", or \"\" to disable",
+            );
+        }
+        Ok(())
+    }
+
+    /// The replica server id this reader registers with (configured, or derived from the name).
+    pub fn server_id(&self) -> u32 {
+        self.source.server_id.unwrap_or_else(|| {
+            // Stable across restarts, distinct per pipeline name, far from the small ids people use.
+            let hash = self
+                .name
+                .bytes()
+                .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                    (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+                });
+            1_000_000 + (hash % 1_000_000_000) as u32
+        })
+    }
+
+    /// The source password, from the URL, `source.password` or `source.password_file`.
+    pub fn source_password(&self) -> Result<Option<String>> {
+        if let Some(p) = &self.source.password {
+            return Ok(Some(p.clone()));
+        }
+        if let Some(path) = &self.source.password_file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                Error::config(format!(
+                    "cannot read source.password_file {}: {e}",
+                    path.display()
+                ))
+                .remedy("check the path and that outboxd may read it")
+            })?;
+            return Ok(Some(text.trim_end_matches(['\n', '\r']).to_string()));
+        }
+        Ok(None)
+    }
+
+    /// Path of the live checkpoint file.
+    pub fn checkpoint_path(&self) -> PathBuf {
+        self.checkpoint.dir.join(format!("{}.json", self.name))
+    }
+}
+
+fn apply_env_overrides(
+    doc: &mut toml::Table,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<()> {
+    let mut vars: Vec<(String, String)> = env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(ENV_PREFIX) && k != CONFIG_ENV)
+        .collect();
+    vars.sort();
+    for (key, raw) in vars {
+        let path: Vec<String> = key[ENV_PREFIX.len()..]
+            .split("__")
+            .map(|s| s.to_ascii_lowercase())
+            .collect();
+        if path.iter().any(|p| p.is_empty()) {
+            return Err(Error::config(format!("environment variable {key} has an empty key segment"))
+                .remedy("separate levels with exactly two underscores, e.g. OUTBOXD_KAFKA__BROKERS"));
+        }
+        let value = parse_env_value(&raw);
+        let mut table = &mut *doc;
+        for segment in &path[..path.len() - 1] {
+            let entry = table
+                .entry(segment.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            table = match entry {
+                toml::Value::Table(t) => t,
+                _ => {
+                    return Err(Error::config(format!(
+                        "environment variable {key}: `{segment}` is not a section"
+                    ))
+                    .remedy("check the key path against the configuration reference"))
+                }
+            };
+        }
+        table.insert(path[path.len() - 1].clone(), value);
+    }
+    Ok(())
+}
+
+fn parse_env_value(raw: &str) -> toml::Value {
+    #[derive(Deserialize)]
+    struct Wrapper {
+        v: toml::Value,
+    }
+    match toml::from_str::<Wrapper>(&format!("v = {raw}")) {
+        Ok(w) => w.v,
+        Err(_) => toml::Value::String(raw.to_string()),
+    }
+}
+
+/// `scheme://user:secret@host/db` -> `scheme://user:***@host/db`; anything unparsable is hidden whole.
+pub fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            u.to_string()
+        }
+        Err(_) => "<unparsable url>".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+name = "orders"
+[source]
+kind = "mysql"
+url = "mysql://cdc@127.0.0.1:3306/app"
+tables = ["app.outbox"]
+[kafka]
+brokers = "127.0.0.1:9092"
+"#;
+
+    fn parse(text: &str, env: &[(&str, &str)]) -> Result<Config> {
+        Config::from_toml_with_env(
+            text,
+            "test.toml",
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+    }
+
+    #[test]
+    fn defaults_follow_debezium() {
+        let c = parse(MINIMAL, &[]).unwrap();
+        assert_eq!(c.route.by, "aggregatetype");
+        assert_eq!(c.route.topic, "outbox.event.${routedByValue}");
+        assert_eq!(c.route.key, "aggregateid");
+        assert_eq!(c.route.payload, "payload");
+        assert_eq!(c.route.id, "id");
+        assert_eq!(c.checkpoint.interval_ms, 50);
+        assert_eq!(c.checkpoint_path(), PathBuf::from("checkpoints/orders.json"));
+        assert_eq!(c.http.listen, "127.0.0.1:9187");
+        assert_eq!(c.source.slot, "outboxd");
+        assert_eq!(c.server_id(), parse(MINIMAL, &[]).unwrap().server_id());
+        assert!(c.server_id() >= 1_000_000);
+    }
+
+    #[test]
+    fn the_whole_design_schema_parses() {
+        let text = r#"
+name = "orders"
+[source]
+kind = "postgres"
+url = "postgres://cdc@127.0.0.1:5432/app"
+password_file = "/run/secrets/db"
+tables = ["public.outbox", "billing.outbox"]
+server_id = 4242
+tls = { mode = "verify-full", ca = "/etc/outboxd/ca.pem" }
+slot = "s1"
+publication = "p1"
+message_prefixes = ["outbox"]
+heartbeat_interval_ms = 1000
+[route]
+by = "topic"
+topic = "events.${routedByValue}"
+key = "k"
+payload = "event"
+id = "uuid"
+headers = { eventType = "type" }
+[kafka]
+brokers = "a:9092,b:9092"
+dead_letter_topic = "outboxd.dlq.orders"
+max_in_flight = 500
+[kafka.properties]
+"compression.type" = "zstd"
+[checkpoint]
+dir = "/var/lib/outboxd"
+interval_ms = 200
+[http]
+listen = ""
+"#;
+        let c = parse(text, &[]).unwrap();
+        assert_eq!(c.source.kind, SourceKind::Postgres);
+        assert_eq!(c.source.tls.as_ref().unwrap().mode, TlsMode::VerifyFull);
+        assert_eq!(c.route.headers["eventType"], "type");
+        assert_eq!(c.kafka.properties["compression.type"], "zstd");
+        assert_eq!(c.kafka.dead_letter_topic.as_deref(), Some("outboxd.dlq.orders"));
+        assert_eq!(c.http.listen, "");
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let text = MINIMAL.replace("[kafka]", "[kafka]\nbrokerz = \"x\"");
+        let err = parse(&text, &[]).unwrap_err().to_string();
+        assert!(err.contains("brokerz"), "{err}");
+        let text = MINIMAL.replace("[source]", "[source]\nserver-id = 5");
+        let err = parse(&text, &[]).unwrap_err().to_string();
+        assert!(err.contains("server-id") && err.contains("source"), "{err}");
+    }
+
+    #[test]
+    fn env_overrides_nested_keys_with_types() {
+        let c = parse(
+            MINIMAL,
+            &[
+                ("OUTBOXD_KAFKA__BROKERS", "10.0.0.1:9092"),
+                ("OUTBOXD_KAFKA__MAX_IN_FLIGHT", "7"),
+                ("OUTBOXD_KAFKA__DEAD_LETTER_TOPIC", "dlq"),
+                ("OUTBOXD_SOURCE__TABLES", r#"["a.b", "c.d"]"#),
+                ("OUTBOXD_SOURCE__PASSWORD", "s3cr:et@"),
+                ("OUTBOXD_CHECKPOINT__INTERVAL_MS", "9"),
+                ("OUTBOXD_CONFIG", "ignored.toml"),
+                ("UNRELATED", "x"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.kafka.brokers, "10.0.0.1:9092");
+        assert_eq!(c.kafka.max_in_flight, 7);
+        assert_eq!(c.kafka.dead_letter_topic.as_deref(), Some("dlq"));
+        assert_eq!(c.source.tables, vec!["a.b", "c.d"]);
+        assert_eq!(c.source_password().unwrap().as_deref(), Some("s3cr:et@"));
+        assert_eq!(c.checkpoint.interval_ms, 9);
+        assert!(!format!("{:?}", c.source).contains("s3cr"));
+    }
+
+    #[test]
+    fn env_override_with_unknown_key_is_an_error() {
+        let err = parse(MINIMAL, &[("OUTBOXD_KAFKA__BROKER", "x")]).unwrap_err();
+        assert!(err.to_string().contains("kafka.broker"), "{err}");
+    }
+
+    #[test]
+    fn invalid_values_name_the_key_and_the_fix() {
+        for (from, to, key) in [
+            ("tables = [\"app.outbox\"]", "tables = [\"outbox\"]", "source.tables"),
+            ("tables = [\"app.outbox\"]", "tables = []", "source.tables"),
+            ("name = \"orders\"", "name = \"a/b\"", "name"),
+            ("url = \"mysql://", "url = \"postgres://", "source.url"),
+            ("brokers = \"127.0.0.1:9092\"", "brokers = \"\"", "kafka.brokers"),
+        ] {
+            let err = parse(&MINIMAL.replace(from, to), &[]).unwrap_err();
+            assert!(err.to_string().contains(key), "{key}: {err}");
+            assert!(err.remedy_text().is_some(), "{key}: no remedy");
+        }
+        let text = format!("{MINIMAL}[kafka.properties]\nacks = \"1\"\n");
+        let err = parse(&text, &[]).unwrap_err();
+        assert!(err.to_string().contains("kafka.properties.acks"), "{err}");
+    }
+
+    #[test]
+    fn password_in_url_is_redacted_in_errors() {
+        let text = MINIMAL.replace("mysql://cdc@", "mysql://cdc:hunter2@").replace("mysql://", "pg://");
+        let err = parse(&text, &[]).unwrap_err().to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+        assert_eq!(redact_url("mysql://u:p@h:1/db"), "mysql://u:***@h:1/db");
+    }
+}

@@ -1,0 +1,119 @@
+//! The one error type of outboxd.
+//!
+//! Every error says *what* broke (its [`Kind`]), a message naming the thing (a file, a config key, a
+//! server), and a remedy the user can act on. Whether the pipeline reconnects or exits depends only on
+//! [`Error::is_transient`]: network and delivery trouble is retried from the last durable checkpoint,
+//! anything that a retry cannot fix (bad config, a corrupt checkpoint, an event we cannot decode) ends the
+//! process with a non-zero status. Secrets never reach these strings: URLs are redacted before they are
+//! formatted into a message (see [`crate::config::redact_url`]).
+
+use std::fmt;
+
+/// Which stage broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The configuration file, an environment override or the command line.
+    Config,
+    /// The database log reader (connection, protocol, decoding).
+    Source,
+    /// The Kafka producer.
+    Sink,
+    /// The local checkpoint file or its directory.
+    Checkpoint,
+    /// A row the router cannot turn into a valid Kafka record.
+    Unroutable,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Config => "config",
+            Kind::Source => "source",
+            Kind::Sink => "sink",
+            Kind::Checkpoint => "checkpoint",
+            Kind::Unroutable => "unroutable",
+        })
+    }
+}
+
+/// An error with a kind, a message and a remedy.
+#[derive(Debug, Clone)]
+pub struct Error {
+    kind: Kind,
+    message: String,
+    remedy: Option<String>,
+    transient: bool,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    fn new(kind: Kind, message: impl Into<String>) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+            remedy: None,
+            transient: false,
+        }
+    }
+
+    pub fn config(message: impl Into<String>) -> Self {
+        Self::new(Kind::Config, message)
+    }
+
+    pub fn source(message: impl Into<String>) -> Self {
+        Self::new(Kind::Source, message)
+    }
+
+    pub fn sink(message: impl Into<String>) -> Self {
+        Self::new(Kind::Sink, message)
+    }
+
+    pub fn checkpoint(message: impl Into<String>) -> Self {
+        Self::new(Kind::Checkpoint, message)
+    }
+
+    pub fn unroutable(message: impl Into<String>) -> Self {
+        Self::new(Kind::Unroutable, message)
+    }
+
+    /// Adds the action that fixes this error.
+    pub fn remedy(mut self, remedy: impl Into<String>) -> Self {
+        self.remedy = Some(remedy.into());
+        self
+    }
+
+    /// Marks the error as one a reconnect may cure (network, broker outage, server restart).
+    pub fn transient(mut self) -> Self {
+        self.transient = true;
+        self
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub fn remedy_text(&self) -> Option<&str> {
+        self.remedy.as_deref()
+    }
+
+    pub fn is_transient(&self) -> bool {
+        self.transient
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} error: {}", self.kind, self.message)?;
+        if let Some(remedy) = &self.remedy {
+            write!(f, "\n  remedy: {remedy}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Error {}

@@ -1,0 +1,16 @@
+//! outboxd: the transactional outbox without polling.
+//!
+//! The database's own log is tailed ([`source`]), INSERTs into outbox tables are turned into Kafka
+//! records ([`route`]), produced with idempotence and `acks=all` ([`sink`]), and the log position is
+//! checkpointed only once everything before it is acknowledged ([`checkpoint`]). [`pipeline`] wires the
+//! stages and owns back-pressure, reconnects and shutdown.
+
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+pub mod pipeline;
+pub mod route;
+pub mod sink;
+pub mod source;
+
+pub use error::{Error, Kind, Result};

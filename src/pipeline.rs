@@ -1,0 +1,255 @@
+//! The pipeline: source -> router -> sink, with acks flowing into the checkpoint.
+//!
+//! A *session* is one connection to the source and one producer. It reads changes from a reader task
+//! (the source is not cancel-safe, so it lives in its own task and hands changes over a bounded
+//! channel), routes each row, produces it through the sink's bounded window (back-pressure reaches the
+//! source through the channel), and feeds boundaries to the tracker. A writer task turns the tracker's
+//! safe position into a durable checkpoint at most every `checkpoint.interval_ms`.
+//!
+//! Any error ends the session. Transient errors (network, server restart, broker outage, delivery
+//! failure) reconnect with capped exponential backoff from the durable checkpoint, so nothing is
+//! skipped and the replay is bounded by what was acked but not yet checkpointed plus what was in
+//! flight. Anything else stops the process with the error's remedy.
+//!
+//! Shutdown (SIGINT/SIGTERM) finishes the transaction being read, waits for its acks and writes the
+//! final checkpoint exactly at the last acknowledged boundary.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use tokio::sync::{mpsc, watch};
+
+use crate::checkpoint::{Store, Tracker};
+use crate::config::{Config, SourceKind};
+use crate::error::{Error, Result};
+use crate::route::{Record, Router, Unroutable};
+use crate::sink::kafka::KafkaSink;
+use crate::source::mysql::MysqlSource;
+use crate::source::{Change, Row, SourceIdentity};
+
+/// How long a graceful shutdown waits for the open transaction and the in-flight acks.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Changes buffered between the reader task and the producer loop.
+const CHANNEL_DEPTH: usize = 1024;
+
+enum SessionEnd {
+    Shutdown,
+}
+
+/// Runs until `shutdown` turns true (Ok) or a fatal error (Err).
+pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+    if config.source.kind != SourceKind::Mysql {
+        return Err(Error::config(format!(
+            "source.kind = \"{}\" is not available in this build yet",
+            config.source.kind.as_str()
+        ))
+        .remedy("use source.kind = \"mysql\""));
+    }
+    let store = Arc::new(Store::open_locked(&config.checkpoint.dir, &config.name)?);
+    let router = Router::new(
+        config.route.clone(),
+        KafkaSink::max_message_bytes(&config.kafka),
+    );
+    let mut backoff = new_backoff();
+    loop {
+        let started = Instant::now();
+        match run_session(&config, &store, &router, &mut shutdown).await {
+            Ok(SessionEnd::Shutdown) => return Ok(()),
+            Err(e) if e.is_transient() => {
+                if started.elapsed() > Duration::from_secs(60) {
+                    backoff = new_backoff();
+                }
+                let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+                tracing::warn!(error = %e, retry_in = ?delay, "session ended; reconnecting from the last checkpoint");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn new_backoff() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(30))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+async fn run_session(
+    config: &Config,
+    store: &Arc<Store>,
+    router: &Router,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<SessionEnd> {
+    let stored = store.load()?;
+    let resume = stored.as_ref().map(|c| (c.source.clone(), c.position()));
+    let source = MysqlSource::connect(config, resume.as_ref().map(|(i, p)| (i, p))).await?;
+    let identity = source.identity().clone();
+    if stored.is_none() {
+        // Record where we start, so a restart before the first transaction does not move the start.
+        store.write(&identity, &source.start())?;
+    }
+    let tracker = Arc::new(Tracker::new());
+    let sink = KafkaSink::new(&config.name, &config.kafka, tracker.clone())?;
+
+    let (tx, mut rx) = mpsc::channel(CHANNEL_DEPTH);
+    let reader = tokio::spawn(read_changes(source, tx));
+    let (writer_stop, writer_stopped) = watch::channel(false);
+    let writer = tokio::spawn(write_checkpoints(
+        store.clone(),
+        identity.clone(),
+        tracker.clone(),
+        Duration::from_millis(config.checkpoint.interval_ms),
+        writer_stopped,
+    ));
+
+    let mut open_rows = false;
+    let mut stopping: Option<Instant> = None;
+    let result: Result<SessionEnd> = loop {
+        if let Some(since) = stopping {
+            if !open_rows || since.elapsed() > DRAIN_TIMEOUT {
+                break Ok(SessionEnd::Shutdown);
+            }
+        }
+        let change = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|stop| *stop), if stopping.is_none() => {
+                tracing::info!("shutdown requested: finishing the open transaction, then draining acks");
+                stopping = Some(Instant::now());
+                continue;
+            }
+            e = tracker.failed() => break Err(e),
+            change = rx.recv() => change,
+        };
+        match change {
+            None => {
+                break Err(Error::source("the binlog reader stopped").transient());
+            }
+            Some(Err(e)) => break Err(e),
+            Some(Ok(Change::Row(row))) => {
+                open_rows = true;
+                let record = match router.route(&row) {
+                    Ok(record) => record,
+                    Err(why) => match dead_letter(config, &row, &why) {
+                        Ok(record) => record,
+                        Err(e) => break Err(e),
+                    },
+                };
+                let sent = tokio::select! {
+                    sent = sink.send(&record) => sent,
+                    e = tracker.failed() => Err(e),
+                };
+                if let Err(e) = sent {
+                    break Err(e);
+                }
+            }
+            Some(Ok(Change::Commit(position) | Change::Idle(position))) => {
+                open_rows = false;
+                tracker.boundary(position);
+            }
+        }
+    };
+    reader.abort();
+    let _ = reader.await;
+    if matches!(result, Ok(SessionEnd::Shutdown)) {
+        match tokio::time::timeout(DRAIN_TIMEOUT, tracker.drained()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "a delivery failed while draining"),
+            Err(_) => tracing::warn!(
+                in_flight = tracker.in_flight(),
+                "acks did not arrive in time; unacknowledged records will be sent again on restart"
+            ),
+        }
+    }
+    let _ = writer_stop.send(true);
+    let written = writer.await.unwrap_or_else(|e| Err(Error::checkpoint(format!("checkpoint writer died: {e}"))));
+    // Whatever became safe since the writer's last write is still safe after a failure.
+    let final_write = match tracker.take_safe() {
+        Some(position) => store.write(&identity, &position).map(|c| {
+            tracing::info!(position = %c.position(), "final checkpoint written");
+        }),
+        None => Ok(()),
+    };
+    sink.close().await;
+    written?;
+    final_write?;
+    result
+}
+
+/// The reader task: pulls changes until the source fails or the channel closes.
+async fn read_changes(mut source: MysqlSource, tx: mpsc::Sender<Result<Change>>) {
+    loop {
+        let change = source.next().await;
+        let failed = change.is_err();
+        if tx.send(change).await.is_err() || failed {
+            return;
+        }
+    }
+}
+
+/// The writer task: group-commits the tracker's safe position every `interval` until stopped.
+async fn write_checkpoints(
+    store: Arc<Store>,
+    identity: SourceIdentity,
+    tracker: Arc<Tracker>,
+    interval: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> Result<()> {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        }
+        if let Some(position) = tracker.take_safe() {
+            let store = store.clone();
+            let identity = identity.clone();
+            let written = tokio::task::spawn_blocking(move || store.write(&identity, &position))
+                .await
+                .map_err(|e| Error::checkpoint(format!("checkpoint write task died: {e}")))?;
+            if let Err(e) = written {
+                tracker.fail(e.clone());
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// The dead-letter record for an unroutable row, or the error that stops the pipeline without one.
+fn dead_letter(config: &Config, row: &Row, why: &Unroutable) -> Result<Record> {
+    let Some(topic) = &config.kafka.dead_letter_topic else {
+        return Err(Error::unroutable(format!(
+            "row of {} at {} cannot be routed ({}): {}",
+            row.table, row.origin, why.reason, why.detail
+        ))
+        .remedy("fix the row's producer, or set kafka.dead_letter_topic to park such rows and continue"));
+    };
+    tracing::warn!(table = %row.table, position = %row.origin, reason = why.reason, detail = %why.detail, topic = %topic, "unroutable row sent to the dead-letter topic");
+    let body: serde_json::Map<String, serde_json::Value> = row
+        .names
+        .iter()
+        .zip(&row.values)
+        .map(|(n, v)| (n.to_string(), v.to_json()))
+        .collect();
+    Ok(Record {
+        topic: topic.clone(),
+        key: None,
+        value: Some(serde_json::Value::Object(body).to_string().into_bytes()),
+        headers: vec![
+            (
+                "outboxd.error".into(),
+                Some(format!("{}: {}", why.reason, why.detail).into_bytes()),
+            ),
+            ("outboxd.position".into(), Some(row.origin.as_bytes().to_vec())),
+            ("outboxd.table".into(), Some(row.table.as_bytes().to_vec())),
+        ],
+    })
+}

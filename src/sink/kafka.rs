@@ -1,0 +1,154 @@
+//! Kafka sink on librdkafka: idempotent producer, `acks=all`, a bounded in-flight window.
+//!
+//! Delivery reports arrive on librdkafka's polling thread and go straight to the checkpoint
+//! [`Tracker`] (ack) or record the first failure (which ends the session: the pipeline stops producing,
+//! keeps the last good checkpoint, and reconnects). The window is a semaphore: a permit is taken before a
+//! record is enqueued and returned by its delivery report, so a slow or absent broker pauses the source
+//! instead of growing memory. With idempotence on, librdkafka's own retries neither reorder nor
+//! duplicate records within a session.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::ClientContext;
+use tokio::sync::Semaphore;
+
+use crate::checkpoint::{Ticket, Tracker};
+use crate::config::KafkaConfig;
+use crate::error::{Error, Result};
+use crate::route::Record;
+
+/// librdkafka's default `message.max.bytes`.
+const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
+
+struct AckContext {
+    tracker: Arc<Tracker>,
+    window: Arc<Semaphore>,
+}
+
+impl ClientContext for AckContext {}
+
+impl ProducerContext for AckContext {
+    type DeliveryOpaque = Box<u64>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, ticket: Box<u64>) {
+        self.window.add_permits(1);
+        match result {
+            Ok(_) => self.tracker.ack(Ticket::from_raw(*ticket)),
+            Err((e, message)) => self.tracker.fail(
+                Error::sink(format!(
+                    "delivery to topic {} failed: {e}",
+                    message.topic()
+                ))
+                .remedy("outboxd reconnects and resumes from the last checkpoint; check the broker and the topic's settings")
+                .transient(),
+            ),
+        }
+    }
+}
+
+pub struct KafkaSink {
+    producer: Option<ThreadedProducer<AckContext>>,
+    window: Arc<Semaphore>,
+    tracker: Arc<Tracker>,
+}
+
+impl KafkaSink {
+    pub fn new(name: &str, config: &KafkaConfig, tracker: Arc<Tracker>) -> Result<KafkaSink> {
+        let window = Arc::new(Semaphore::new(config.max_in_flight));
+        let mut client = ClientConfig::new();
+        client.set("client.id", format!("outboxd-{name}"));
+        client.set(
+            "queue.buffering.max.messages",
+            (config.max_in_flight * 2).max(100_000).to_string(),
+        );
+        for (k, v) in &config.properties {
+            client.set(k, v);
+        }
+        client
+            .set("bootstrap.servers", &config.brokers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all");
+        let context = AckContext {
+            tracker: tracker.clone(),
+            window: window.clone(),
+        };
+        let producer: ThreadedProducer<AckContext> =
+            client.create_with_context(context).map_err(|e| {
+                Error::config(format!("cannot create the Kafka producer: {e}"))
+                    .remedy("check kafka.brokers and kafka.properties (they are passed to librdkafka verbatim)")
+            })?;
+        Ok(KafkaSink {
+            producer: Some(producer),
+            window,
+            tracker,
+        })
+    }
+
+    /// The producer's `message.max.bytes` as configured (records above it are unroutable).
+    pub fn max_message_bytes(config: &KafkaConfig) -> usize {
+        config
+            .properties
+            .get("message.max.bytes")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES)
+    }
+
+    /// Waits for room in the window, issues the record's ticket (in call order) and enqueues it.
+    pub async fn send(&self, record: &Record) -> Result<Ticket> {
+        let permit = self
+            .window
+            .acquire()
+            .await
+            .map_err(|_| Error::sink("producer window closed"))?;
+        permit.forget();
+        let ticket = self.tracker.issue();
+        let producer = self.producer.as_ref().expect("producer lives until close");
+        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
+        for (key, value) in &record.headers {
+            headers = headers.insert(Header {
+                key,
+                value: value.as_deref(),
+            });
+        }
+        let mut base: BaseRecord<'_, [u8], [u8], Box<u64>> =
+            BaseRecord::with_opaque_to(&record.topic, Box::new(ticket.raw())).headers(headers);
+        if let Some(key) = &record.key {
+            base = base.key(key.as_slice());
+        }
+        if let Some(value) = &record.value {
+            base = base.payload(value.as_slice());
+        }
+        loop {
+            match producer.send(base) {
+                Ok(()) => return Ok(ticket),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    base = back;
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                Err((e, _)) => {
+                    return Err(Error::sink(format!(
+                        "cannot enqueue a record for topic {}: {e}",
+                        record.topic
+                    ))
+                    .transient())
+                }
+            }
+        }
+    }
+
+    /// Stops the producer off the async threads (librdkafka's teardown blocks).
+    pub async fn close(mut self) {
+        if let Some(producer) = self.producer.take() {
+            let _ = tokio::task::spawn_blocking(move || {
+                let _ = producer.flush(Duration::from_secs(1));
+                drop(producer);
+            })
+            .await;
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! What each column of an outbox table is called and how its bytes are to be read.
+//!
+//! Row events carry values by position only. Names (and character sets, and signedness) come from the
+//! table map's optional metadata when the server writes it (`binlog_row_metadata=FULL`); otherwise we
+//! ask `information_schema` once per table map and check that the column count still matches. The
+//! metadata path is exact even across `ALTER TABLE`; the lookup path is only as good as the table's
+//! current shape, which is why `FULL` is recommended.
+
+use std::io;
+use std::sync::Arc;
+
+use mysql_common::binlog::events::{OptionalMetaExtractor, TableMapEvent};
+use mysql_common::binlog::value::BinlogValue;
+use mysql_common::constants::ColumnType;
+#[allow(unused_imports)]
+use mysql_common::constants::ColumnType::*;
+use mysql_common::value::Value as MyValue;
+
+use crate::source::Value;
+
+/// How a character column's bytes are to be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Charset {
+    /// `binary` (BINARY, VARBINARY, BLOB): bytes, not text.
+    Binary,
+    /// `latin1`: one byte, one character.
+    Latin1,
+    /// Anything else is expected to be UTF-8 (utf8mb4, utf8mb3, ascii); named for error messages.
+    Utf8(String),
+}
+
+const BINARY_COLLATION: u16 = 63;
+const LATIN1_COLLATIONS: [u16; 8] = [5, 8, 15, 31, 47, 48, 49, 94];
+
+impl Charset {
+    fn from_collation(id: u16) -> Charset {
+        if id == BINARY_COLLATION {
+            Charset::Binary
+        } else if LATIN1_COLLATIONS.contains(&id) {
+            Charset::Latin1
+        } else {
+            Charset::Utf8(format!("collation id {id}"))
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ColumnKind {
+    pub charset: Charset,
+    pub unsigned: bool,
+}
+
+/// One column as `information_schema.COLUMNS` describes it.
+#[derive(Debug, Clone)]
+pub struct SchemaColumn {
+    pub name: String,
+    pub data_type: String,
+    pub charset: Option<String>,
+    pub column_type: String,
+}
+
+/// A table map of an outbox table, with names and kinds for each of its columns.
+#[derive(Debug)]
+pub struct TableColumns {
+    pub table: Arc<str>,
+    pub names: Arc<[Arc<str>]>,
+    pub kinds: Vec<ColumnKind>,
+    pub tme: TableMapEvent<'static>,
+}
+
+impl TableColumns {
+    /// Uses the table map's own metadata; `None` if the server did not write column names.
+    pub fn from_metadata(table: Arc<str>, tme: TableMapEvent<'static>) -> io::Result<Option<Self>> {
+        let count = tme.columns_count() as usize;
+        let extractor = OptionalMetaExtractor::new(tme.iter_optional_meta())?;
+        let names: Vec<Arc<str>> = extractor
+            .iter_column_name()
+            .map(|n| n.map(|n| Arc::from(n.name().as_ref())))
+            .collect::<io::Result<_>>()?;
+        if names.len() != count {
+            return Ok(None);
+        }
+        let mut charsets = extractor.iter_charset();
+        let mut signedness = extractor.iter_signedness();
+        let mut kinds = Vec::with_capacity(count);
+        for i in 0..count {
+            let ty = column_type(&tme, i)?;
+            let mut kind = ColumnKind {
+                charset: Charset::Utf8("unknown".into()),
+                unsigned: false,
+            };
+            if ty.is_character_type() {
+                if let Some(id) = charsets.next().transpose()? {
+                    kind.charset = Charset::from_collation(id);
+                }
+            } else if ty.is_numeric_type() {
+                kind.unsigned = signedness.next().unwrap_or(false);
+            }
+            kinds.push(kind);
+        }
+        let kinds = kinds;
+        drop(charsets);
+        drop(signedness);
+        drop(extractor);
+        Ok(Some(TableColumns {
+            table,
+            names: names.into(),
+            kinds,
+            tme,
+        }))
+    }
+
+    /// Uses the table's current definition; `Err` names the mismatch when it no longer fits the map.
+    pub fn from_schema(
+        table: Arc<str>,
+        tme: TableMapEvent<'static>,
+        columns: &[SchemaColumn],
+    ) -> Result<Self, String> {
+        let count = tme.columns_count() as usize;
+        if columns.len() != count {
+            return Err(format!(
+                "the binlog has {count} columns for {table} but information_schema lists {} (the table was altered since)",
+                columns.len()
+            ));
+        }
+        let names: Vec<Arc<str>> = columns.iter().map(|c| Arc::from(c.name.as_str())).collect();
+        let kinds = columns
+            .iter()
+            .map(|c| {
+                let charset = match c.charset.as_deref() {
+                    None => Charset::Binary,
+                    Some("latin1") => Charset::Latin1,
+                    Some("binary") => Charset::Binary,
+                    Some(other) => Charset::Utf8(other.to_string()),
+                };
+                ColumnKind {
+                    charset,
+                    unsigned: c.column_type.contains("unsigned"),
+                }
+            })
+            .collect();
+        Ok(TableColumns {
+            table,
+            names: names.into(),
+            kinds,
+            tme,
+        })
+    }
+}
+
+fn column_type(tme: &TableMapEvent<'_>, i: usize) -> io::Result<ColumnType> {
+    match tme.get_column_type(i) {
+        Ok(Some(t)) => Ok(t),
+        Ok(None) => Err(io::Error::new(io::ErrorKind::InvalidData, "no column type")),
+        Err(e) => Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+    }
+}
+
+/// Converts one decoded binlog value of column `i` into our [`Value`].
+pub fn convert(columns: &TableColumns, i: usize, value: BinlogValue<'_>) -> Value {
+    let kind = &columns.kinds[i];
+    let ty = column_type(&columns.tme, i).unwrap_or(ColumnType::MYSQL_TYPE_BLOB);
+    match value {
+        BinlogValue::Value(v) => convert_plain(ty, kind, v),
+        BinlogValue::Jsonb(j) => match serde_json::Value::try_from(j) {
+            Ok(json) => Value::Json(json.to_string()),
+            Err(e) => Value::BadText {
+                bytes: e.to_string().into_bytes(),
+                charset: "binary JSON".into(),
+            },
+        },
+        // Partial JSON updates only occur in UPDATE events, which are never converted.
+        BinlogValue::JsonDiff(_) => Value::Null,
+    }
+}
+
+fn convert_plain(ty: ColumnType, kind: &ColumnKind, v: MyValue) -> Value {
+    use ColumnType::*;
+    match v {
+        MyValue::NULL => Value::Null,
+        MyValue::Int(i) if kind.unsigned && i < 0 => Value::UInt(match ty {
+            MYSQL_TYPE_TINY => i as i8 as u8 as u64,
+            MYSQL_TYPE_SHORT => i as i16 as u16 as u64,
+            MYSQL_TYPE_INT24 => (i as u64) & 0xff_ffff,
+            MYSQL_TYPE_LONG => i as i32 as u32 as u64,
+            _ => i as u64,
+        }),
+        MyValue::Int(i) if ty == MYSQL_TYPE_TIMESTAMP => rfc3339_from_epoch(i, 0),
+        MyValue::Int(i) => Value::Int(i),
+        MyValue::UInt(u) => Value::UInt(u),
+        MyValue::Float(f) => Value::Float(f as f64),
+        MyValue::Double(f) => Value::Float(f),
+        MyValue::Date(y, mo, d, h, mi, s, us) => {
+            if ty == MYSQL_TYPE_DATE || ty == MYSQL_TYPE_NEWDATE {
+                Value::Temporal(format!("{y:04}-{mo:02}-{d:02}"))
+            } else {
+                Value::Temporal(format!(
+                    "{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{us:06}Z"
+                ))
+            }
+        }
+        MyValue::Time(neg, days, h, mi, s, us) => {
+            let hours = days as u64 * 24 + h as u64;
+            let sign = if neg { "-" } else { "" };
+            Value::Temporal(format!("{sign}{hours:02}:{mi:02}:{s:02}.{us:06}"))
+        }
+        MyValue::Bytes(b) => convert_bytes(ty, kind, b),
+    }
+}
+
+fn convert_bytes(ty: ColumnType, kind: &ColumnKind, b: Vec<u8>) -> Value {
+    use ColumnType::*;
+    match ty {
+        MYSQL_TYPE_NEWDECIMAL | MYSQL_TYPE_DECIMAL => {
+            Value::Decimal(String::from_utf8_lossy(&b).into_owned())
+        }
+        MYSQL_TYPE_YEAR => Value::Int(String::from_utf8_lossy(&b).parse().unwrap_or(0)),
+        MYSQL_TYPE_TIMESTAMP2 => {
+            let text = String::from_utf8_lossy(&b);
+            let (secs, micros) = text.split_once('.').unwrap_or((&text, "0"));
+            rfc3339_from_epoch(secs.parse().unwrap_or(0), micros.parse().unwrap_or(0))
+        }
+        MYSQL_TYPE_BIT | MYSQL_TYPE_SET => {
+            Value::UInt(b.iter().fold(0u64, |acc, byte| (acc << 8) | *byte as u64))
+        }
+        MYSQL_TYPE_GEOMETRY => Value::Binary(b),
+        _ => match &kind.charset {
+            Charset::Binary => Value::Binary(b),
+            Charset::Latin1 => Value::Text(b.iter().map(|&c| c as char).collect()),
+            Charset::Utf8(name) => match String::from_utf8(b) {
+                Ok(s) => Value::Text(s),
+                Err(e) => Value::BadText {
+                    bytes: e.into_bytes(),
+                    charset: name.clone(),
+                },
+            },
+        },
+    }
+}
+
+fn rfc3339_from_epoch(secs: i64, micros: u32) -> Value {
+    match chrono::DateTime::from_timestamp(secs, micros * 1000) {
+        Some(t) => Value::Temporal(t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()),
+        None => Value::Int(secs),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(charset: Charset, unsigned: bool) -> ColumnKind {
+        ColumnKind { charset, unsigned }
+    }
+
+    #[test]
+    fn text_binary_and_latin1() {
+        use ColumnType::*;
+        let utf8 = kind(Charset::Utf8("utf8mb4".into()), false);
+        assert_eq!(
+            convert_plain(MYSQL_TYPE_VARCHAR, &utf8, MyValue::Bytes("héllo 🎉".as_bytes().to_vec())),
+            Value::Text("héllo 🎉".into())
+        );
+        assert!(matches!(
+            convert_plain(MYSQL_TYPE_VARCHAR, &utf8, MyValue::Bytes(vec![0xe9])),
+            Value::BadText { .. }
+        ));
+        let latin1 = kind(Charset::Latin1, false);
+        assert_eq!(
+            convert_plain(MYSQL_TYPE_VARCHAR, &latin1, MyValue::Bytes(vec![b'c', 0xe9])),
+            Value::Text("cé".into())
+        );
+        let bin = kind(Charset::Binary, false);
+        assert_eq!(
+            convert_plain(MYSQL_TYPE_STRING, &bin, MyValue::Bytes(vec![1; 16])),
+            Value::Binary(vec![1; 16])
+        );
+    }
+
+    #[test]
+    fn numbers_and_times() {
+        use ColumnType::*;
+        let unsigned = kind(Charset::Binary, true);
+        assert_eq!(
+            convert_plain(MYSQL_TYPE_LONGLONG, &unsigned, MyValue::Int(-1)),
+            Value::UInt(u64::MAX)
+        );
+        assert_eq!(
+            convert_plain(MYSQL_TYPE_LONG, &unsigned, MyValue::Int(-1)),
+            Value::UInt(u32::MAX as u64)
+        );
+        let plain = kind(Charset::Binary, false);
+        assert_eq!(
+            convert_plain(MYSQL_TYPE_DATETIME2, &plain, MyValue::Date(2024, 1, 2, 3, 4, 5, 6)),
+            Value::Temporal("2024-01-02T03:04:05.000006Z".into())
+        );
+        assert_eq!(
+            convert_plain(MYSQL_TYPE_TIMESTAMP2, &plain, MyValue::Bytes(b"1700000000.000005".to_vec())),
+            Value::Temporal("2023-11-14T22:13:20.000005Z".into())
+        );
+        assert_eq!(
+            convert_plain(MYSQL_TYPE_NEWDECIMAL, &plain, MyValue::Bytes(b"-1.50".to_vec())),
+            Value::Decimal("-1.50".into())
+        );
+    }
+}

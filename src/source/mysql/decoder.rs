@@ -1,0 +1,319 @@
+//! The binlog state machine: events in, outbox changes out. No I/O, so the live stream and binlog
+//! files share one code path.
+//!
+//! Transactions are delimited by the server's own markers: a GTID event (MySQL 33/34/42, MariaDB 162)
+//! or `BEGIN` opens one, `XID`, `COMMIT`, `ROLLBACK` or an XA prepare closes it, and a statement outside
+//! any transaction (DDL) is a transaction of its own. Each close yields a boundary whose position is the
+//! end of the closing event: resuming there starts with the next transaction, never in the middle of
+//! one. Table maps are matched against the configured outbox tables *before* any row is decoded, so rows
+//! of other tables (whatever their types or character sets) are skipped unread.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use mysql_common::binlog::consts::BinlogChecksumAlg;
+use mysql_common::binlog::events::{Event, EventData, RowsEventData, TableMapEvent};
+
+use super::columns::{self, TableColumns};
+use super::event_types as et;
+use super::position::{BinlogPosition, MariaGtidState};
+use crate::error::{Error, Result};
+use crate::source::{Change, Row};
+
+/// What the caller must do before feeding the next event.
+pub enum Step {
+    Continue,
+    /// A table map for an outbox table: resolve its columns and call [`Decoder::map_table`].
+    NeedColumns {
+        table_id: u64,
+        table: Arc<str>,
+        tme: Box<TableMapEvent<'static>>,
+    },
+}
+
+/// Counters of what was seen but deliberately not forwarded.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Ignored {
+    pub updates: u64,
+    pub deletes: u64,
+}
+
+pub struct Decoder {
+    watched: HashSet<String>,
+    /// Table id -> columns of an outbox table, or `None` for any other table.
+    tables: HashMap<u64, Option<Arc<TableColumns>>>,
+    /// The last boundary: where a resumed stream starts.
+    boundary: BinlogPosition,
+    file: String,
+    next_pos: u64,
+    gtid: Option<MariaGtidState>,
+    pending_gtid: Option<(u32, u32, u64)>,
+    in_txn: bool,
+    txn_origin: Option<Arc<str>>,
+    txn_rows: u64,
+    ignored: Ignored,
+}
+
+impl Decoder {
+    /// `start` is where the stream was requested from; `watched` holds `schema.table` names.
+    pub fn new(start: BinlogPosition, watched: impl IntoIterator<Item = String>) -> Self {
+        Decoder {
+            watched: watched.into_iter().collect(),
+            tables: HashMap::new(),
+            file: start.file.clone(),
+            next_pos: start.pos,
+            gtid: start.gtid.clone(),
+            boundary: start,
+            pending_gtid: None,
+            in_txn: false,
+            txn_origin: None,
+            txn_rows: 0,
+            ignored: Ignored::default(),
+        }
+    }
+
+    /// The last transaction boundary seen.
+    pub fn boundary(&self) -> &BinlogPosition {
+        &self.boundary
+    }
+
+    pub fn ignored(&self) -> Ignored {
+        self.ignored
+    }
+
+    /// Registers the resolved columns of an outbox table map.
+    pub fn map_table(&mut self, table_id: u64, columns: Arc<TableColumns>) {
+        self.tables.insert(table_id, Some(columns));
+    }
+
+    /// Feeds one event; decoded changes are appended to `out`.
+    pub fn on_event(&mut self, event: &Event, out: &mut VecDeque<Change>) -> Result<Step> {
+        let header = event.header();
+        let t = header.event_type_raw();
+        let event_start = self.next_pos;
+        if !checksum_ok(event) {
+            return Err(self.corrupt(event_start, "CRC32 checksum mismatch"));
+        }
+        // Artificial and out-of-stream events (fake rotate, re-sent format description) carry 0.
+        if header.log_pos() != 0 && t != et::HEARTBEAT {
+            self.next_pos = header.log_pos() as u64;
+        }
+        match t {
+            et::ROTATE => {
+                if let Ok(Some(EventData::RotateEvent(r))) = event.read_data() {
+                    self.file = r.name().into_owned();
+                    self.next_pos = r.position();
+                    if !self.in_txn {
+                        self.boundary.file = self.file.clone();
+                        self.boundary.pos = self.next_pos;
+                    }
+                }
+                self.tables.clear();
+            }
+            et::HEARTBEAT => {
+                if !self.in_txn {
+                    out.push_back(Change::Idle(self.boundary.to_position()));
+                }
+            }
+            et::MARIADB_GTID => {
+                let g = et::MariaGtid::parse(event.data())
+                    .ok_or_else(|| self.corrupt(event_start, "short MariaDB GTID event"))?;
+                self.pending_gtid = Some((g.domain, header.server_id(), g.seq));
+                self.gtid.get_or_insert_with(MariaGtidState::default);
+                self.txn_origin = Some(format!("gtid:{}-{}-{}", g.domain, header.server_id(), g.seq).into());
+                self.in_txn = !g.standalone;
+            }
+            et::GTID | et::GTID_TAGGED => {
+                if let Ok(Some(EventData::GtidEvent(g))) = event.read_data() {
+                    let sid = uuid::Uuid::from_bytes(g.sid());
+                    let tag = g.tag().map(|t| format!(":{}", t.as_str())).unwrap_or_default();
+                    self.txn_origin = Some(format!("gtid:{sid}{tag}:{}", g.gno()).into());
+                }
+            }
+            et::ANONYMOUS_GTID => {
+                self.txn_origin = Some(format!("{}:{event_start}", self.file).into());
+            }
+            et::QUERY => {
+                let data = event
+                    .read_data()
+                    .map_err(|e| self.corrupt(event_start, &e.to_string()))?;
+                if let Some(EventData::QueryEvent(q)) = data {
+                    self.on_query(&q.query(), event_start, out);
+                }
+            }
+            et::MARIADB_QUERY_COMPRESSED => {
+                // Only long statements get compressed: never BEGIN/COMMIT, so DDL or ignorable.
+                if !self.in_txn {
+                    self.close(out);
+                }
+            }
+            et::XID | et::XA_PREPARE => self.close(out),
+            et::TABLE_MAP => {
+                let tme = event
+                    .read_event::<TableMapEvent<'_>>()
+                    .map_err(|e| self.corrupt(event_start, &format!("table map: {e}")))?;
+                let table = format!("{}.{}", tme.database_name(), tme.table_name());
+                if self.watched.contains(&table) {
+                    if let Some(Some(known)) = self.tables.get(&tme.table_id()) {
+                        if *known.table == *table
+                            && same_shape(&known.tme, &tme)
+                        {
+                            return Ok(Step::Continue);
+                        }
+                    }
+                    return Ok(Step::NeedColumns {
+                        table_id: tme.table_id(),
+                        table: table.into(),
+                        tme: Box::new(tme.into_owned()),
+                    });
+                }
+                self.tables.insert(tme.table_id(), None);
+            }
+            t if et::is_rows_event(t) => self.on_rows(event, t, event_start, out)?,
+            _ => {}
+        }
+        Ok(Step::Continue)
+    }
+
+    fn on_query(&mut self, query: &str, event_start: u64, out: &mut VecDeque<Change>) {
+        let head: String = query
+            .trim_start()
+            .chars()
+            .take(12)
+            .collect::<String>()
+            .to_ascii_uppercase();
+        if head.starts_with("BEGIN") || head.starts_with("XA START") {
+            self.in_txn = true;
+            if self.txn_origin.is_none() {
+                self.txn_origin = Some(format!("{}:{event_start}", self.file).into());
+            }
+        } else if head.starts_with("COMMIT") || head.starts_with("ROLLBACK") || !self.in_txn {
+            self.close(out);
+        }
+    }
+
+    fn on_rows(&mut self, event: &Event, t: u8, event_start: u64, out: &mut VecDeque<Change>) -> Result<()> {
+        let table_id = et::rows_event_table_id(event.data())
+            .ok_or_else(|| self.corrupt(event_start, "short rows event"))?;
+        let columns = match self.tables.get(&table_id) {
+            Some(None) => return Ok(()),
+            Some(Some(c)) => c.clone(),
+            None => {
+                return Err(self.corrupt(
+                    event_start,
+                    &format!("rows event for table id {table_id} without a preceding table map"),
+                ))
+            }
+        };
+        if et::MARIADB_COMPRESSED_ROWS.contains(&t) {
+            return Err(Error::source(format!(
+                "MariaDB wrote a compressed row event (type {t}) for outbox table {} at {}:{event_start}; outboxd cannot decode compressed row events, and it never skips outbox rows",
+                columns.table, self.file
+            ))
+            .remedy(format!(
+                "run SET GLOBAL log_bin_compress=OFF on the server; the transaction at {}:{event_start} must then be re-inserted by the application (or replayed from a copy written without compression), and the checkpoint moved past it with `outboxd checkpoint set`",
+                self.file
+            )));
+        }
+        match t {
+            et::UPDATE_ROWS_V1 | et::UPDATE_ROWS | et::PARTIAL_UPDATE_ROWS => {
+                self.ignored.updates += 1;
+                return Ok(());
+            }
+            et::DELETE_ROWS_V1 | et::DELETE_ROWS => {
+                self.ignored.deletes += 1;
+                return Ok(());
+            }
+            _ => {}
+        }
+        let data = event
+            .read_data()
+            .map_err(|e| self.corrupt(event_start, &format!("rows event: {e}")))?;
+        let Some(EventData::RowsEvent(rows)) = data else {
+            return Err(self.corrupt(event_start, "rows event did not decode as one"));
+        };
+        let origin: Arc<str> = self
+            .txn_origin
+            .get_or_insert_with(|| format!("{}:{event_start}", self.file).into())
+            .clone();
+        let rows_iter = match &rows {
+            RowsEventData::WriteRowsEvent(_) | RowsEventData::WriteRowsEventV1(_) => {
+                rows.rows(&columns.tme)
+            }
+            _ => return Ok(()),
+        };
+        for row in rows_iter {
+            let (_, after) = row.map_err(|e| {
+                self.corrupt(event_start, &format!("row of {}: {e}", columns.table))
+            })?;
+            let Some(mut after) = after else { continue };
+            let mut values = Vec::with_capacity(columns.names.len());
+            for i in 0..columns.names.len() {
+                values.push(match after.take(i) {
+                    Some(v) => columns::convert(&columns, i, v),
+                    None => crate::source::Value::Null,
+                });
+            }
+            self.txn_rows += 1;
+            out.push_back(Change::Row(Row {
+                table: columns.table.clone(),
+                names: columns.names.clone(),
+                values,
+                origin: origin.clone(),
+            }));
+        }
+        Ok(())
+    }
+
+    /// Closes the current transaction (or standalone statement) and records the boundary.
+    fn close(&mut self, out: &mut VecDeque<Change>) {
+        if let Some((domain, server, seq)) = self.pending_gtid.take() {
+            if let Some(g) = self.gtid.as_mut() {
+                g.apply(domain, server, seq);
+            }
+        }
+        self.boundary = BinlogPosition {
+            file: self.file.clone(),
+            pos: self.next_pos,
+            gtid: self.gtid.clone(),
+        };
+        let position = self.boundary.to_position();
+        out.push_back(if self.txn_rows > 0 {
+            Change::Commit(position)
+        } else {
+            Change::Idle(position)
+        });
+        self.in_txn = false;
+        self.txn_rows = 0;
+        self.txn_origin = None;
+    }
+
+    fn corrupt(&self, at: u64, what: &str) -> Error {
+        Error::source(format!("cannot decode the binlog event at {}:{at}: {what}", self.file)).remedy(
+            "check the server's binlog with mariadb-binlog/mysqlbinlog at that position; outboxd stops rather than skip it",
+        )
+    }
+}
+
+fn checksum_ok(event: &Event) -> bool {
+    let footer = event.footer();
+    if !footer.get_checksum_enabled() {
+        return true;
+    }
+    match (footer.get_checksum_alg(), event.checksum()) {
+        (Ok(Some(alg @ BinlogChecksumAlg::BINLOG_CHECKSUM_ALG_CRC32)), Some(sum)) => {
+            u32::from_le_bytes(sum) == event.calc_checksum(alg)
+        }
+        _ => true,
+    }
+}
+
+/// Same column count, types and type metadata: the cached column names still apply.
+fn same_shape(a: &TableMapEvent<'_>, b: &TableMapEvent<'_>) -> bool {
+    let n = a.columns_count();
+    n == b.columns_count()
+        && (0..n as usize).all(|i| {
+            a.get_raw_column_type(i).ok() == b.get_raw_column_type(i).ok()
+                && a.get_column_metadata(i) == b.get_column_metadata(i)
+        })
+}

@@ -1,0 +1,403 @@
+//! MySQL/MariaDB source: reads the binlog as a replica and yields outbox changes.
+//!
+//! ## Resumption
+//! A session starts from the durable checkpoint. On MariaDB the checkpoint's GTID state is used
+//! (`@slave_connect_state`), which names the last transaction applied per domain and so also works on
+//! another server of the same topology; elsewhere the exact `FILE:POS` of the server that wrote it is
+//! used. Checkpoints are only ever taken at transaction boundaries (see [`decoder`]), so a resumed stream
+//! starts with a whole transaction. Without a checkpoint the stream starts at the server's current end
+//! (`SHOW MASTER STATUS`), and says so.
+//!
+//! ## Liveness
+//! The server is asked for heartbeats (`@master_heartbeat_period`); a stream that yields neither an
+//! event nor a heartbeat for three periods is treated as dead even if its socket looks alive, and the
+//! session ends with a transient error so the pipeline reconnects from the checkpoint.
+
+mod columns;
+mod decoder;
+mod event_types;
+mod position;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use mysql_async::prelude::Queryable;
+use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, OptsBuilder};
+
+pub use self::columns::SchemaColumn;
+use self::columns::TableColumns;
+pub use self::decoder::{Decoder, Ignored, Step};
+pub use self::position::{BinlogPosition, MariaGtidState};
+use crate::config::{redact_url, Config, SourceKind};
+use crate::error::{Error, Result};
+use crate::source::{Change, Position, SourceIdentity};
+
+/// `ER_MASTER_FATAL_ERROR_READING_BINLOG`: the requested position is not (or no longer) on the server.
+const ER_BINLOG_GONE: u16 = 1236;
+const ER_ACCESS_DENIED: u16 = 1045;
+const ER_SPECIFIC_ACCESS_DENIED: u16 = 1227;
+
+/// A live binlog session.
+pub struct MysqlSource {
+    stream: BinlogStream,
+    control: Conn,
+    decoder: Decoder,
+    buffer: VecDeque<Change>,
+    read_timeout: Duration,
+    identity: SourceIdentity,
+    start: BinlogPosition,
+}
+
+impl MysqlSource {
+    /// Connects, checks the server's binlog settings, and opens the stream after `resume` (the
+    /// checkpoint's identity and position), or at the server's current end.
+    pub async fn connect(
+        config: &Config,
+        resume: Option<(&SourceIdentity, &Position)>,
+    ) -> Result<MysqlSource> {
+        let opts = connect_opts(config)?;
+        let mut control = Conn::new(opts.clone())
+            .await
+            .map_err(|e| map_err(e, config))?;
+        let server = ServerInfo::read(&mut control).await.map_err(|e| map_err(e, config))?;
+        server.require_row_binlog()?;
+        let identity = SourceIdentity {
+            kind: SourceKind::Mysql,
+            server_id: Some(server.server_id),
+            server_uuid: server.server_uuid.clone(),
+        };
+        let start = match resume {
+            Some((stored, position)) => {
+                let start = BinlogPosition::from_position(position)?;
+                check_identity(stored, &identity, &start, server.is_mariadb)?;
+                start
+            }
+            None => {
+                let end = current_end(&mut control, server.is_mariadb)
+                    .await
+                    .map_err(|e| map_err(e, config))?;
+                tracing::warn!(
+                    position = %end,
+                    "no checkpoint: starting at the server's current end (rows committed before now are not forwarded; use `outboxd replay` for those)"
+                );
+                end
+            }
+        };
+        let heartbeat = Duration::from_millis(config.source.heartbeat_interval_ms);
+        let mut replica = Conn::new(opts).await.map_err(|e| map_err(e, config))?;
+        let use_gtid = server.is_mariadb && start.gtid.as_ref().is_some_and(|g| !g.is_empty());
+        let setup = async {
+            replica
+                .query_drop(format!(
+                    "SET @master_heartbeat_period = {}",
+                    heartbeat.as_nanos()
+                ))
+                .await?;
+            if server.is_mariadb {
+                replica.query_drop("SET @mariadb_slave_capability = 4").await?;
+            }
+            if use_gtid {
+                let state = start.gtid.as_ref().map(|g| g.to_string()).unwrap_or_default();
+                replica
+                    .exec_drop("SET @slave_connect_state = ?", (state,))
+                    .await?;
+                replica.query_drop("SET @slave_gtid_strict_mode = 0").await?;
+                replica.query_drop("SET @slave_gtid_ignore_duplicates = 0").await?;
+            }
+            Ok::<_, mysql_async::Error>(())
+        };
+        setup.await.map_err(|e| map_err(e, config))?;
+        let server_id = config.server_id();
+        let request = if use_gtid {
+            BinlogStreamRequest::new(server_id).with_filename(b"").with_pos(4u64)
+        } else {
+            BinlogStreamRequest::new(server_id)
+                .with_filename(start.file.as_bytes())
+                .with_pos(start.pos)
+        };
+        let stream = replica
+            .get_binlog_stream(request)
+            .await
+            .map_err(|e| map_err(e, config))?;
+        tracing::info!(
+            server = %redact_url(&config.source.url),
+            server_id = server.server_id,
+            version = %server.version,
+            position = %start,
+            by = if use_gtid { "gtid" } else { "file:pos" },
+            "binlog stream opened"
+        );
+        Ok(MysqlSource {
+            stream,
+            control,
+            decoder: Decoder::new(start.clone(), config.source.tables.iter().cloned()),
+            buffer: VecDeque::new(),
+            read_timeout: heartbeat * 3,
+            identity,
+            start,
+        })
+    }
+
+    pub fn identity(&self) -> &SourceIdentity {
+        &self.identity
+    }
+
+    /// The position the stream was opened at.
+    pub fn start(&self) -> Position {
+        self.start.to_position()
+    }
+
+    pub fn ignored(&self) -> Ignored {
+        self.decoder.ignored()
+    }
+
+    /// The next change, in commit order.
+    pub async fn next(&mut self) -> Result<Change> {
+        loop {
+            if let Some(change) = self.buffer.pop_front() {
+                return Ok(change);
+            }
+            let event = match tokio::time::timeout(self.read_timeout, self.stream.next()).await {
+                Err(_) => {
+                    return Err(Error::source(format!(
+                        "no binlog event or heartbeat for {:?}; the stream is treated as dead",
+                        self.read_timeout
+                    ))
+                    .remedy("outboxd reconnects by itself; if this repeats, check the network path to the server")
+                    .transient())
+                }
+                Ok(None) => {
+                    return Err(Error::source("the server closed the binlog stream")
+                        .remedy("outboxd reconnects by itself")
+                        .transient())
+                }
+                Ok(Some(Err(e))) => return Err(map_stream_err(e, self.decoder.boundary())),
+                Ok(Some(Ok(event))) => event,
+            };
+            match self.decoder.on_event(&event, &mut self.buffer)? {
+                Step::Continue => {}
+                Step::NeedColumns { table_id, table, tme } => {
+                    let columns = self.resolve_columns(table, *tme).await?;
+                    self.decoder.map_table(table_id, Arc::new(columns));
+                }
+            }
+        }
+    }
+
+    async fn resolve_columns(
+        &mut self,
+        table: Arc<str>,
+        tme: mysql_common::binlog::events::TableMapEvent<'static>,
+    ) -> Result<TableColumns> {
+        let tme = match TableColumns::from_metadata(table.clone(), tme.clone()) {
+            Ok(Some(columns)) => return Ok(columns),
+            Ok(None) => tme,
+            Err(e) => {
+                return Err(Error::source(format!(
+                    "cannot read the column metadata of {table}'s table map: {e}"
+                )))
+            }
+        };
+        let (schema, name) = table.split_once('.').unwrap_or(("", &table));
+        let rows: Vec<(String, String, Option<String>, String)> = self
+            .control
+            .exec(
+                "SELECT COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME, COLUMN_TYPE \
+                 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? \
+                 ORDER BY ORDINAL_POSITION",
+                (schema, name),
+            )
+            .await
+            .map_err(|e| {
+                Error::source(format!("cannot read the columns of {table} from information_schema: {e}"))
+                    .transient()
+            })?;
+        let columns: Vec<SchemaColumn> = rows
+            .into_iter()
+            .map(|(name, data_type, charset, column_type)| SchemaColumn {
+                name,
+                data_type,
+                charset,
+                column_type,
+            })
+            .collect();
+        TableColumns::from_schema(table, tme, &columns).map_err(|why| {
+            Error::source(why).remedy(
+                "run SET GLOBAL binlog_row_metadata = FULL (MySQL 8.0+/MariaDB 10.5+) so the binlog carries column names, then restart outboxd",
+            )
+        })
+    }
+}
+
+struct ServerInfo {
+    version: String,
+    is_mariadb: bool,
+    server_id: u32,
+    server_uuid: Option<String>,
+    log_bin: bool,
+    binlog_format: String,
+    row_image: String,
+}
+
+impl ServerInfo {
+    async fn read(conn: &mut Conn) -> mysql_async::Result<ServerInfo> {
+        let (version, server_id, log_bin, binlog_format, row_image): (String, u32, u8, String, String) = conn
+            .query_first(
+                "SELECT VERSION(), @@server_id, @@log_bin, @@binlog_format, @@binlog_row_image",
+            )
+            .await?
+            .unwrap_or_default();
+        let is_mariadb = version.to_ascii_lowercase().contains("mariadb");
+        let server_uuid = if is_mariadb {
+            None
+        } else {
+            conn.query_first::<String, _>("SELECT @@server_uuid").await.ok().flatten()
+        };
+        Ok(ServerInfo {
+            version,
+            is_mariadb,
+            server_id,
+            server_uuid,
+            log_bin: log_bin == 1,
+            binlog_format,
+            row_image,
+        })
+    }
+
+    fn require_row_binlog(&self) -> Result<()> {
+        if !self.log_bin {
+            return Err(Error::source("the server's binary log is off (log_bin=OFF)")
+                .remedy("start the server with log-bin (and binlog_format=ROW, binlog_row_image=FULL)"));
+        }
+        if !self.binlog_format.eq_ignore_ascii_case("ROW") {
+            return Err(Error::source(format!(
+                "binlog_format is {}; outbox rows written as statements would be invisible to outboxd",
+                self.binlog_format
+            ))
+            .remedy("SET GLOBAL binlog_format = 'ROW' (and in the server's config file)"));
+        }
+        if !self.row_image.eq_ignore_ascii_case("FULL") {
+            return Err(Error::source(format!(
+                "binlog_row_image is {}; inserted rows may lack columns",
+                self.row_image
+            ))
+            .remedy("SET GLOBAL binlog_row_image = 'FULL' (and in the server's config file)"));
+        }
+        Ok(())
+    }
+}
+
+/// The checkpoint must come from this server, unless MariaDB GTIDs make the position portable.
+fn check_identity(
+    stored: &SourceIdentity,
+    current: &SourceIdentity,
+    start: &BinlogPosition,
+    is_mariadb: bool,
+) -> Result<()> {
+    if stored.kind != current.kind {
+        return Err(Error::checkpoint(format!(
+            "the checkpoint belongs to a {} source, but source.kind is {}",
+            stored.kind.as_str(),
+            current.kind.as_str()
+        ))
+        .remedy("point checkpoint.dir or name at this source's checkpoint, or remove the file to start at the server's current end"));
+    }
+    let same_server = stored.server_id == current.server_id
+        && (stored.server_uuid.is_none() || stored.server_uuid == current.server_uuid);
+    if same_server {
+        return Ok(());
+    }
+    let portable = is_mariadb && start.gtid.as_ref().is_some_and(|g| !g.is_empty());
+    if portable {
+        tracing::warn!(
+            checkpoint_server = ?stored.server_id,
+            server = ?current.server_id,
+            "checkpoint was written against another server: resuming by GTID"
+        );
+        return Ok(());
+    }
+    Err(Error::checkpoint(format!(
+        "the checkpoint was written against server_id {:?} (uuid {:?}), but this server is server_id {:?} (uuid {:?}), and its position {start} is a file offset that only means something on the server that wrote it",
+        stored.server_id, stored.server_uuid, current.server_id, current.server_uuid
+    ))
+    .remedy("point source.url back at that server, or set a position valid on this one with `outboxd checkpoint set FILE:POS`"))
+}
+
+async fn current_end(conn: &mut Conn, is_mariadb: bool) -> mysql_async::Result<BinlogPosition> {
+    let row: Option<mysql_async::Row> = match conn.query_first("SHOW MASTER STATUS").await {
+        Ok(row) => row,
+        Err(mysql_async::Error::Server(_)) => conn.query_first("SHOW BINARY LOG STATUS").await?,
+        Err(e) => return Err(e),
+    };
+    let row = row.ok_or_else(|| {
+        mysql_async::Error::Other("SHOW MASTER STATUS returned nothing: is log_bin on?".into())
+    })?;
+    let file: String = row.get(0).unwrap_or_default();
+    let pos: u64 = row.get(1).unwrap_or(4);
+    let gtid = if is_mariadb {
+        let text: Option<String> = conn
+            .exec_first("SELECT BINLOG_GTID_POS(?, ?)", (file.clone(), pos))
+            .await?;
+        Some(MariaGtidState::parse(&text.unwrap_or_default()).map_err(|e| {
+            mysql_async::Error::Other(e.message().to_string().into())
+        })?)
+    } else {
+        None
+    };
+    Ok(BinlogPosition { file, pos, gtid })
+}
+
+fn connect_opts(config: &Config) -> Result<Opts> {
+    let opts = Opts::from_url(&config.source.url).map_err(|e| {
+        Error::config(format!("source.url {}: {e}", redact_url(&config.source.url)))
+            .remedy("use mysql://USER[:PASSWORD]@HOST:PORT/DB")
+    })?;
+    let mut builder = OptsBuilder::from_opts(opts)
+        .prefer_socket(false)
+        .tcp_keepalive(Some(Duration::from_secs(10)));
+    if let Some(password) = config.source_password()? {
+        builder = builder.pass(Some(password));
+    }
+    Ok(builder.into())
+}
+
+fn map_err(e: mysql_async::Error, config: &Config) -> Error {
+    let server = redact_url(&config.source.url);
+    match e {
+        mysql_async::Error::Server(se) if se.code == ER_ACCESS_DENIED => {
+            Error::source(format!("{server} refused the login: {}", se.message))
+                .remedy("check the user and password (source.url, OUTBOXD_SOURCE__PASSWORD or source.password_file)")
+        }
+        mysql_async::Error::Server(se) if se.code == ER_SPECIFIC_ACCESS_DENIED => {
+            Error::source(format!("{server}: missing privilege: {}", se.message)).remedy(
+                "GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO the outboxd user (MariaDB also BINLOG MONITOR)",
+            )
+        }
+        mysql_async::Error::Server(se) => {
+            Error::source(format!("{server}: server error {}: {}", se.code, se.message))
+        }
+        other => Error::source(format!("{server}: {other}"))
+            .remedy("outboxd retries; check that the server is up and reachable")
+            .transient(),
+    }
+}
+
+fn map_stream_err(e: mysql_async::Error, at: &BinlogPosition) -> Error {
+    match e {
+        mysql_async::Error::Server(se) if se.code == ER_BINLOG_GONE => Error::source(format!(
+            "the server cannot send the binlog from {at}: {}",
+            se.message
+        ))
+        .remedy("the binlog the checkpoint needs was purged or never existed here: restore it (outboxd replay from a binlog backup) or move the checkpoint deliberately with `outboxd checkpoint set`; outboxd never restarts from zero by itself"),
+        mysql_async::Error::Server(se) => Error::source(format!(
+            "binlog stream error {} at {at}: {}",
+            se.code, se.message
+        ))
+        .transient(),
+        other => Error::source(format!("binlog stream broke at {at}: {other}"))
+            .remedy("outboxd reconnects by itself")
+            .transient(),
+    }
+}

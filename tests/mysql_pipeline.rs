@@ -1,0 +1,350 @@
+//! End-to-end: private MariaDB (ROW binlog) -> outboxd binary -> real broker -> real consumer.
+
+mod rig;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use rig::{consume, create_topic, wait_until, Broker, Consumed, MariaDb, Outboxd};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+const SCHEMA: &str = "
+CREATE DATABASE app;
+CREATE TABLE app.outbox (
+  id BINARY(16) NOT NULL PRIMARY KEY,
+  aggregatetype VARCHAR(255) NOT NULL,
+  aggregateid VARCHAR(255) NOT NULL,
+  type VARCHAR(255) NOT NULL,
+  payload LONGTEXT,
+  created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+CREATE TABLE app.legacy (
+  id INT AUTO_INCREMENT PRIMARY KEY,
+  name VARCHAR(100) CHARACTER SET latin1,
+  raw BINARY(16),
+  blob_col BLOB
+) ENGINE=InnoDB;
+";
+
+struct Env {
+    db: MariaDb,
+    broker: Broker,
+    outboxd: Outboxd,
+}
+
+fn setup(name: &str, extra_config: &str) -> Env {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let broker = Broker::start();
+    for topic in ["outbox.event.order", "outbox.event.customer"] {
+        create_topic(&broker.bootstrap(), topic, 3);
+    }
+    let body = format!(
+        "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.outbox\"]\nserver_id = 99\nheartbeat_interval_ms = 1000\n\
+         [kafka]\nbrokers = \"{}\"\n{extra_config}\n[http]\nlisten = \"\"\n",
+        db.cdc_url(),
+        broker.bootstrap()
+    );
+    let outboxd = Outboxd::new(name, &body);
+    Env {
+        db,
+        broker,
+        outboxd,
+    }
+}
+
+/// The row with sequence number `n`: its id, aggregate type, key and payload.
+fn event(n: u64) -> (String, &'static str, String, String) {
+    let id = format!("{n:032x}");
+    let kind = if n % 3 == 0 { "customer" } else { "order" };
+    let key = format!("key-{}", n % 17);
+    let payload = format!(r#"{{"n":{n},"note":"caf\u00e9 \ud83c\udf89"}}"#);
+    (id, kind, key, payload)
+}
+
+fn insert_sql(n: u64) -> String {
+    let (id, kind, key, payload) = event(n);
+    format!(
+        "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{id}'), '{kind}', '{key}', 'Created', '{payload}');"
+    )
+}
+
+/// Commits rows `from..to` in transactions of `per_txn` rows.
+fn insert_rows(db: &MariaDb, from: u64, to: u64, per_txn: u64) {
+    let mut script = String::new();
+    let mut n = from;
+    while n < to {
+        script.push_str("BEGIN;");
+        for m in n..(n + per_txn).min(to) {
+            script.push_str(&insert_sql(m));
+        }
+        script.push_str("COMMIT;\n");
+        n += per_txn;
+    }
+    db.sql_socket(&script);
+}
+
+fn consume_all(env: &Env, expected: usize) -> Vec<Consumed> {
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let order = consume(&env.broker.bootstrap(), "outbox.event.order", usize::MAX, Duration::from_secs(2));
+        let customer = consume(&env.broker.bootstrap(), "outbox.event.customer", usize::MAX, Duration::from_secs(2));
+        let all: Vec<Consumed> = order.into_iter().chain(customer).collect();
+        if all.len() >= expected || std::time::Instant::now() > deadline {
+            return all;
+        }
+    }
+}
+
+fn uuid_of(n: u64) -> String {
+    let hex = format!("{n:032x}");
+    format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+}
+
+fn n_of(record: &Consumed) -> u64 {
+    let id = record.header("id").expect("id header").replace('-', "");
+    u64::from_str_radix(&id, 16).unwrap()
+}
+
+/// Asserts every row in `range` arrived (at least once), correctly formed; returns the duplicate count.
+fn check_records(records: &[Consumed], range: std::ops::Range<u64>) -> usize {
+    let mut seen: HashMap<u64, usize> = HashMap::new();
+    for r in records {
+        let n = n_of(r);
+        let (_, kind, key, payload) = event(n);
+        assert_eq!(r.topic, format!("outbox.event.{kind}"), "topic of row {n}");
+        assert_eq!(r.key.as_deref(), Some(key.as_bytes()), "key of row {n}");
+        assert_eq!(r.value.as_deref(), Some(payload.as_bytes()), "value of row {n}");
+        assert_eq!(r.header("id").unwrap(), uuid_of(n), "id header of row {n}");
+        assert!(r.header("outboxd.position").unwrap().starts_with("gtid:0-1-"), "position header of row {n}");
+        *seen.entry(n).or_default() += 1;
+    }
+    let missing: Vec<u64> = range.clone().filter(|n| !seen.contains_key(n)).collect();
+    assert!(missing.is_empty(), "{} rows never arrived, first: {:?}", missing.len(), &missing[..missing.len().min(10)]);
+    seen.values().map(|c| c - 1).sum()
+}
+
+/// Per key, the first occurrences of rows arrive in commit (= sequence) order.
+fn check_per_key_order(records: &[Consumed]) {
+    let mut by_partition: BTreeMap<(String, i32), Vec<&Consumed>> = BTreeMap::new();
+    for r in records {
+        by_partition.entry((r.topic.clone(), r.partition)).or_default().push(r);
+    }
+    let mut last: HashMap<Vec<u8>, u64> = HashMap::new();
+    let mut seen = std::collections::HashSet::new();
+    for (_, mut rs) in by_partition {
+        rs.sort_by_key(|r| r.offset);
+        for r in rs {
+            let n = n_of(r);
+            if !seen.insert(n) {
+                continue;
+            }
+            let key = r.key.clone().unwrap();
+            if let Some(prev) = last.insert(key.clone(), n) {
+                assert!(prev < n, "key {:?}: row {n} arrived after row {prev}", String::from_utf8_lossy(&key));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_in_order() {
+    let mut env = setup("mixed", "");
+    env.outboxd.start();
+    let mut script = String::new();
+    let mut n = 0;
+    // 100 single-row transactions.
+    for _ in 0..100 {
+        script.push_str(&format!("BEGIN;{}COMMIT;\n", insert_sql(n)));
+        n += 1;
+    }
+    // 5 transactions of 100 rows.
+    for _ in 0..5 {
+        script.push_str("BEGIN;");
+        for _ in 0..100 {
+            script.push_str(&insert_sql(n));
+            n += 1;
+        }
+        script.push_str("COMMIT;\n");
+    }
+    // 100 transactions of 4 rows that also write latin1 text and binary values to another table,
+    // plus updates and deletes of outbox rows (ignored), interleaved with other-table-only transactions.
+    for i in 0..100 {
+        script.push_str("BEGIN;");
+        script.push_str(&format!(
+            "INSERT INTO app.legacy (name, raw, blob_col) VALUES (CONVERT(_utf8mb4'caf\u{e9} {i}' USING latin1), UNHEX('ff00fe01ff00fe01ff00fe01ff00fe{i:02x}'), UNHEX('c3280a'));"
+        ));
+        for _ in 0..4 {
+            script.push_str(&insert_sql(n));
+            n += 1;
+        }
+        script.push_str(&format!("UPDATE app.outbox SET type = 'Touched' WHERE id = UNHEX('{:032x}');", n - 1));
+        script.push_str("COMMIT;\n");
+        script.push_str(&format!("UPDATE app.legacy SET name = 'x{i}' WHERE id = {};\n", i + 1));
+    }
+    assert_eq!(n, 1000);
+    env.db.sql_socket(&script);
+
+    let records = consume_all(&env, 1000);
+    let duplicates = check_records(&records, 0..1000);
+    assert_eq!(duplicates, 0, "a clean run delivers exactly once");
+    assert_eq!(records.len(), 1000);
+    check_per_key_order(&records);
+    // BINARY(16) ids are rendered as canonical UUID text.
+    let r = records.iter().find(|r| n_of(r) == 0x3e7).unwrap();
+    assert_eq!(r.header("id").unwrap(), "00000000-0000-0000-0000-0000000003e7");
+    env.outboxd.stop();
+}
+
+#[test]
+fn sigterm_then_restart_forwards_rows_written_while_down_and_checkpoints_the_last_boundary() {
+    let mut env = setup("restart", "");
+    env.outboxd.start();
+    insert_rows(&env.db, 0, 10, 1);
+    assert_eq!(consume_all(&env, 10).len(), 10);
+    env.outboxd.stop();
+
+    insert_rows(&env.db, 10, 510, 10);
+    // The binlog metadata mode changes while outboxd is down: names now come from the table map.
+    env.db.sql_socket("SET GLOBAL binlog_row_metadata = FULL;");
+    insert_rows(&env.db, 510, 520, 5);
+    env.outboxd.start();
+    let records = consume_all(&env, 520);
+    check_records(&records, 0..520);
+    env.outboxd.stop();
+
+    let status = env.db.sql_socket("SHOW MASTER STATUS;");
+    let mut cols = status.split('\t');
+    let (file, pos) = (cols.next().unwrap().to_string(), cols.next().unwrap().parse::<u64>().unwrap());
+    let gtid = env.db.sql_socket("SELECT @@gtid_binlog_pos;").trim().to_string();
+    let checkpoint = env.outboxd.checkpoint();
+    assert_eq!(checkpoint["position"]["file"], file.as_str(), "{checkpoint}");
+    assert_eq!(checkpoint["position"]["pos"], pos, "{checkpoint}");
+    assert_eq!(checkpoint["position"]["gtid_set"], gtid.as_str(), "{checkpoint}");
+    assert_eq!(checkpoint["source"]["kind"], "mysql");
+}
+
+#[test]
+fn kill_9_under_load_loses_nothing_and_duplicates_stay_within_the_window() {
+    let max_in_flight = 100u64;
+    let largest_txn = 5u64;
+    let mut env = setup("kill9", &format!("max_in_flight = {max_in_flight}"));
+    env.outboxd.start();
+    let total = 1500u64;
+    let db_dir = env.db.dir().to_path_buf();
+    let writer = {
+        std::thread::spawn(move || {
+            let socket = db_dir.join("mysqld.sock");
+            let mut n = 0;
+            let mut size = 1;
+            while n < total {
+                let mut script = String::from("BEGIN;");
+                for m in n..(n + size).min(total) {
+                    script.push_str(&insert_sql(m));
+                }
+                script.push_str("COMMIT;");
+                let ok = std::process::Command::new("mariadb")
+                    .arg(format!("--socket={}", socket.display()))
+                    .args(["-uroot", "-e", &script])
+                    .status()
+                    .unwrap()
+                    .success();
+                assert!(ok);
+                n += size;
+                size = size % largest_txn + 1;
+            }
+        })
+    };
+    // Kill once a good part of the load has been forwarded, while it is still running.
+    wait_until("some rows forwarded", LIMIT, || {
+        consume(&env.broker.bootstrap(), "outbox.event.order", 200, Duration::from_millis(300)).len() >= 200
+    });
+    env.outboxd.kill9();
+    env.outboxd.start();
+    writer.join().unwrap();
+    let records = consume_all(&env, total as usize);
+    let duplicates = check_records(&records, 0..total);
+    println!("kill -9: {duplicates} duplicates over {total} rows (window: {max_in_flight} in flight + one open transaction)");
+    assert!(
+        duplicates as u64 <= max_in_flight + largest_txn + 20 * largest_txn,
+        "{duplicates} duplicates exceed the crash window"
+    );
+    check_per_key_order(&records);
+    env.outboxd.stop();
+}
+
+#[test]
+fn a_17_mb_payload_is_forwarded_without_a_reconnect_loop() {
+    let mut env = setup(
+        "big",
+        "[kafka.properties]\n\"message.max.bytes\" = \"20000000\"\n",
+    );
+    env.outboxd.start();
+    let big = "x".repeat(17 * 1024 * 1024);
+    env.db.sql_socket(&format!(
+        "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{:032x}'), 'order', 'k', 'Big', '{big}');",
+        7
+    ));
+    insert_rows(&env.db, 100, 101, 1);
+    let records = consume(&env.broker.bootstrap(), "outbox.event.order", 2, LIMIT);
+    assert_eq!(records.len(), 2, "{}", env.outboxd.log());
+    let r = records.iter().find(|r| r.header("id").unwrap() == uuid_of(7)).unwrap();
+    assert_eq!(r.value.as_ref().unwrap().len(), big.len());
+    assert!(r.value.as_ref().unwrap() == big.as_bytes());
+    assert!(!env.outboxd.log().contains("reconnecting"), "{}", env.outboxd.log());
+    env.outboxd.stop();
+}
+
+#[test]
+fn a_server_restart_mid_stream_loses_nothing() {
+    let mut env = setup("srvrestart", "");
+    env.outboxd.start();
+    insert_rows(&env.db, 0, 300, 3);
+    env.db.restart();
+    insert_rows(&env.db, 300, 600, 3);
+    let records = consume_all(&env, 600);
+    check_records(&records, 0..600);
+    check_per_key_order(&records);
+    assert!(env.outboxd.log().contains("reconnecting"), "{}", env.outboxd.log());
+    env.outboxd.stop();
+}
+
+#[test]
+fn a_corrupt_checkpoint_stops_run_with_the_file_and_the_remedy() {
+    let env = setup("corrupt", "");
+    std::fs::write(env.outboxd.checkpoint_path(), "{\"version\":1,\"name\":\"corr").unwrap();
+    let out = env.outboxd.command(&["run"]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&env.outboxd.checkpoint_path().display().to_string()), "{stderr}");
+    assert!(stderr.contains("checkpoint set"), "{stderr}");
+    assert!(!stderr.contains(rig::mariadb::CDC_PASSWORD), "{stderr}");
+    // The damaged file is left for the operator, not replaced.
+    assert!(std::fs::read_to_string(env.outboxd.checkpoint_path()).unwrap().ends_with("corr"));
+}
+
+#[test]
+fn compressed_row_events_for_the_outbox_stop_the_pipeline_and_are_never_skipped() {
+    let mut env = setup("compressed", "");
+    env.outboxd.start();
+    insert_rows(&env.db, 0, 5, 1);
+    assert_eq!(consume_all(&env, 5).len(), 5);
+    let covered = env.db.sql_socket("SELECT @@gtid_binlog_pos;").trim().to_string();
+    wait_until("the checkpoint to cover the first rows", LIMIT, || {
+        env.outboxd.checkpoint()["position"]["gtid_set"] == covered.as_str()
+    });
+    let before = env.outboxd.checkpoint();
+    env.db.sql_socket("SET GLOBAL log_bin_compress = ON; SET GLOBAL log_bin_compress_min_len = 10;");
+    // Another table's compressed rows pass; the outbox's stop the pipeline.
+    env.db.sql_socket(&format!("INSERT INTO app.legacy (name) VALUES ('{}');", "y".repeat(300)));
+    insert_rows(&env.db, 5, 6, 1);
+    let outbox_txn = env.db.sql_socket("SELECT @@gtid_binlog_pos;").trim().to_string();
+    let status = env.outboxd.wait_exit(LIMIT);
+    assert!(!status.success());
+    let log = env.outboxd.log();
+    assert!(log.contains("compressed row event") && log.contains("log_bin_compress=OFF"), "{log}");
+    let after = env.outboxd.checkpoint();
+    assert_ne!(after["position"]["gtid_set"], outbox_txn.as_str(), "the checkpoint must not pass the compressed outbox transaction");
+    assert!(after["position"]["pos"].as_u64() >= before["position"]["pos"].as_u64());
+}

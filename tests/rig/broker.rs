@@ -1,0 +1,63 @@
+//! The nisshi Kafka-protocol broker, in memory, on a free loopback port.
+
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::{free_port, wait_until};
+
+pub struct Broker {
+    pub port: u16,
+    child: Child,
+    _log: tempfile::NamedTempFile,
+}
+
+/// Where `.ci/run` installs the broker; `OUTBOXD_TEST_BROKER` overrides.
+pub fn broker_binary() -> PathBuf {
+    if let Ok(path) = std::env::var("OUTBOXD_TEST_BROKER") {
+        return PathBuf::from(path);
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    PathBuf::from(home).join(".cache/outboxd-test/nisshi-0.8.1/bin/nisshi")
+}
+
+impl Broker {
+    pub fn start() -> Broker {
+        let bin = broker_binary();
+        assert!(
+            bin.exists(),
+            "test broker not found at {}: run ./scripts/test.sh (it installs it) or set OUTBOXD_TEST_BROKER",
+            bin.display()
+        );
+        let port = free_port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let child = Command::new(bin)
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--storage-engine", "memory://nisshi/", "--group-initial-rebalance-delay", "0s"])
+            .stdout(Stdio::null())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .expect("start the broker");
+        wait_until("the broker to listen", Duration::from_secs(30), || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        Broker {
+            port,
+            child,
+            _log: log,
+        }
+    }
+
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

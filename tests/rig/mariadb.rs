@@ -1,0 +1,134 @@
+//! A private MariaDB with a ROW binlog.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::{free_port, wait_until};
+
+/// Password of the `cdc` user outboxd connects as (REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR, SELECT).
+pub const CDC_PASSWORD: &str = "cdc-s3cret";
+
+pub struct MariaDb {
+    dir: tempfile::TempDir,
+    pub port: u16,
+    child: Option<Child>,
+}
+
+impl MariaDb {
+    /// Installs and starts a fresh server. `extra` lines go into `[mysqld]`.
+    pub fn start(extra: &[&str]) -> MariaDb {
+        let dir = tempfile::Builder::new().prefix("outboxd-mariadb-").tempdir().unwrap();
+        let port = free_port();
+        let root = dir.path();
+        let cnf = format!(
+            "[mysqld]\ndatadir={d}/data\nport={port}\nbind-address=127.0.0.1\nsocket={d}/mysqld.sock\n\
+             pid-file={d}/mysqld.pid\nlog-error={d}/error.log\nlog-bin={d}/data/mariadb-bin\n\
+             binlog-format=ROW\nbinlog-row-image=FULL\nserver-id=1\nuser=root\nskip-name-resolve\n\
+             innodb-buffer-pool-size=64M\nmax-allowed-packet=64M\ninnodb-flush-log-at-trx-commit=2\n\
+             sync-binlog=0\ninnodb-log-file-size=48M\n{extra}\n",
+            d = root.display(),
+            extra = extra.join("\n"),
+        );
+        std::fs::write(root.join("my.cnf"), cnf).unwrap();
+        let out = Command::new("mariadb-install-db")
+            .arg(format!("--defaults-file={}", root.join("my.cnf").display()))
+            .args(["--user=root", "--auth-root-authentication-method=normal", "--skip-test-db"])
+            .output()
+            .expect("mariadb-install-db (apt-get install mariadb-server; .ci/run does it)");
+        assert!(
+            out.status.success(),
+            "mariadb-install-db failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut db = MariaDb {
+            dir,
+            port,
+            child: None,
+        };
+        db.boot();
+        db.sql_socket(&format!(
+            "CREATE USER 'root'@'127.0.0.1'; GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION; \
+             CREATE USER 'cdc'@'127.0.0.1' IDENTIFIED BY '{CDC_PASSWORD}'; \
+             GRANT REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR, SELECT ON *.* TO 'cdc'@'127.0.0.1';"
+        ));
+        db
+    }
+
+    fn boot(&mut self) {
+        let child = Command::new("/usr/sbin/mariadbd")
+            .arg(format!("--defaults-file={}", self.dir.path().join("my.cnf").display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mariadbd");
+        self.child = Some(child);
+        let socket = self.socket();
+        wait_until("mariadbd to accept connections", Duration::from_secs(60), || {
+            Command::new("mariadb")
+                .arg(format!("--socket={}", socket.display()))
+                .args(["-uroot", "-e", "select 1"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("mysqld.sock")
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Runs SQL through the admin socket with the `mariadb` client; returns its tab-separated output.
+    pub fn sql_socket(&self, sql: &str) -> String {
+        let out = Command::new("mariadb")
+            .arg(format!("--socket={}", self.socket().display()))
+            .args(["-uroot", "-N", "-B", "-e", sql])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "SQL failed: {sql}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// URL for outboxd (password supplied separately through the environment).
+    pub fn cdc_url(&self) -> String {
+        format!("mysql://cdc@127.0.0.1:{}/app", self.port)
+    }
+
+    /// URL for the test's own writes.
+    pub fn root_url(&self) -> String {
+        format!("mysql://root@127.0.0.1:{}/", self.port)
+    }
+
+    /// Stops the server cleanly (SIGTERM) and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the stopped server again on the same port and data.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.boot();
+    }
+}
+
+impl Drop for MariaDb {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

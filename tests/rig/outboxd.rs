@@ -1,0 +1,141 @@
+//! The real `outboxd` binary, run as a child process with a config written for the test.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use super::mariadb::CDC_PASSWORD;
+use super::wait_until;
+
+pub struct Outboxd {
+    pub dir: tempfile::TempDir,
+    pub name: String,
+    child: Option<Child>,
+    runs: usize,
+}
+
+impl Outboxd {
+    /// Prepares a pipeline `name` whose config is `config_body` (everything but `name`); the checkpoint
+    /// dir is `<dir>/checkpoints`.
+    pub fn new(name: &str, config_body: &str) -> Outboxd {
+        let dir = tempfile::Builder::new().prefix("outboxd-run-").tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("checkpoints")).unwrap();
+        let config = format!(
+            "name = \"{name}\"\n{config_body}\n[checkpoint]\ndir = \"{}\"\ninterval_ms = 20\n",
+            dir.path().join("checkpoints").display()
+        );
+        std::fs::write(dir.path().join("outboxd.toml"), config).unwrap();
+        Outboxd {
+            dir,
+            name: name.to_string(),
+            child: None,
+            runs: 0,
+        }
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("outboxd.toml")
+    }
+
+    pub fn checkpoint_path(&self) -> PathBuf {
+        self.dir.path().join("checkpoints").join(format!("{}.json", self.name))
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join(format!("run-{}.log", self.runs))
+    }
+
+    /// A command for `outboxd ARGS` with this pipeline's config and the source password in the env.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
+        cmd.arg("--config")
+            .arg(self.config_path())
+            .args(args)
+            .env("OUTBOXD_SOURCE__PASSWORD", CDC_PASSWORD)
+            .env("RUST_LOG", "info,outboxd=debug")
+            .env_remove("OUTBOXD_CONFIG");
+        cmd
+    }
+
+    /// Starts `outboxd run` and waits until its checkpoint file exists (the start position is fixed).
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        self.runs += 1;
+        let log = std::fs::File::create(self.log_path()).unwrap();
+        let child = self
+            .command(&["run"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let log_path = self.log_path();
+        wait_until("outboxd to open the binlog stream", Duration::from_secs(60), || {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "outboxd exited early with {status}:\n{}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
+                );
+            }
+            super::file_contains(&log_path, "binlog stream opened")
+        });
+    }
+
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.as_ref().expect("running").id() as i32)
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(&mut self) -> ExitStatus {
+        kill(self.pid(), Signal::SIGTERM).unwrap();
+        let status = self.child.take().unwrap().wait().unwrap();
+        assert!(
+            status.success(),
+            "outboxd did not exit cleanly on SIGTERM: {status}\n{}",
+            self.log()
+        );
+        status
+    }
+
+    /// SIGKILL: no chance to drain or checkpoint.
+    pub fn kill9(&mut self) {
+        let mut child = self.child.take().unwrap();
+        child.kill().unwrap();
+        let _ = child.wait();
+    }
+
+    /// Waits for the running process to exit by itself (bounded), returning its status.
+    pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let mut status = None;
+        wait_until("outboxd to exit", limit, || {
+            status = self.child.as_mut().unwrap().try_wait().unwrap();
+            status.is_some()
+        });
+        self.child = None;
+        status.unwrap()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    pub fn checkpoint(&self) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(self.checkpoint_path()).unwrap()).unwrap()
+    }
+
+    pub fn dir_path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Outboxd {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
