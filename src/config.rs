@@ -211,14 +211,13 @@ impl Config {
                 .remedy("fix the syntax at the line shown")
         })?;
         apply_env_overrides(&mut doc, env)?;
-        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(doc)).map_err(
-            |e| {
+        let config: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(doc)).map_err(|e| {
                 let path = e.path().to_string();
                 Error::config(format!("{origin}: key `{path}`: {}", e.into_inner())).remedy(
                     "correct or remove that key (see the configuration reference in README.md)",
                 )
-            },
-        )?;
+            })?;
         config.validate()?;
         Ok(config)
     }
@@ -318,7 +317,11 @@ impl Config {
             ("route.id", &self.route.id),
         ] {
             if value.is_empty() {
-                return bad(key, "empty column name".into(), "name a column of the outbox table");
+                return bad(
+                    key,
+                    "empty column name".into(),
+                    "name a column of the outbox table",
+                );
             }
         }
         if self.kafka.brokers.trim().is_empty() {
@@ -353,7 +356,11 @@ impl Config {
         }
         if let Some(t) = &self.kafka.dead_letter_topic {
             if let Err(why) = crate::route::validate_topic_name(t) {
-                return bad("kafka.dead_letter_topic", why, "use a valid Kafka topic name");
+                return bad(
+                    "kafka.dead_letter_topic",
+                    why,
+                    "use a valid Kafka topic name",
+                );
             }
         }
         if self.checkpoint.interval_ms == 0 {
@@ -377,12 +384,9 @@ impl Config {
     pub fn server_id(&self) -> u32 {
         self.source.server_id.unwrap_or_else(|| {
             // Stable across restarts, distinct per pipeline name, far from the small ids people use.
-            let hash = self
-                .name
-                .bytes()
-                .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-                    (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-                });
+            let hash = self.name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+            });
             1_000_000 + (hash % 1_000_000_000) as u32
         })
     }
@@ -426,8 +430,10 @@ fn apply_env_overrides(
             .map(|s| s.to_ascii_lowercase())
             .collect();
         if path.iter().any(|p| p.is_empty()) {
-            return Err(Error::config(format!("environment variable {key} has an empty key segment"))
-                .remedy("separate levels with exactly two underscores, e.g. OUTBOXD_KAFKA__BROKERS"));
+            return Err(Error::config(format!(
+                "environment variable {key} has an empty key segment"
+            ))
+            .remedy("separate levels with exactly two underscores, e.g. OUTBOXD_KAFKA__BROKERS"));
         }
         let value = parse_env_value(&raw);
         let mut table = &mut *doc;
@@ -505,7 +511,10 @@ brokers = "127.0.0.1:9092"
         assert_eq!(c.route.payload, "payload");
         assert_eq!(c.route.id, "id");
         assert_eq!(c.checkpoint.interval_ms, 50);
-        assert_eq!(c.checkpoint_path(), PathBuf::from("checkpoints/orders.json"));
+        assert_eq!(
+            c.checkpoint_path(),
+            PathBuf::from("checkpoints/orders.json")
+        );
         assert_eq!(c.http.listen, "127.0.0.1:9187");
         assert_eq!(c.source.slot, "outboxd");
         assert_eq!(c.server_id(), parse(MINIMAL, &[]).unwrap().server_id());
@@ -551,7 +560,10 @@ listen = ""
         assert_eq!(c.source.tls.as_ref().unwrap().mode, TlsMode::VerifyFull);
         assert_eq!(c.route.headers["eventType"], "type");
         assert_eq!(c.kafka.properties["compression.type"], "zstd");
-        assert_eq!(c.kafka.dead_letter_topic.as_deref(), Some("outboxd.dlq.orders"));
+        assert_eq!(
+            c.kafka.dead_letter_topic.as_deref(),
+            Some("outboxd.dlq.orders")
+        );
         assert_eq!(c.http.listen, "");
     }
 
@@ -599,11 +611,19 @@ listen = ""
     #[test]
     fn invalid_values_name_the_key_and_the_fix() {
         for (from, to, key) in [
-            ("tables = [\"app.outbox\"]", "tables = [\"outbox\"]", "source.tables"),
+            (
+                "tables = [\"app.outbox\"]",
+                "tables = [\"outbox\"]",
+                "source.tables",
+            ),
             ("tables = [\"app.outbox\"]", "tables = []", "source.tables"),
             ("name = \"orders\"", "name = \"a/b\"", "name"),
             ("url = \"mysql://", "url = \"postgres://", "source.url"),
-            ("brokers = \"127.0.0.1:9092\"", "brokers = \"\"", "kafka.brokers"),
+            (
+                "brokers = \"127.0.0.1:9092\"",
+                "brokers = \"\"",
+                "kafka.brokers",
+            ),
         ] {
             let err = parse(&MINIMAL.replace(from, to), &[]).unwrap_err();
             assert!(err.to_string().contains(key), "{key}: {err}");
@@ -616,7 +636,9 @@ listen = ""
 
     #[test]
     fn password_in_url_is_redacted_in_errors() {
-        let text = MINIMAL.replace("mysql://cdc@", "mysql://cdc:hunter2@").replace("mysql://", "pg://");
+        let text = MINIMAL
+            .replace("mysql://cdc@", "mysql://cdc:hunter2@")
+            .replace("mysql://", "pg://");
         let err = parse(&text, &[]).unwrap_err().to_string();
         assert!(!err.contains("hunter2"), "{err}");
         assert_eq!(redact_url("mysql://u:p@h:1/db"), "mysql://u:***@h:1/db");

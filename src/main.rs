@@ -9,7 +9,11 @@ use outboxd::config::{Config, CONFIG_ENV};
 use outboxd::Error;
 
 #[derive(Parser)]
-#[command(name = "outboxd", version, about = "Transactional outbox forwarder: database log -> Kafka, checkpointed after ack")]
+#[command(
+    name = "outboxd",
+    version,
+    about = "Transactional outbox forwarder: database log -> Kafka, checkpointed after ack"
+)]
 struct Cli {
     /// Config file (default ./outboxd.toml).
     #[arg(long, global = true, env = CONFIG_ENV)]

@@ -169,7 +169,9 @@ async fn run_session(
         }
     }
     let _ = writer_stop.send(true);
-    let written = writer.await.unwrap_or_else(|e| Err(Error::checkpoint(format!("checkpoint writer died: {e}"))));
+    let written = writer
+        .await
+        .unwrap_or_else(|e| Err(Error::checkpoint(format!("checkpoint writer died: {e}"))));
     // Whatever became safe since the writer's last write is still safe after a failure.
     let final_write = match tracker.take_safe() {
         Some(position) => store.write(&identity, &position).map(|c| {
@@ -230,7 +232,9 @@ fn dead_letter(config: &Config, row: &Row, why: &Unroutable) -> Result<Record> {
             "row of {} at {} cannot be routed ({}): {}",
             row.table, row.origin, why.reason, why.detail
         ))
-        .remedy("fix the row's producer, or set kafka.dead_letter_topic to park such rows and continue"));
+        .remedy(
+            "fix the row's producer, or set kafka.dead_letter_topic to park such rows and continue",
+        ));
     };
     tracing::warn!(table = %row.table, position = %row.origin, reason = why.reason, detail = %why.detail, topic = %topic, "unroutable row sent to the dead-letter topic");
     let body: serde_json::Map<String, serde_json::Value> = row
@@ -248,7 +252,10 @@ fn dead_letter(config: &Config, row: &Row, why: &Unroutable) -> Result<Record> {
                 "outboxd.error".into(),
                 Some(format!("{}: {}", why.reason, why.detail).into_bytes()),
             ),
-            ("outboxd.position".into(), Some(row.origin.as_bytes().to_vec())),
+            (
+                "outboxd.position".into(),
+                Some(row.origin.as_bytes().to_vec()),
+            ),
             ("outboxd.table".into(), Some(row.table.as_bytes().to_vec())),
         ],
     })

@@ -88,7 +88,10 @@ impl Router {
         for (header, col) in &c.headers {
             headers.push((header.clone(), text(row, col)?.map(String::into_bytes)));
         }
-        headers.push((POSITION_HEADER.to_string(), Some(row.origin.as_bytes().to_vec())));
+        headers.push((
+            POSITION_HEADER.to_string(),
+            Some(row.origin.as_bytes().to_vec()),
+        ));
         let record = Record {
             topic,
             key,
@@ -143,7 +146,9 @@ pub fn validate_topic_name(topic: &str) -> Result<(), String> {
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
-        return Err(format!("character {bad:?} is not allowed (only a-z, A-Z, 0-9, '.', '_', '-')"));
+        return Err(format!(
+            "character {bad:?} is not allowed (only a-z, A-Z, 0-9, '.', '_', '-')"
+        ));
     }
     Ok(())
 }
@@ -157,7 +162,11 @@ mod tests {
     fn row(cols: &[(&str, Value)]) -> Row {
         Row {
             table: "app.outbox".into(),
-            names: cols.iter().map(|(n, _)| Arc::from(*n)).collect::<Vec<_>>().into(),
+            names: cols
+                .iter()
+                .map(|(n, _)| Arc::from(*n))
+                .collect::<Vec<_>>()
+                .into(),
             values: cols.iter().map(|(_, v)| v.clone()).collect(),
             origin: "gtid:0-1-7".into(),
         }
@@ -183,7 +192,10 @@ mod tests {
         assert_eq!(
             r.headers,
             vec![
-                ("id".to_string(), Some(b"00010203-0405-0607-0809-0a0b0c0d0e0f".to_vec())),
+                (
+                    "id".to_string(),
+                    Some(b"00010203-0405-0607-0809-0a0b0c0d0e0f".to_vec())
+                ),
                 ("outboxd.position".to_string(), Some(b"gtid:0-1-7".to_vec())),
             ]
         );
@@ -204,7 +216,9 @@ mod tests {
         assert_eq!(r.topic, "events-OrderCreated");
         assert_eq!(r.key, None);
         assert_eq!(r.value, None);
-        assert!(r.headers.contains(&("eventType".to_string(), Some(b"OrderCreated".to_vec()))));
+        assert!(r
+            .headers
+            .contains(&("eventType".to_string(), Some(b"OrderCreated".to_vec()))));
     }
 
     #[test]
@@ -221,7 +235,10 @@ mod tests {
         c[1].1 = Value::Text("a b".into());
         assert_eq!(reason(c), "invalid_topic");
         let mut c = debezium_row();
-        c[4].1 = Value::BadText { bytes: vec![0xff], charset: "utf8mb4".into() };
+        c[4].1 = Value::BadText {
+            bytes: vec![0xff],
+            charset: "utf8mb4".into(),
+        };
         assert_eq!(reason(c), "invalid_text");
         let mut c = debezium_row();
         c[4].1 = Value::Text("x".repeat(200));

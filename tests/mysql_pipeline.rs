@@ -57,9 +57,13 @@ fn setup(name: &str, extra_config: &str) -> Env {
 /// The row with sequence number `n`: its id, aggregate type, key and payload.
 fn event(n: u64) -> (String, &'static str, String, String) {
     let id = format!("{n:032x}");
-    let kind = if n % 3 == 0 { "customer" } else { "order" };
+    let kind = if n.is_multiple_of(3) {
+        "customer"
+    } else {
+        "order"
+    };
     let key = format!("key-{}", n % 17);
-    let payload = format!(r#"{{"n":{n},"note":"caf\u00e9 \ud83c\udf89"}}"#);
+    let payload = format!(r#"{{"n":{n},"note":"café 🎉"}}"#);
     (id, kind, key, payload)
 }
 
@@ -88,8 +92,18 @@ fn insert_rows(db: &MariaDb, from: u64, to: u64, per_txn: u64) {
 fn consume_all(env: &Env, expected: usize) -> Vec<Consumed> {
     let deadline = std::time::Instant::now() + LIMIT;
     loop {
-        let order = consume(&env.broker.bootstrap(), "outbox.event.order", usize::MAX, Duration::from_secs(2));
-        let customer = consume(&env.broker.bootstrap(), "outbox.event.customer", usize::MAX, Duration::from_secs(2));
+        let order = consume(
+            &env.broker.bootstrap(),
+            "outbox.event.order",
+            usize::MAX,
+            Duration::from_secs(2),
+        );
+        let customer = consume(
+            &env.broker.bootstrap(),
+            "outbox.event.customer",
+            usize::MAX,
+            Duration::from_secs(2),
+        );
         let all: Vec<Consumed> = order.into_iter().chain(customer).collect();
         if all.len() >= expected || std::time::Instant::now() > deadline {
             return all;
@@ -99,12 +113,19 @@ fn consume_all(env: &Env, expected: usize) -> Vec<Consumed> {
 
 fn uuid_of(n: u64) -> String {
     let hex = format!("{n:032x}");
-    format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
 }
 
 fn n_of(record: &Consumed) -> u64 {
     let id = record.header("id").expect("id header").replace('-', "");
-    u64::from_str_radix(&id, 16).unwrap()
+    u128::from_str_radix(&id, 16).unwrap() as u64
 }
 
 /// Asserts every row in `range` arrived (at least once), correctly formed; returns the duplicate count.
@@ -115,13 +136,27 @@ fn check_records(records: &[Consumed], range: std::ops::Range<u64>) -> usize {
         let (_, kind, key, payload) = event(n);
         assert_eq!(r.topic, format!("outbox.event.{kind}"), "topic of row {n}");
         assert_eq!(r.key.as_deref(), Some(key.as_bytes()), "key of row {n}");
-        assert_eq!(r.value.as_deref(), Some(payload.as_bytes()), "value of row {n}");
+        assert_eq!(
+            r.value.as_deref(),
+            Some(payload.as_bytes()),
+            "value of row {n}"
+        );
         assert_eq!(r.header("id").unwrap(), uuid_of(n), "id header of row {n}");
-        assert!(r.header("outboxd.position").unwrap().starts_with("gtid:0-1-"), "position header of row {n}");
+        assert!(
+            r.header("outboxd.position")
+                .unwrap()
+                .starts_with("gtid:0-1-"),
+            "position header of row {n}"
+        );
         *seen.entry(n).or_default() += 1;
     }
     let missing: Vec<u64> = range.clone().filter(|n| !seen.contains_key(n)).collect();
-    assert!(missing.is_empty(), "{} rows never arrived, first: {:?}", missing.len(), &missing[..missing.len().min(10)]);
+    assert!(
+        missing.is_empty(),
+        "{} rows never arrived, first: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
     seen.values().map(|c| c - 1).sum()
 }
 
@@ -129,9 +164,12 @@ fn check_records(records: &[Consumed], range: std::ops::Range<u64>) -> usize {
 fn check_per_key_order(records: &[Consumed]) {
     let mut by_partition: BTreeMap<(String, i32), Vec<&Consumed>> = BTreeMap::new();
     for r in records {
-        by_partition.entry((r.topic.clone(), r.partition)).or_default().push(r);
+        by_partition
+            .entry((r.topic.clone(), r.partition))
+            .or_default()
+            .push(r);
     }
-    let mut last: HashMap<Vec<u8>, u64> = HashMap::new();
+    let mut last: HashMap<(String, Vec<u8>), u64> = HashMap::new();
     let mut seen = std::collections::HashSet::new();
     for (_, mut rs) in by_partition {
         rs.sort_by_key(|r| r.offset);
@@ -141,8 +179,12 @@ fn check_per_key_order(records: &[Consumed]) {
                 continue;
             }
             let key = r.key.clone().unwrap();
-            if let Some(prev) = last.insert(key.clone(), n) {
-                assert!(prev < n, "key {:?}: row {n} arrived after row {prev}", String::from_utf8_lossy(&key));
+            if let Some(prev) = last.insert((r.topic.clone(), key.clone()), n) {
+                assert!(
+                    prev < n,
+                    "key {:?}: row {n} arrived after row {prev}",
+                    String::from_utf8_lossy(&key)
+                );
             }
         }
     }
@@ -179,9 +221,15 @@ fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_in_order() {
             script.push_str(&insert_sql(n));
             n += 1;
         }
-        script.push_str(&format!("UPDATE app.outbox SET type = 'Touched' WHERE id = UNHEX('{:032x}');", n - 1));
+        script.push_str(&format!(
+            "UPDATE app.outbox SET type = 'Touched' WHERE id = UNHEX('{:032x}');",
+            n - 1
+        ));
         script.push_str("COMMIT;\n");
-        script.push_str(&format!("UPDATE app.legacy SET name = 'x{i}' WHERE id = {};\n", i + 1));
+        script.push_str(&format!(
+            "UPDATE app.legacy SET name = 'x{i}' WHERE id = {};\n",
+            i + 1
+        ));
     }
     assert_eq!(n, 1000);
     env.db.sql_socket(&script);
@@ -193,7 +241,10 @@ fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_in_order() {
     check_per_key_order(&records);
     // BINARY(16) ids are rendered as canonical UUID text.
     let r = records.iter().find(|r| n_of(r) == 0x3e7).unwrap();
-    assert_eq!(r.header("id").unwrap(), "00000000-0000-0000-0000-0000000003e7");
+    assert_eq!(
+        r.header("id").unwrap(),
+        "00000000-0000-0000-0000-0000000003e7"
+    );
     env.outboxd.stop();
 }
 
@@ -216,12 +267,27 @@ fn sigterm_then_restart_forwards_rows_written_while_down_and_checkpoints_the_las
 
     let status = env.db.sql_socket("SHOW MASTER STATUS;");
     let mut cols = status.split('\t');
-    let (file, pos) = (cols.next().unwrap().to_string(), cols.next().unwrap().parse::<u64>().unwrap());
-    let gtid = env.db.sql_socket("SELECT @@gtid_binlog_pos;").trim().to_string();
+    let (file, pos) = (
+        cols.next().unwrap().to_string(),
+        cols.next().unwrap().parse::<u64>().unwrap(),
+    );
+    let gtid = env
+        .db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
     let checkpoint = env.outboxd.checkpoint();
-    assert_eq!(checkpoint["position"]["file"], file.as_str(), "{checkpoint}");
+    assert_eq!(
+        checkpoint["position"]["file"],
+        file.as_str(),
+        "{checkpoint}"
+    );
     assert_eq!(checkpoint["position"]["pos"], pos, "{checkpoint}");
-    assert_eq!(checkpoint["position"]["gtid_set"], gtid.as_str(), "{checkpoint}");
+    assert_eq!(
+        checkpoint["position"]["gtid_set"],
+        gtid.as_str(),
+        "{checkpoint}"
+    );
     assert_eq!(checkpoint["source"]["kind"], "mysql");
 }
 
@@ -244,13 +310,7 @@ fn kill_9_under_load_loses_nothing_and_duplicates_stay_within_the_window() {
                     script.push_str(&insert_sql(m));
                 }
                 script.push_str("COMMIT;");
-                let ok = std::process::Command::new("mariadb")
-                    .arg(format!("--socket={}", socket.display()))
-                    .args(["-uroot", "-e", &script])
-                    .status()
-                    .unwrap()
-                    .success();
-                assert!(ok);
+                rig::mariadb::sql_at(&socket, &script);
                 n += size;
                 size = size % largest_txn + 1;
             }
@@ -258,7 +318,14 @@ fn kill_9_under_load_loses_nothing_and_duplicates_stay_within_the_window() {
     };
     // Kill once a good part of the load has been forwarded, while it is still running.
     wait_until("some rows forwarded", LIMIT, || {
-        consume(&env.broker.bootstrap(), "outbox.event.order", 200, Duration::from_millis(300)).len() >= 200
+        consume(
+            &env.broker.bootstrap(),
+            "outbox.event.order",
+            200,
+            Duration::from_millis(300),
+        )
+        .len()
+            >= 200
     });
     env.outboxd.kill9();
     env.outboxd.start();
@@ -280,19 +347,31 @@ fn a_17_mb_payload_is_forwarded_without_a_reconnect_loop() {
         "big",
         "[kafka.properties]\n\"message.max.bytes\" = \"20000000\"\n",
     );
+    rig::create_topic_with(
+        &env.broker.bootstrap(),
+        "outbox.event.big",
+        1,
+        &[("max.message.bytes", "20000000")],
+    );
     env.outboxd.start();
     let big = "x".repeat(17 * 1024 * 1024);
     env.db.sql_socket(&format!(
-        "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{:032x}'), 'order', 'k', 'Big', '{big}');",
+        "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{:032x}'), 'big', 'k', 'Big', '{big}');",
         7
     ));
-    insert_rows(&env.db, 100, 101, 1);
-    let records = consume(&env.broker.bootstrap(), "outbox.event.order", 2, LIMIT);
-    assert_eq!(records.len(), 2, "{}", env.outboxd.log());
-    let r = records.iter().find(|r| r.header("id").unwrap() == uuid_of(7)).unwrap();
+    let records = consume(&env.broker.bootstrap(), "outbox.event.big", 1, LIMIT);
+    assert_eq!(records.len(), 1, "{}", env.outboxd.log());
+    let r = records
+        .iter()
+        .find(|r| r.header("id").unwrap() == uuid_of(7))
+        .unwrap();
     assert_eq!(r.value.as_ref().unwrap().len(), big.len());
     assert!(r.value.as_ref().unwrap() == big.as_bytes());
-    assert!(!env.outboxd.log().contains("reconnecting"), "{}", env.outboxd.log());
+    assert!(
+        !env.outboxd.log().contains("reconnecting"),
+        "{}",
+        env.outboxd.log()
+    );
     env.outboxd.stop();
 }
 
@@ -306,22 +385,35 @@ fn a_server_restart_mid_stream_loses_nothing() {
     let records = consume_all(&env, 600);
     check_records(&records, 0..600);
     check_per_key_order(&records);
-    assert!(env.outboxd.log().contains("reconnecting"), "{}", env.outboxd.log());
+    assert!(
+        env.outboxd.log().contains("reconnecting"),
+        "{}",
+        env.outboxd.log()
+    );
     env.outboxd.stop();
 }
 
 #[test]
 fn a_corrupt_checkpoint_stops_run_with_the_file_and_the_remedy() {
     let env = setup("corrupt", "");
-    std::fs::write(env.outboxd.checkpoint_path(), "{\"version\":1,\"name\":\"corr").unwrap();
+    std::fs::write(
+        env.outboxd.checkpoint_path(),
+        "{\"version\":1,\"name\":\"corr",
+    )
+    .unwrap();
     let out = env.outboxd.command(&["run"]).output().unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(&env.outboxd.checkpoint_path().display().to_string()), "{stderr}");
+    assert!(
+        stderr.contains(&env.outboxd.checkpoint_path().display().to_string()),
+        "{stderr}"
+    );
     assert!(stderr.contains("checkpoint set"), "{stderr}");
     assert!(!stderr.contains(rig::mariadb::CDC_PASSWORD), "{stderr}");
     // The damaged file is left for the operator, not replaced.
-    assert!(std::fs::read_to_string(env.outboxd.checkpoint_path()).unwrap().ends_with("corr"));
+    assert!(std::fs::read_to_string(env.outboxd.checkpoint_path())
+        .unwrap()
+        .ends_with("corr"));
 }
 
 #[test]
@@ -330,21 +422,57 @@ fn compressed_row_events_for_the_outbox_stop_the_pipeline_and_are_never_skipped(
     env.outboxd.start();
     insert_rows(&env.db, 0, 5, 1);
     assert_eq!(consume_all(&env, 5).len(), 5);
-    let covered = env.db.sql_socket("SELECT @@gtid_binlog_pos;").trim().to_string();
+    let covered = env
+        .db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
     wait_until("the checkpoint to cover the first rows", LIMIT, || {
         env.outboxd.checkpoint()["position"]["gtid_set"] == covered.as_str()
     });
     let before = env.outboxd.checkpoint();
-    env.db.sql_socket("SET GLOBAL log_bin_compress = ON; SET GLOBAL log_bin_compress_min_len = 10;");
+    env.db
+        .sql_socket("SET GLOBAL log_bin_compress = ON; SET GLOBAL log_bin_compress_min_len = 10;");
     // Another table's compressed rows pass; the outbox's stop the pipeline.
-    env.db.sql_socket(&format!("INSERT INTO app.legacy (name) VALUES ('{}');", "y".repeat(300)));
+    env.db
+        .sql_socket("INSERT INTO app.legacy (blob_col) VALUES (REPEAT('y', 300));");
     insert_rows(&env.db, 5, 6, 1);
-    let outbox_txn = env.db.sql_socket("SELECT @@gtid_binlog_pos;").trim().to_string();
+    let outbox_txn = env
+        .db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
     let status = env.outboxd.wait_exit(LIMIT);
     assert!(!status.success());
     let log = env.outboxd.log();
-    assert!(log.contains("compressed row event") && log.contains("log_bin_compress=OFF"), "{log}");
+    assert!(
+        log.contains("compressed row event") && log.contains("log_bin_compress=OFF"),
+        "{log}"
+    );
     let after = env.outboxd.checkpoint();
-    assert_ne!(after["position"]["gtid_set"], outbox_txn.as_str(), "the checkpoint must not pass the compressed outbox transaction");
+    assert_ne!(
+        after["position"]["gtid_set"],
+        outbox_txn.as_str(),
+        "the checkpoint must not pass the compressed outbox transaction"
+    );
     assert!(after["position"]["pos"].as_u64() >= before["position"]["pos"].as_u64());
+}
+
+#[test]
+fn a_record_the_broker_refuses_as_too_large_stops_with_the_remedy_instead_of_looping() {
+    let mut env = setup(
+        "refused",
+        "[kafka.properties]\n\"message.max.bytes\" = \"20000000\"\n",
+    );
+    env.outboxd.start();
+    let big = "x".repeat(2 * 1024 * 1024);
+    env.db.sql_socket(&format!(
+        "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{:032x}'), 'order', 'k', 'Big', '{big}');",
+        8
+    ));
+    let status = env.outboxd.wait_exit(LIMIT);
+    assert!(!status.success());
+    let log = env.outboxd.log();
+    assert!(log.contains("max.message.bytes"), "{log}");
+    assert!(!log.contains("reconnecting"), "{log}");
 }

@@ -47,8 +47,14 @@ impl Store {
             .write(true)
             .open(&lock_path)
             .map_err(|e| {
-                Error::checkpoint(format!("cannot create lock file {}: {e}", lock_path.display()))
-                    .remedy(format!("make {} writable by the outboxd user", dir.display()))
+                Error::checkpoint(format!(
+                    "cannot create lock file {}: {e}",
+                    lock_path.display()
+                ))
+                .remedy(format!(
+                    "make {} writable by the outboxd user",
+                    dir.display()
+                ))
             })?;
         match lock.try_lock() {
             Ok(()) => {}
@@ -223,7 +229,9 @@ mod tests {
 
     #[test]
     fn missing_dir_is_named() {
-        let err = Store::open_unlocked(Path::new("/nonexistent/outboxd"), "x").err().unwrap();
+        let err = Store::open_unlocked(Path::new("/nonexistent/outboxd"), "x")
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("/nonexistent/outboxd"), "{err}");
         assert!(err.remedy_text().unwrap().contains("mkdir"));
     }

@@ -52,7 +52,11 @@ impl State {
             self.acked.pop_front();
             self.base += 1;
         }
-        while self.boundaries.front().is_some_and(|(tag, _)| *tag <= self.base) {
+        while self
+            .boundaries
+            .front()
+            .is_some_and(|(tag, _)| *tag <= self.base)
+        {
             let (_, position) = self.boundaries.pop_front().expect("checked");
             self.safe = Some(position);
         }
@@ -182,7 +186,11 @@ mod tests {
         t.ack(c);
         assert_eq!(t.take_safe(), None, "a blocks both boundaries");
         t.ack(a);
-        assert_eq!(t.take_safe(), Some(pos(2)), "one take covers every ack (group commit)");
+        assert_eq!(
+            t.take_safe(),
+            Some(pos(2)),
+            "one take covers every ack (group commit)"
+        );
         assert_eq!(t.take_safe(), None);
         assert_eq!(t.in_flight(), 0);
     }

@@ -39,15 +39,32 @@ impl ProducerContext for AckContext {
         self.window.add_permits(1);
         match result {
             Ok(_) => self.tracker.ack(Ticket::from_raw(*ticket)),
-            Err((e, message)) => self.tracker.fail(
-                Error::sink(format!(
-                    "delivery to topic {} failed: {e}",
-                    message.topic()
-                ))
-                .remedy("outboxd reconnects and resumes from the last checkpoint; check the broker and the topic's settings")
-                .transient(),
-            ),
+            Err((e, message)) => self.tracker.fail(delivery_error(e, message.topic())),
         }
+    }
+}
+
+/// Errors a retry cannot cure end the process with a remedy instead of a reconnect loop.
+fn delivery_error(e: &KafkaError, topic: &str) -> Error {
+    use RDKafkaErrorCode as C;
+    let code = match e {
+        KafkaError::MessageProduction(code) => Some(*code),
+        _ => None,
+    };
+    let error = Error::sink(format!("delivery to topic {topic} failed: {e}"));
+    match code {
+        Some(C::MessageSizeTooLarge | C::InvalidRecord) => error.remedy(format!(
+            "the broker refuses a record this large: raise the topic's max.message.bytes (and the broker's message.max.bytes) for {topic}, then restart; nothing was skipped"
+        )),
+        Some(C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed) => error.remedy(format!(
+            "grant the outboxd principal WRITE on topic {topic} (and IDEMPOTENT_WRITE on the cluster), then restart"
+        )),
+        Some(C::InvalidTopic | C::PolicyViolation) => error.remedy(format!(
+            "the broker rejects topic {topic}: create it, or change route.topic"
+        )),
+        _ => error
+            .remedy("outboxd reconnects and resumes from the last checkpoint; check the broker")
+            .transient(),
     }
 }
 

@@ -15,7 +15,10 @@ pub enum Value {
     Text(String),
     /// A character column whose bytes are not valid in its declared character set (or whose character
     /// set outboxd cannot convert). Kept raw so nothing is lost; the router refuses it.
-    BadText { bytes: Vec<u8>, charset: String },
+    BadText {
+        bytes: Vec<u8>,
+        charset: String,
+    },
     /// A binary column (BINARY, VARBINARY, BLOB, BIT).
     Binary(Vec<u8>),
     /// A JSON column, as JSON text.
@@ -60,9 +63,9 @@ impl Value {
             Value::Float(v) => serde_json::Number::from_f64(*v)
                 .map(serde_json::Value::Number)
                 .unwrap_or(serde_json::Value::Null),
-            Value::BadText { bytes, .. } => {
-                base64::engine::general_purpose::STANDARD.encode(bytes).into()
-            }
+            Value::BadText { bytes, .. } => base64::engine::general_purpose::STANDARD
+                .encode(bytes)
+                .into(),
             other => other.render().unwrap_or_default().into(),
         }
     }
@@ -89,10 +92,17 @@ mod tests {
         );
         assert_eq!(Value::Binary(vec![0xff, 0]).render().unwrap(), "/wA=");
         assert_eq!(Value::Int(-5).render().unwrap(), "-5");
-        assert_eq!(Value::UInt(u64::MAX).render().unwrap(), "18446744073709551615");
+        assert_eq!(
+            Value::UInt(u64::MAX).render().unwrap(),
+            "18446744073709551615"
+        );
         assert_eq!(Value::Null.render(), None);
         assert_eq!(
-            Value::BadText { bytes: vec![0xe9], charset: "utf8mb4".into() }.render(),
+            Value::BadText {
+                bytes: vec![0xe9],
+                charset: "utf8mb4".into()
+            }
+            .render(),
             None
         );
         assert_eq!(Value::Binary(vec![1, 2]).to_bytes().unwrap(), vec![1, 2]);

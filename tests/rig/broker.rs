@@ -34,8 +34,19 @@ impl Broker {
         let url = format!("tcp://127.0.0.1:{port}");
         let log = tempfile::NamedTempFile::new().unwrap();
         let child = Command::new(bin)
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
-            .args(["--storage-engine", "memory://nisshi/", "--group-initial-rebalance-delay", "0s"])
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
+            .args([
+                "--storage-engine",
+                "memory://nisshi/",
+                "--group-initial-rebalance-delay",
+                "0s",
+            ])
             .stdout(Stdio::null())
             .stderr(log.reopen().unwrap())
             .spawn()

@@ -29,14 +29,24 @@ impl Consumed {
 }
 
 pub fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
+    create_topic_with(bootstrap, topic, partitions, &[]);
+}
+
+pub fn create_topic_with(bootstrap: &str, topic: &str, partitions: i32, config: &[(&str, &str)]) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()
         .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let results = rt
         .block_on(admin.create_topics(
-            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &[config.iter().fold(
+                NewTopic::new(topic, partitions, TopicReplication::Fixed(1)),
+                |t, (k, v)| t.set(k, v),
+            )],
             &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
         ))
         .unwrap();
@@ -74,7 +84,8 @@ pub fn consume(bootstrap: &str, topic: &str, expected: usize, limit: Duration) -
     };
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions as i32 {
-        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
     }
     consumer.assign(&tpl).unwrap();
     let mut out = Vec::new();

@@ -1,5 +1,6 @@
 //! A private MariaDB with a ROW binlog.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -18,7 +19,10 @@ pub struct MariaDb {
 impl MariaDb {
     /// Installs and starts a fresh server. `extra` lines go into `[mysqld]`.
     pub fn start(extra: &[&str]) -> MariaDb {
-        let dir = tempfile::Builder::new().prefix("outboxd-mariadb-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("outboxd-mariadb-")
+            .tempdir()
+            .unwrap();
         let port = free_port();
         let root = dir.path();
         let cnf = format!(
@@ -33,7 +37,11 @@ impl MariaDb {
         std::fs::write(root.join("my.cnf"), cnf).unwrap();
         let out = Command::new("mariadb-install-db")
             .arg(format!("--defaults-file={}", root.join("my.cnf").display()))
-            .args(["--user=root", "--auth-root-authentication-method=normal", "--skip-test-db"])
+            .args([
+                "--user=root",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ])
             .output()
             .expect("mariadb-install-db (apt-get install mariadb-server; .ci/run does it)");
         assert!(
@@ -48,7 +56,7 @@ impl MariaDb {
         };
         db.boot();
         db.sql_socket(&format!(
-            "CREATE USER 'root'@'127.0.0.1'; GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION; \
+            "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1'; GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION; \
              CREATE USER 'cdc'@'127.0.0.1' IDENTIFIED BY '{CDC_PASSWORD}'; \
              GRANT REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR, SELECT ON *.* TO 'cdc'@'127.0.0.1';"
         ));
@@ -57,22 +65,29 @@ impl MariaDb {
 
     fn boot(&mut self) {
         let child = Command::new("/usr/sbin/mariadbd")
-            .arg(format!("--defaults-file={}", self.dir.path().join("my.cnf").display()))
+            .arg(format!(
+                "--defaults-file={}",
+                self.dir.path().join("my.cnf").display()
+            ))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("mariadbd");
         self.child = Some(child);
         let socket = self.socket();
-        wait_until("mariadbd to accept connections", Duration::from_secs(60), || {
-            Command::new("mariadb")
-                .arg(format!("--socket={}", socket.display()))
-                .args(["-uroot", "-e", "select 1"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        });
+        wait_until(
+            "mariadbd to accept connections",
+            Duration::from_secs(60),
+            || {
+                Command::new("mariadb")
+                    .arg(format!("--socket={}", socket.display()))
+                    .args(["-uroot", "-e", "select 1"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            },
+        );
     }
 
     fn socket(&self) -> PathBuf {
@@ -85,17 +100,11 @@ impl MariaDb {
 
     /// Runs SQL through the admin socket with the `mariadb` client; returns its tab-separated output.
     pub fn sql_socket(&self, sql: &str) -> String {
-        let out = Command::new("mariadb")
-            .arg(format!("--socket={}", self.socket().display()))
-            .args(["-uroot", "-N", "-B", "-e", sql])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "SQL failed: {sql}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        sql_at(&self.socket(), sql)
+    }
+
+    pub fn socket_path(&self) -> PathBuf {
+        self.socket()
     }
 
     /// URL for outboxd (password supplied separately through the environment).
@@ -131,4 +140,26 @@ impl Drop for MariaDb {
             let _ = child.wait();
         }
     }
+}
+
+/// Runs `sql` (fed on stdin, so it may be long) as root through the server's socket.
+pub fn sql_at(socket: &Path, sql: &str) -> String {
+    let mut child = Command::new("mariadb")
+        .arg(format!("--socket={}", socket.display()))
+        .args(["-uroot", "-N", "-B", "--default-character-set=utf8mb4"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A failing statement makes the client exit early; its stderr (below) says why.
+    let _ = child.stdin.take().unwrap().write_all(sql.as_bytes());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "SQL failed: {}\n{}",
+        &sql[..sql.len().min(300)],
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 pub use broker::Broker;
-pub use kafka::{consume, create_topic, Consumed};
+pub use kafka::{consume, create_topic, create_topic_with, Consumed};
 pub use mariadb::MariaDb;
 pub use outboxd::Outboxd;
 

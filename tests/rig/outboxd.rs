@@ -21,7 +21,10 @@ impl Outboxd {
     /// Prepares a pipeline `name` whose config is `config_body` (everything but `name`); the checkpoint
     /// dir is `<dir>/checkpoints`.
     pub fn new(name: &str, config_body: &str) -> Outboxd {
-        let dir = tempfile::Builder::new().prefix("outboxd-run-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("outboxd-run-")
+            .tempdir()
+            .unwrap();
         std::fs::create_dir(dir.path().join("checkpoints")).unwrap();
         let config = format!(
             "name = \"{name}\"\n{config_body}\n[checkpoint]\ndir = \"{}\"\ninterval_ms = 20\n",
@@ -41,7 +44,10 @@ impl Outboxd {
     }
 
     pub fn checkpoint_path(&self) -> PathBuf {
-        self.dir.path().join("checkpoints").join(format!("{}.json", self.name))
+        self.dir
+            .path()
+            .join("checkpoints")
+            .join(format!("{}.json", self.name))
     }
 
     pub fn log_path(&self) -> PathBuf {
@@ -73,15 +79,19 @@ impl Outboxd {
             .unwrap();
         self.child = Some(child);
         let log_path = self.log_path();
-        wait_until("outboxd to open the binlog stream", Duration::from_secs(60), || {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
-                    "outboxd exited early with {status}:\n{}",
-                    std::fs::read_to_string(&log_path).unwrap_or_default()
-                );
-            }
-            super::file_contains(&log_path, "binlog stream opened")
-        });
+        wait_until(
+            "outboxd to open the binlog stream",
+            Duration::from_secs(60),
+            || {
+                if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                    panic!(
+                        "outboxd exited early with {status}:\n{}",
+                        std::fs::read_to_string(&log_path).unwrap_or_default()
+                    );
+                }
+                super::file_contains(&log_path, "binlog stream opened")
+            },
+        );
     }
 
     pub fn pid(&self) -> Pid {

@@ -161,6 +161,18 @@ pub fn convert(columns: &TableColumns, i: usize, value: BinlogValue<'_>) -> Valu
     let kind = &columns.kinds[i];
     let ty = column_type(&columns.tme, i).unwrap_or(ColumnType::MYSQL_TYPE_BLOB);
     match value {
+        BinlogValue::Value(MyValue::Bytes(mut b))
+            if ty == ColumnType::MYSQL_TYPE_STRING && kind.charset == Charset::Binary =>
+        {
+            // BINARY(N) values are logged without their trailing zero padding; put it back so a
+            // BINARY(16) id stays 16 bytes (and renders as a UUID).
+            if let Some(len) = fixed_string_len(columns.tme.get_column_metadata(i)) {
+                if b.len() < len {
+                    b.resize(len, 0);
+                }
+            }
+            Value::Binary(b)
+        }
         BinlogValue::Value(v) => convert_plain(ty, kind, v),
         BinlogValue::Jsonb(j) => match serde_json::Value::try_from(j) {
             Ok(json) => Value::Json(json.to_string()),
@@ -171,6 +183,18 @@ pub fn convert(columns: &TableColumns, i: usize, value: BinlogValue<'_>) -> Valu
         },
         // Partial JSON updates only occur in UPDATE events, which are never converted.
         BinlogValue::JsonDiff(_) => Value::Null,
+    }
+}
+
+/// Declared byte length of a CHAR/BINARY column from its table-map metadata (two bytes that pack the
+/// real type and a 10-bit length).
+fn fixed_string_len(meta: Option<&[u8]>) -> Option<usize> {
+    let meta = meta?;
+    let (b0, b1) = (*meta.first()? as usize, *meta.get(1)? as usize);
+    if b0 & 0x30 != 0x30 {
+        Some((((b0 & 0x30) ^ 0x30) << 4) | b1)
+    } else {
+        Some(b1)
     }
 }
 
@@ -258,7 +282,11 @@ mod tests {
         use ColumnType::*;
         let utf8 = kind(Charset::Utf8("utf8mb4".into()), false);
         assert_eq!(
-            convert_plain(MYSQL_TYPE_VARCHAR, &utf8, MyValue::Bytes("héllo 🎉".as_bytes().to_vec())),
+            convert_plain(
+                MYSQL_TYPE_VARCHAR,
+                &utf8,
+                MyValue::Bytes("héllo 🎉".as_bytes().to_vec())
+            ),
             Value::Text("héllo 🎉".into())
         );
         assert!(matches!(
@@ -267,7 +295,11 @@ mod tests {
         ));
         let latin1 = kind(Charset::Latin1, false);
         assert_eq!(
-            convert_plain(MYSQL_TYPE_VARCHAR, &latin1, MyValue::Bytes(vec![b'c', 0xe9])),
+            convert_plain(
+                MYSQL_TYPE_VARCHAR,
+                &latin1,
+                MyValue::Bytes(vec![b'c', 0xe9])
+            ),
             Value::Text("cé".into())
         );
         let bin = kind(Charset::Binary, false);
@@ -275,6 +307,15 @@ mod tests {
             convert_plain(MYSQL_TYPE_STRING, &bin, MyValue::Bytes(vec![1; 16])),
             Value::Binary(vec![1; 16])
         );
+    }
+
+    #[test]
+    fn fixed_string_length_from_metadata() {
+        // BINARY(16): real type 0xfe (STRING), length 16.
+        assert_eq!(fixed_string_len(Some(&[0xfe, 16])), Some(16));
+        // CHAR(255) in utf8mb4 = 1020 bytes: the high length bits hide in the type byte.
+        assert_eq!(fixed_string_len(Some(&[0xce, 0xfc])), Some(1020));
+        assert_eq!(fixed_string_len(None), None);
     }
 
     #[test]
@@ -291,15 +332,27 @@ mod tests {
         );
         let plain = kind(Charset::Binary, false);
         assert_eq!(
-            convert_plain(MYSQL_TYPE_DATETIME2, &plain, MyValue::Date(2024, 1, 2, 3, 4, 5, 6)),
+            convert_plain(
+                MYSQL_TYPE_DATETIME2,
+                &plain,
+                MyValue::Date(2024, 1, 2, 3, 4, 5, 6)
+            ),
             Value::Temporal("2024-01-02T03:04:05.000006Z".into())
         );
         assert_eq!(
-            convert_plain(MYSQL_TYPE_TIMESTAMP2, &plain, MyValue::Bytes(b"1700000000.000005".to_vec())),
+            convert_plain(
+                MYSQL_TYPE_TIMESTAMP2,
+                &plain,
+                MyValue::Bytes(b"1700000000.000005".to_vec())
+            ),
             Value::Temporal("2023-11-14T22:13:20.000005Z".into())
         );
         assert_eq!(
-            convert_plain(MYSQL_TYPE_NEWDECIMAL, &plain, MyValue::Bytes(b"-1.50".to_vec())),
+            convert_plain(
+                MYSQL_TYPE_NEWDECIMAL,
+                &plain,
+                MyValue::Bytes(b"-1.50".to_vec())
+            ),
             Value::Decimal("-1.50".into())
         );
     }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use mysql_common::binlog::consts::BinlogChecksumAlg;
 use mysql_common::binlog::events::{Event, EventData, RowsEventData, TableMapEvent};
+use mysql_common::proto::MySerialize;
 
 use super::columns::{self, TableColumns};
 use super::event_types as et;
@@ -100,33 +101,35 @@ impl Decoder {
         }
         match t {
             et::ROTATE => {
-                if let Ok(Some(EventData::RotateEvent(r))) = event.read_data() {
-                    self.file = r.name().into_owned();
-                    self.next_pos = r.position();
-                    if !self.in_txn {
-                        self.boundary.file = self.file.clone();
-                        self.boundary.pos = self.next_pos;
-                    }
+                let (file, pos) = rotate_target(event)
+                    .ok_or_else(|| self.corrupt(event_start, "short rotate event"))?;
+                self.file = file;
+                self.next_pos = pos;
+                if !self.in_txn {
+                    self.boundary.file = self.file.clone();
+                    self.boundary.pos = self.next_pos;
                 }
                 self.tables.clear();
             }
-            et::HEARTBEAT => {
-                if !self.in_txn {
-                    out.push_back(Change::Idle(self.boundary.to_position()));
-                }
+            et::HEARTBEAT if !self.in_txn => {
+                out.push_back(Change::Idle(self.boundary.to_position()));
             }
             et::MARIADB_GTID => {
                 let g = et::MariaGtid::parse(event.data())
                     .ok_or_else(|| self.corrupt(event_start, "short MariaDB GTID event"))?;
                 self.pending_gtid = Some((g.domain, header.server_id(), g.seq));
                 self.gtid.get_or_insert_with(MariaGtidState::default);
-                self.txn_origin = Some(format!("gtid:{}-{}-{}", g.domain, header.server_id(), g.seq).into());
+                self.txn_origin =
+                    Some(format!("gtid:{}-{}-{}", g.domain, header.server_id(), g.seq).into());
                 self.in_txn = !g.standalone;
             }
             et::GTID | et::GTID_TAGGED => {
                 if let Ok(Some(EventData::GtidEvent(g))) = event.read_data() {
                     let sid = uuid::Uuid::from_bytes(g.sid());
-                    let tag = g.tag().map(|t| format!(":{}", t.as_str())).unwrap_or_default();
+                    let tag = g
+                        .tag()
+                        .map(|t| format!(":{}", t.as_str()))
+                        .unwrap_or_default();
                     self.txn_origin = Some(format!("gtid:{sid}{tag}:{}", g.gno()).into());
                 }
             }
@@ -141,12 +144,9 @@ impl Decoder {
                     self.on_query(&q.query(), event_start, out);
                 }
             }
-            et::MARIADB_QUERY_COMPRESSED => {
-                // Only long statements get compressed: never BEGIN/COMMIT, so DDL or ignorable.
-                if !self.in_txn {
-                    self.close(out);
-                }
-            }
+            // Only long statements get compressed: never BEGIN/COMMIT, so DDL (a boundary) or, inside a
+            // transaction, a statement with no rows of its own.
+            et::MARIADB_QUERY_COMPRESSED if !self.in_txn => self.close(out),
             et::XID | et::XA_PREPARE => self.close(out),
             et::TABLE_MAP => {
                 let tme = event
@@ -155,9 +155,7 @@ impl Decoder {
                 let table = format!("{}.{}", tme.database_name(), tme.table_name());
                 if self.watched.contains(&table) {
                     if let Some(Some(known)) = self.tables.get(&tme.table_id()) {
-                        if *known.table == *table
-                            && same_shape(&known.tme, &tme)
-                        {
+                        if *known.table == *table && same_shape(&known.tme, &tme) {
                             return Ok(Step::Continue);
                         }
                     }
@@ -192,7 +190,13 @@ impl Decoder {
         }
     }
 
-    fn on_rows(&mut self, event: &Event, t: u8, event_start: u64, out: &mut VecDeque<Change>) -> Result<()> {
+    fn on_rows(
+        &mut self,
+        event: &Event,
+        t: u8,
+        event_start: u64,
+        out: &mut VecDeque<Change>,
+    ) -> Result<()> {
         let table_id = et::rows_event_table_id(event.data())
             .ok_or_else(|| self.corrupt(event_start, "short rows event"))?;
         let columns = match self.tables.get(&table_id) {
@@ -293,6 +297,31 @@ impl Decoder {
             "check the server's binlog with mariadb-binlog/mysqlbinlog at that position; outboxd stops rather than skip it",
         )
     }
+}
+
+/// The file and offset a rotate event points at. The rotate a server sends first (before its format
+/// description tells us checksums are on) still carries its CRC32, which must not become part of the
+/// file name: strip it when it verifies.
+fn rotate_target(event: &Event) -> Option<(String, u64)> {
+    let data = event.data();
+    let pos = u64::from_le_bytes(data.get(..8)?.try_into().ok()?);
+    let mut name = &data[8..];
+    let stripped = matches!(
+        event.footer().get_checksum_alg(),
+        Ok(Some(BinlogChecksumAlg::BINLOG_CHECKSUM_ALG_CRC32))
+    );
+    if !stripped && name.len() > 4 {
+        let (body, sum) = data.split_at(data.len() - 4);
+        let mut header = Vec::with_capacity(19);
+        event.header().serialize(&mut header);
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&header);
+        hasher.update(body);
+        if hasher.finalize().to_le_bytes() == sum {
+            name = &name[..name.len() - 4];
+        }
+    }
+    Some((String::from_utf8_lossy(name).into_owned(), pos))
 }
 
 fn checksum_ok(event: &Event) -> bool {

@@ -78,7 +78,11 @@ mod tests {
         data.push(1);
         assert_eq!(
             MariaGtid::parse(&data),
-            Some(MariaGtid { domain: 7, seq: 42, standalone: true })
+            Some(MariaGtid {
+                domain: 7,
+                seq: 42,
+                standalone: true
+            })
         );
         assert_eq!(MariaGtid::parse(&data[..12]), None);
         assert_eq!(rows_event_table_id(&[1, 2, 0, 0, 0, 0, 9]), Some(0x0201));

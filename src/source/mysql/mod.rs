@@ -61,7 +61,9 @@ impl MysqlSource {
         let mut control = Conn::new(opts.clone())
             .await
             .map_err(|e| map_err(e, config))?;
-        let server = ServerInfo::read(&mut control).await.map_err(|e| map_err(e, config))?;
+        let server = ServerInfo::read(&mut control)
+            .await
+            .map_err(|e| map_err(e, config))?;
         server.require_row_binlog()?;
         let identity = SourceIdentity {
             kind: SourceKind::Mysql,
@@ -96,22 +98,34 @@ impl MysqlSource {
                 ))
                 .await?;
             if server.is_mariadb {
-                replica.query_drop("SET @mariadb_slave_capability = 4").await?;
+                replica
+                    .query_drop("SET @mariadb_slave_capability = 4")
+                    .await?;
             }
             if use_gtid {
-                let state = start.gtid.as_ref().map(|g| g.to_string()).unwrap_or_default();
+                let state = start
+                    .gtid
+                    .as_ref()
+                    .map(|g| g.to_string())
+                    .unwrap_or_default();
                 replica
                     .exec_drop("SET @slave_connect_state = ?", (state,))
                     .await?;
-                replica.query_drop("SET @slave_gtid_strict_mode = 0").await?;
-                replica.query_drop("SET @slave_gtid_ignore_duplicates = 0").await?;
+                replica
+                    .query_drop("SET @slave_gtid_strict_mode = 0")
+                    .await?;
+                replica
+                    .query_drop("SET @slave_gtid_ignore_duplicates = 0")
+                    .await?;
             }
             Ok::<_, mysql_async::Error>(())
         };
         setup.await.map_err(|e| map_err(e, config))?;
         let server_id = config.server_id();
         let request = if use_gtid {
-            BinlogStreamRequest::new(server_id).with_filename(b"").with_pos(4u64)
+            BinlogStreamRequest::new(server_id)
+                .with_filename(b"")
+                .with_pos(4u64)
         } else {
             BinlogStreamRequest::new(server_id)
                 .with_filename(start.file.as_bytes())
@@ -178,7 +192,11 @@ impl MysqlSource {
             };
             match self.decoder.on_event(&event, &mut self.buffer)? {
                 Step::Continue => {}
-                Step::NeedColumns { table_id, table, tme } => {
+                Step::NeedColumns {
+                    table_id,
+                    table,
+                    tme,
+                } => {
                     let columns = self.resolve_columns(table, *tme).await?;
                     self.decoder.map_table(table_id, Arc::new(columns));
                 }
@@ -211,8 +229,10 @@ impl MysqlSource {
             )
             .await
             .map_err(|e| {
-                Error::source(format!("cannot read the columns of {table} from information_schema: {e}"))
-                    .transient()
+                Error::source(format!(
+                    "cannot read the columns of {table} from information_schema: {e}"
+                ))
+                .transient()
             })?;
         let columns: Vec<SchemaColumn> = rows
             .into_iter()
@@ -243,7 +263,13 @@ struct ServerInfo {
 
 impl ServerInfo {
     async fn read(conn: &mut Conn) -> mysql_async::Result<ServerInfo> {
-        let (version, server_id, log_bin, binlog_format, row_image): (String, u32, u8, String, String) = conn
+        let (version, server_id, log_bin, binlog_format, row_image): (
+            String,
+            u32,
+            u8,
+            String,
+            String,
+        ) = conn
             .query_first(
                 "SELECT VERSION(), @@server_id, @@log_bin, @@binlog_format, @@binlog_row_image",
             )
@@ -253,7 +279,10 @@ impl ServerInfo {
         let server_uuid = if is_mariadb {
             None
         } else {
-            conn.query_first::<String, _>("SELECT @@server_uuid").await.ok().flatten()
+            conn.query_first::<String, _>("SELECT @@server_uuid")
+                .await
+                .ok()
+                .flatten()
         };
         Ok(ServerInfo {
             version,
@@ -268,8 +297,11 @@ impl ServerInfo {
 
     fn require_row_binlog(&self) -> Result<()> {
         if !self.log_bin {
-            return Err(Error::source("the server's binary log is off (log_bin=OFF)")
-                .remedy("start the server with log-bin (and binlog_format=ROW, binlog_row_image=FULL)"));
+            return Err(
+                Error::source("the server's binary log is off (log_bin=OFF)").remedy(
+                    "start the server with log-bin (and binlog_format=ROW, binlog_row_image=FULL)",
+                ),
+            );
         }
         if !self.binlog_format.eq_ignore_ascii_case("ROW") {
             return Err(Error::source(format!(
@@ -340,9 +372,10 @@ async fn current_end(conn: &mut Conn, is_mariadb: bool) -> mysql_async::Result<B
         let text: Option<String> = conn
             .exec_first("SELECT BINLOG_GTID_POS(?, ?)", (file.clone(), pos))
             .await?;
-        Some(MariaGtidState::parse(&text.unwrap_or_default()).map_err(|e| {
-            mysql_async::Error::Other(e.message().to_string().into())
-        })?)
+        Some(
+            MariaGtidState::parse(&text.unwrap_or_default())
+                .map_err(|e| mysql_async::Error::Other(e.message().to_string().into()))?,
+        )
     } else {
         None
     };
@@ -351,8 +384,11 @@ async fn current_end(conn: &mut Conn, is_mariadb: bool) -> mysql_async::Result<B
 
 fn connect_opts(config: &Config) -> Result<Opts> {
     let opts = Opts::from_url(&config.source.url).map_err(|e| {
-        Error::config(format!("source.url {}: {e}", redact_url(&config.source.url)))
-            .remedy("use mysql://USER[:PASSWORD]@HOST:PORT/DB")
+        Error::config(format!(
+            "source.url {}: {e}",
+            redact_url(&config.source.url)
+        ))
+        .remedy("use mysql://USER[:PASSWORD]@HOST:PORT/DB")
     })?;
     let mut builder = OptsBuilder::from_opts(opts)
         .prefer_socket(false)

@@ -33,8 +33,10 @@ impl MariaGtidState {
                 _ => None,
             };
             let ((domain, server), seq) = parsed.ok_or_else(|| {
-                Error::source(format!("{part:?} is not a MariaDB GTID (domain-server-seq)"))
-                    .remedy("write MariaDB GTIDs like 0-1-42, several separated by commas")
+                Error::source(format!(
+                    "{part:?} is not a MariaDB GTID (domain-server-seq)"
+                ))
+                .remedy("write MariaDB GTIDs like 0-1-42, several separated by commas")
             })?;
             domains.insert(domain, (server, seq));
         }
@@ -141,10 +143,13 @@ mod tests {
         };
         let stored = p.to_position();
         assert_eq!(stored.to_string(), "mariadb-bin.000002:1234 gtid:0-1-5");
-        let back = BinlogPosition::from_position(&Position::from_json(stored.json().clone())).unwrap();
+        let back =
+            BinlogPosition::from_position(&Position::from_json(stored.json().clone())).unwrap();
         assert_eq!(back, p);
         let no_gtid = BinlogPosition { gtid: None, ..p };
         assert!(no_gtid.to_position().json().get("gtid_set").is_none());
-        assert!(BinlogPosition::from_position(&Position::from_json(json!({"lsn": "0/1"}))).is_err());
+        assert!(
+            BinlogPosition::from_position(&Position::from_json(json!({"lsn": "0/1"}))).is_err()
+        );
     }
 }
