@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# outboxd in one command: a private MariaDB with a ROW binlog, an in-memory Kafka-protocol broker and
+# outboxd forwarding an outbox table between them, all on 127.0.0.1 in a temp dir, torn down at exit.
+# It inserts a few outbox rows, prints the Kafka records they became, and shows the checkpoint.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./scripts/install-test-deps.sh
+echo "== building outboxd (release)"
+cargo build --release --locked --bin outboxd --example consume
+
+WORK=$(mktemp -d /tmp/outboxd-quickstart.XXXXXX)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_for() { # wait_for DESCRIPTION COMMAND...
+  local what=$1; shift
+  for _ in $(seq 1 300); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  echo "quickstart: timed out waiting for $what" >&2; exit 1
+}
+
+DB_PORT=$(free_port)
+KAFKA_PORT=$(free_port)
+SOCK="$WORK/mysqld.sock"
+sql() { mariadb --socket="$SOCK" -uroot --default-character-set=utf8mb4 "$@"; }
+
+echo "== starting MariaDB on 127.0.0.1:$DB_PORT (binlog ROW, FULL row image)"
+cat > "$WORK/my.cnf" <<CNF
+[mysqld]
+datadir=$WORK/data
+port=$DB_PORT
+bind-address=127.0.0.1
+socket=$SOCK
+pid-file=$WORK/mysqld.pid
+log-error=$WORK/mysqld.err
+log-bin=$WORK/data/mariadb-bin
+binlog-format=ROW
+binlog-row-image=FULL
+binlog-row-metadata=FULL
+server-id=1
+user=$(id -un)
+skip-name-resolve
+innodb-buffer-pool-size=64M
+CNF
+mariadb-install-db --defaults-file="$WORK/my.cnf" --user="$(id -un)" \
+  --auth-root-authentication-method=normal --skip-test-db >/dev/null
+/usr/sbin/mariadbd --defaults-file="$WORK/my.cnf" >/dev/null 2>&1 &
+PIDS+=($!)
+wait_for "MariaDB" sql -e "select 1"
+
+sql <<'SQL'
+CREATE DATABASE app;
+-- The outbox table, with Debezium's column names (what outboxd routes by default).
+CREATE TABLE app.outbox (
+  id            BINARY(16)   NOT NULL PRIMARY KEY,
+  aggregatetype VARCHAR(255) NOT NULL,
+  aggregateid   VARCHAR(255) NOT NULL,
+  type          VARCHAR(255) NOT NULL,
+  payload       JSON,
+  created_at    DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+);
+-- The reader outboxd connects as.
+CREATE USER 'cdc'@'127.0.0.1' IDENTIFIED BY 'quickstart';
+GRANT REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR, SELECT ON *.* TO 'cdc'@'127.0.0.1';
+SQL
+
+echo "== starting the Kafka-protocol broker on 127.0.0.1:$KAFKA_PORT"
+BROKER="${OUTBOXD_BROKER_ROOT:-$HOME/.cache/outboxd-test/nisshi-0.8.1}/bin/nisshi"
+"$BROKER" broker --listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
+  --advertised-listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
+  --storage-engine memory://nisshi/ --group-initial-rebalance-delay 0s >"$WORK/broker.log" 2>&1 &
+PIDS+=($!)
+wait_for "the broker" bash -c "exec 3<>/dev/tcp/127.0.0.1/$KAFKA_PORT"
+
+mkdir -p "$WORK/checkpoints"
+cat > "$WORK/outboxd.toml" <<TOML
+name = "quickstart"
+
+[source]
+kind = "mysql"
+url = "mysql://cdc@127.0.0.1:$DB_PORT/app"
+tables = ["app.outbox"]
+server_id = 4242
+
+[kafka]
+brokers = "127.0.0.1:$KAFKA_PORT"
+
+[checkpoint]
+dir = "$WORK/checkpoints"
+
+[http]
+listen = ""
+TOML
+echo "== outboxd.toml"
+cat "$WORK/outboxd.toml"
+
+echo "== starting outboxd"
+OUTBOXD_SOURCE__PASSWORD=quickstart ./target/release/outboxd --config "$WORK/outboxd.toml" run \
+  2>"$WORK/outboxd.log" &
+OUTBOXD=$!
+PIDS+=($OUTBOXD)
+wait_for "outboxd" grep -q "binlog stream opened" "$WORK/outboxd.log"
+
+echo "== inserting three events in one business transaction"
+sql <<'SQL'
+BEGIN;
+INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES
+  (UNHEX(REPLACE(UUID(), '-', '')), 'order', 'order-1', 'OrderCreated',  '{"orderId": 1, "total": 12.50}'),
+  (UNHEX(REPLACE(UUID(), '-', '')), 'order', 'order-1', 'OrderPaid',     '{"orderId": 1}'),
+  (UNHEX(REPLACE(UUID(), '-', '')), 'order', 'order-2', 'OrderCreated',  '{"orderId": 2, "total": 3.00}');
+COMMIT;
+SQL
+
+echo "== records on topic outbox.event.order"
+./target/release/examples/consume "127.0.0.1:$KAFKA_PORT" outbox.event.order 3 30
+
+echo "== stopping outboxd (SIGTERM: drains acks, writes the final checkpoint)"
+kill -TERM "$OUTBOXD"
+wait "$OUTBOXD" || true
+echo "== checkpoint"
+./target/release/outboxd --config "$WORK/outboxd.toml" checkpoint show
+echo "== quickstart done"

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what outboxd's tests and quickstart need and a fresh machine lacks. Idempotent.
+#  - Debian packages: MariaDB server/client (the live binlog source), build deps of librdkafka.
+#  - The nisshi Kafka-protocol broker (a Rust broker, in memory), built once into a cache dir outside
+#    the repo (about 10 minutes on 2 cores the first time; skipped when present).
+set -euo pipefail
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+packages=()
+[ -x /usr/sbin/mariadbd ] || packages+=(mariadb-server)
+command -v mariadb >/dev/null 2>&1 || packages+=(mariadb-client)
+command -v mariadb-install-db >/dev/null 2>&1 || packages+=(mariadb-server)
+command -v pkg-config >/dev/null 2>&1 || packages+=(pkg-config)
+command -v make >/dev/null 2>&1 || packages+=(make)
+command -v cc >/dev/null 2>&1 || packages+=(gcc g++)
+dpkg -s libssl-dev >/dev/null 2>&1 || packages+=(libssl-dev)
+dpkg -s zlib1g-dev >/dev/null 2>&1 || packages+=(zlib1g-dev)
+
+if [ "${#packages[@]}" -gt 0 ]; then
+  echo "install-test-deps: installing ${packages[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+fi
+
+BROKER_ROOT="${OUTBOXD_BROKER_ROOT:-$HOME/.cache/outboxd-test/nisshi-0.8.1}"
+if [ ! -x "$BROKER_ROOT/bin/nisshi" ]; then
+  echo "install-test-deps: building the nisshi 0.8.1 test broker into $BROKER_ROOT (one time, ~10 min)"
+  # --ignore-rust-version: a dependency declares rustc 1.96; it builds and runs on 1.95.
+  cargo install nisshi --version 0.8.1 --locked --ignore-rust-version \
+    --no-default-features --features dynostore,libsql --root "$BROKER_ROOT" -j 2
+fi
+echo "install-test-deps: ready (broker: $BROKER_ROOT/bin/nisshi)"
