@@ -14,7 +14,9 @@ fn main() {
         eprintln!("usage: consume BROKERS TOPIC [COUNT] [SECONDS]");
         std::process::exit(2);
     }
-    let count: usize = args.get(2).map_or(usize::MAX, |c| c.parse().expect("COUNT"));
+    let count: usize = args
+        .get(2)
+        .map_or(usize::MAX, |c| c.parse().expect("COUNT"));
     let limit = Duration::from_secs(args.get(3).map_or(30, |s| s.parse().expect("SECONDS")));
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &args[0])

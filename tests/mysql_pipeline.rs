@@ -476,3 +476,48 @@ fn a_record_the_broker_refuses_as_too_large_stops_with_the_remedy_instead_of_loo
     assert!(log.contains("max.message.bytes"), "{log}");
     assert!(!log.contains("reconnecting"), "{log}");
 }
+
+#[test]
+fn an_unroutable_row_goes_to_the_dead_letter_topic_and_the_stream_goes_on() {
+    let mut env = setup("dlq", "dead_letter_topic = \"outboxd.dlq.orders\"");
+    env.outboxd.start();
+    env.db.sql_socket(
+        "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('000000000000000000000000000000aa'), 'not a topic!', 'k', 'Bad', '{}');",
+    );
+    insert_rows(&env.db, 1, 2, 1);
+    let dead = consume(&env.broker.bootstrap(), "outboxd.dlq.orders", 1, LIMIT);
+    assert_eq!(dead.len(), 1, "{}", env.outboxd.log());
+    let error = dead[0].header("outboxd.error").unwrap();
+    assert!(error.starts_with("invalid_topic"), "{error}");
+    assert_eq!(dead[0].header("outboxd.table").unwrap(), "app.outbox");
+    assert!(dead[0]
+        .header("outboxd.position")
+        .unwrap()
+        .starts_with("gtid:"));
+    let row: serde_json::Value = serde_json::from_slice(dead[0].value.as_ref().unwrap()).unwrap();
+    assert_eq!(row["aggregatetype"], "not a topic!");
+    assert_eq!(row["id"], "00000000-0000-0000-0000-0000000000aa");
+    let good = consume(&env.broker.bootstrap(), "outbox.event.order", 1, LIMIT);
+    assert_eq!(good.len(), 1);
+    env.outboxd.stop();
+}
+
+#[test]
+fn without_a_dead_letter_topic_an_unroutable_row_stops_the_pipeline_with_the_reason() {
+    let mut env = setup("nodlq", "");
+    env.outboxd.start();
+    env.db.sql_socket(
+        "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('000000000000000000000000000000ab'), 'not a topic!', 'k', 'Bad', '{}');",
+    );
+    let status = env.outboxd.wait_exit(LIMIT);
+    assert!(!status.success());
+    let log = env.outboxd.log();
+    assert!(
+        log.contains("invalid_topic") && log.contains("dead_letter_topic"),
+        "{log}"
+    );
+    // Restarting does not skip it: the same row stops it again.
+    let out = env.outboxd.command(&["run"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid_topic"));
+}
