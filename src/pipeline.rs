@@ -72,6 +72,11 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
     }
 }
 
+/// A server that accepts TCP but never answers (hung, or frozen) must not hang the reconnect loop.
+fn connect_timeout(config: &Config) -> Duration {
+    Duration::from_millis(config.source.heartbeat_interval_ms * 3).max(Duration::from_secs(10))
+}
+
 fn new_backoff() -> impl Iterator<Item = Duration> {
     ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(200))
@@ -90,7 +95,17 @@ async fn run_session(
 ) -> Result<SessionEnd> {
     let stored = store.load()?;
     let resume = stored.as_ref().map(|c| (c.source.clone(), c.position()));
-    let source = MysqlSource::connect(config, resume.as_ref().map(|(i, p)| (i, p))).await?;
+    let connect = MysqlSource::connect(config, resume.as_ref().map(|(i, p)| (i, p)));
+    let source = tokio::time::timeout(connect_timeout(config), connect)
+        .await
+        .map_err(|_| {
+            Error::source(format!(
+                "connecting to the source took longer than {:?}",
+                connect_timeout(config)
+            ))
+            .remedy("outboxd retries; check that the server is up and answering")
+            .transient()
+        })??;
     let identity = source.identity().clone();
     if stored.is_none() {
         // Record where we start, so a restart before the first transaction does not move the start.
@@ -174,9 +189,15 @@ async fn run_session(
         .unwrap_or_else(|e| Err(Error::checkpoint(format!("checkpoint writer died: {e}"))));
     // Whatever became safe since the writer's last write is still safe after a failure.
     let final_write = match tracker.take_safe() {
-        Some(position) => store.write(&identity, &position).map(|c| {
-            tracing::info!(position = %c.position(), "final checkpoint written");
-        }),
+        Some(position) => {
+            let store = store.clone();
+            let identity = identity.clone();
+            tokio::task::spawn_blocking(move || store.write(&identity, &position))
+                .await
+                .map_err(|e| Error::checkpoint(format!("checkpoint write task died: {e}")))
+                .and_then(|written| written)
+                .map(|c| tracing::info!(position = %c.position(), "final checkpoint written"))
+        }
         None => Ok(()),
     };
     sink.close().await;

@@ -521,3 +521,21 @@ fn without_a_dead_letter_topic_an_unroutable_row_stops_the_pipeline_with_the_rea
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid_topic"));
 }
+
+#[test]
+fn a_frozen_server_is_noticed_by_missing_heartbeats_and_nothing_is_lost() {
+    let mut env = setup("frozen", "");
+    env.outboxd.start();
+    insert_rows(&env.db, 0, 50, 5);
+    assert_eq!(consume_all(&env, 50).len(), 50);
+    // The socket stays open, so only the missing heartbeats (3 x 1 s) can reveal the dead stream.
+    env.db.freeze();
+    wait_until("outboxd to notice the silent stream", LIMIT, || {
+        env.outboxd.log().contains("no binlog event or heartbeat")
+    });
+    env.db.thaw();
+    insert_rows(&env.db, 50, 100, 5);
+    let records = consume_all(&env, 100);
+    check_records(&records, 0..100);
+    env.outboxd.stop();
+}

@@ -126,6 +126,18 @@ impl MariaDb {
         }
     }
 
+    /// SIGSTOP: the server keeps its sockets open but says nothing (a hung server or a dead path).
+    pub fn freeze(&self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.as_ref().unwrap().id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    }
+
+    /// SIGCONT after [`MariaDb::freeze`].
+    pub fn thaw(&self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.as_ref().unwrap().id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    }
+
     /// Starts the stopped server again on the same port and data.
     pub fn restart(&mut self) {
         self.stop();
@@ -136,6 +148,8 @@ impl MariaDb {
 impl Drop for MariaDb {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
             let _ = child.kill();
             let _ = child.wait();
         }

@@ -219,21 +219,28 @@ impl MysqlSource {
             }
         };
         let (schema, name) = table.split_once('.').unwrap_or(("", &table));
-        let rows: Vec<(String, String, Option<String>, String)> = self
-            .control
-            .exec(
-                "SELECT COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME, COLUMN_TYPE \
-                 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? \
-                 ORDER BY ORDINAL_POSITION",
-                (schema, name),
-            )
-            .await
-            .map_err(|e| {
-                Error::source(format!(
-                    "cannot read the columns of {table} from information_schema: {e}"
-                ))
-                .transient()
-            })?;
+        let query = self.control.exec(
+            "SELECT COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME, COLUMN_TYPE \
+             FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? \
+             ORDER BY ORDINAL_POSITION",
+            (schema, name),
+        );
+        let rows: Vec<(String, String, Option<String>, String)> =
+            match tokio::time::timeout(self.read_timeout, query).await {
+                Ok(Ok(rows)) => rows,
+                Ok(Err(e)) => {
+                    return Err(Error::source(format!(
+                        "cannot read the columns of {table} from information_schema: {e}"
+                    ))
+                    .transient())
+                }
+                Err(_) => {
+                    return Err(Error::source(format!(
+                        "reading the columns of {table} from information_schema timed out"
+                    ))
+                    .transient())
+                }
+            };
         let columns: Vec<SchemaColumn> = rows
             .into_iter()
             .map(|(name, data_type, charset, column_type)| SchemaColumn {
