@@ -8,6 +8,8 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod http;
+pub mod metrics;
 pub mod pipeline;
 pub mod route;
 pub mod sink;

@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, watch};
 use crate::checkpoint::{Store, Tracker};
 use crate::config::{Config, SourceKind};
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::route::{Record, Router, Unroutable};
 use crate::sink::kafka::KafkaSink;
 use crate::source::mysql::MysqlSource;
@@ -47,6 +48,13 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
         .remedy("use source.kind = \"mysql\""));
     }
     let store = Arc::new(Store::open_locked(&config.checkpoint.dir, &config.name)?);
+    let metrics = Metrics::new(
+        &config.name,
+        Duration::from_millis(config.source.heartbeat_interval_ms),
+    );
+    if !config.http.listen.is_empty() {
+        crate::http::serve(&config.http.listen, metrics.clone()).await?;
+    }
     let router = Router::new(
         config.route.clone(),
         KafkaSink::max_message_bytes(&config.kafka),
@@ -54,13 +62,14 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
     let mut backoff = new_backoff();
     loop {
         let started = Instant::now();
-        match run_session(&config, &store, &router, &mut shutdown).await {
+        match run_session(&config, &store, &router, &metrics, &mut shutdown).await {
             Ok(SessionEnd::Shutdown) => return Ok(()),
             Err(e) if e.is_transient() => {
                 if started.elapsed() > Duration::from_secs(60) {
                     backoff = new_backoff();
                 }
                 let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+                metrics.reconnect();
                 tracing::warn!(error = %e, retry_in = ?delay, "session ended; reconnecting from the last checkpoint");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
@@ -91,11 +100,16 @@ async fn run_session(
     config: &Config,
     store: &Arc<Store>,
     router: &Router,
+    metrics: &Arc<Metrics>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<SessionEnd> {
     let stored = store.load()?;
     let resume = stored.as_ref().map(|c| (c.source.clone(), c.position()));
-    let connect = MysqlSource::connect(config, resume.as_ref().map(|(i, p)| (i, p)));
+    let connect = MysqlSource::connect(
+        config,
+        resume.as_ref().map(|(i, p)| (i, p)),
+        metrics.clone(),
+    );
     let source = tokio::time::timeout(connect_timeout(config), connect)
         .await
         .map_err(|_| {
@@ -112,15 +126,21 @@ async fn run_session(
         store.write(&identity, &source.start())?;
     }
     let tracker = Arc::new(Tracker::new());
-    let sink = KafkaSink::new(&config.name, &config.kafka, tracker.clone())?;
+    let sink = KafkaSink::new(
+        &config.name,
+        &config.kafka,
+        tracker.clone(),
+        metrics.clone(),
+    )?;
 
     let (tx, mut rx) = mpsc::channel(CHANNEL_DEPTH);
-    let reader = tokio::spawn(read_changes(source, tx));
+    let reader = tokio::spawn(read_changes(source, tx, metrics.clone()));
     let (writer_stop, writer_stopped) = watch::channel(false);
     let writer = tokio::spawn(write_checkpoints(
         store.clone(),
         identity.clone(),
         tracker.clone(),
+        metrics.clone(),
         Duration::from_millis(config.checkpoint.interval_ms),
         writer_stopped,
     ));
@@ -153,7 +173,10 @@ async fn run_session(
                 let record = match router.route(&row) {
                     Ok(record) => record,
                     Err(why) => match dead_letter(config, &row, &why) {
-                        Ok(record) => record,
+                        Ok(record) => {
+                            metrics.dead_letter(why.reason);
+                            record
+                        }
                         Err(e) => break Err(e),
                     },
                 };
@@ -165,9 +188,10 @@ async fn run_session(
                     break Err(e);
                 }
             }
-            Some(Ok(Change::Commit(position) | Change::Idle(position))) => {
+            Some(Ok(Change::Commit(boundary) | Change::Idle(boundary))) => {
                 open_rows = false;
-                tracker.boundary(position);
+                metrics.source_time(boundary.committed_at);
+                tracker.boundary(boundary.position);
             }
         }
     };
@@ -201,15 +225,25 @@ async fn run_session(
         None => Ok(()),
     };
     sink.close().await;
+    metrics.abandon_inflight();
     written?;
     final_write?;
     result
 }
 
 /// The reader task: pulls changes until the source fails or the channel closes.
-async fn read_changes(mut source: MysqlSource, tx: mpsc::Sender<Result<Change>>) {
+async fn read_changes(
+    mut source: MysqlSource,
+    tx: mpsc::Sender<Result<Change>>,
+    metrics: Arc<Metrics>,
+) {
+    let mut reported = source.ignored();
     loop {
         let change = source.next().await;
+        let ignored = source.ignored();
+        metrics.ignored("update", ignored.updates - reported.updates);
+        metrics.ignored("delete", ignored.deletes - reported.deletes);
+        reported = ignored;
         let failed = change.is_err();
         if tx.send(change).await.is_err() || failed {
             return;
@@ -222,6 +256,7 @@ async fn write_checkpoints(
     store: Arc<Store>,
     identity: SourceIdentity,
     tracker: Arc<Tracker>,
+    metrics: Arc<Metrics>,
     interval: Duration,
     mut stop: watch::Receiver<bool>,
 ) -> Result<()> {
@@ -243,6 +278,8 @@ async fn write_checkpoints(
                 return Err(e);
             }
         }
+        // Either just written, or nothing newer was safe: the checkpoint is as new as the acks allow.
+        metrics.checkpoint_current();
     }
 }
 

@@ -34,6 +34,10 @@ struct Env {
 }
 
 fn setup(name: &str, extra_config: &str) -> Env {
+    setup_with_http(name, extra_config, "")
+}
+
+fn setup_with_http(name: &str, extra_config: &str, http_listen: &str) -> Env {
     let db = MariaDb::start(&[]);
     db.sql_socket(SCHEMA);
     let broker = Broker::start();
@@ -42,7 +46,7 @@ fn setup(name: &str, extra_config: &str) -> Env {
     }
     let body = format!(
         "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.outbox\"]\nserver_id = 99\nheartbeat_interval_ms = 1000\n\
-         [kafka]\nbrokers = \"{}\"\n{extra_config}\n[http]\nlisten = \"\"\n",
+         [kafka]\nbrokers = \"{}\"\n{extra_config}\n[http]\nlisten = \"{http_listen}\"\n",
         db.cdc_url(),
         broker.bootstrap()
     );
@@ -537,5 +541,62 @@ fn a_frozen_server_is_noticed_by_missing_heartbeats_and_nothing_is_lost() {
     insert_rows(&env.db, 50, 100, 5);
     let records = consume_all(&env, 100);
     check_records(&records, 0..100);
+    env.outboxd.stop();
+}
+
+/// Reads one sample of `name` whose label set contains `labels` from the Prometheus text.
+fn sample(metrics: &str, name: &str, labels: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name) && l.contains(labels))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name}{{{labels}}} in:\n{metrics}"))
+}
+
+#[test]
+fn metrics_move_with_traffic_and_readyz_follows_the_source() {
+    let port = rig::free_port();
+    let mut env = setup_with_http("metrics", "", &format!("127.0.0.1:{port}"));
+    env.outboxd.start();
+    wait_until("/readyz to be 200", LIMIT, || {
+        rig::http_get(port, "/readyz").0 == 200
+    });
+    assert_eq!(rig::http_get(port, "/healthz").0, 200);
+    insert_rows(&env.db, 0, 30, 3);
+    env.db.sql_socket(
+        "UPDATE app.outbox SET type = 'x' WHERE aggregatetype = 'order'; DELETE FROM app.outbox WHERE aggregatetype = 'customer';",
+    );
+    assert_eq!(consume_all(&env, 30).len(), 30);
+    wait_until("the counters to catch up", LIMIT, || {
+        let m = rig::http_get(port, "/metrics").1;
+        sample(
+            &m,
+            "outboxd_events_forwarded_total",
+            "topic=\"outbox.event.order\"",
+        ) == 20.0
+            && sample(
+                &m,
+                "outboxd_events_forwarded_total",
+                "topic=\"outbox.event.customer\"",
+            ) == 10.0
+            && m.contains("outboxd_ignored_events_total{pipeline=\"metrics\",kind=\"update\"} 1")
+            && m.contains("outboxd_ignored_events_total{pipeline=\"metrics\",kind=\"delete\"} 1")
+    });
+    let m = rig::http_get(port, "/metrics").1;
+    assert_eq!(
+        sample(&m, "outboxd_inflight_events", "pipeline=\"metrics\""),
+        0.0
+    );
+    assert!(sample(&m, "outboxd_source_lag_seconds", "pipeline") < 60.0);
+    // A frozen server keeps its socket open; readiness must still fail, then recover.
+    env.db.freeze();
+    wait_until("/readyz to turn 503", LIMIT, || {
+        rig::http_get(port, "/readyz").0 == 503
+    });
+    env.db.thaw();
+    wait_until("/readyz to be 200 again", LIMIT, || {
+        rig::http_get(port, "/readyz").0 == 200
+    });
     env.outboxd.stop();
 }

@@ -20,6 +20,7 @@ use tokio::sync::Semaphore;
 use crate::checkpoint::{Ticket, Tracker};
 use crate::config::KafkaConfig;
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::route::Record;
 
 /// librdkafka's default `message.max.bytes`.
@@ -28,6 +29,7 @@ const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 struct AckContext {
     tracker: Arc<Tracker>,
     window: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
 }
 
 impl ClientContext for AckContext {}
@@ -37,9 +39,16 @@ impl ProducerContext for AckContext {
 
     fn delivery(&self, result: &DeliveryResult<'_>, ticket: Box<u64>) {
         self.window.add_permits(1);
+        self.metrics.acknowledged();
         match result {
-            Ok(_) => self.tracker.ack(Ticket::from_raw(*ticket)),
-            Err((e, message)) => self.tracker.fail(delivery_error(e, message.topic())),
+            Ok(message) => {
+                self.tracker.ack(Ticket::from_raw(*ticket));
+                self.metrics.forwarded(message.topic());
+            }
+            Err((e, message)) => {
+                self.metrics.delivery_error();
+                self.tracker.fail(delivery_error(e, message.topic()));
+            }
         }
     }
 }
@@ -72,10 +81,16 @@ pub struct KafkaSink {
     producer: Option<ThreadedProducer<AckContext>>,
     window: Arc<Semaphore>,
     tracker: Arc<Tracker>,
+    metrics: Arc<Metrics>,
 }
 
 impl KafkaSink {
-    pub fn new(name: &str, config: &KafkaConfig, tracker: Arc<Tracker>) -> Result<KafkaSink> {
+    pub fn new(
+        name: &str,
+        config: &KafkaConfig,
+        tracker: Arc<Tracker>,
+        metrics: Arc<Metrics>,
+    ) -> Result<KafkaSink> {
         let window = Arc::new(Semaphore::new(config.max_in_flight));
         let mut client = ClientConfig::new();
         client.set("client.id", format!("outboxd-{name}"));
@@ -93,6 +108,7 @@ impl KafkaSink {
         let context = AckContext {
             tracker: tracker.clone(),
             window: window.clone(),
+            metrics: metrics.clone(),
         };
         let producer: ThreadedProducer<AckContext> =
             client.create_with_context(context).map_err(|e| {
@@ -103,6 +119,7 @@ impl KafkaSink {
             producer: Some(producer),
             window,
             tracker,
+            metrics,
         })
     }
 
@@ -142,7 +159,10 @@ impl KafkaSink {
         }
         loop {
             match producer.send(base) {
-                Ok(()) => return Ok(ticket),
+                Ok(()) => {
+                    self.metrics.produced();
+                    return Ok(ticket);
+                }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     base = back;
                     tokio::time::sleep(Duration::from_millis(2)).await;

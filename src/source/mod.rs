@@ -8,6 +8,7 @@
 //! on restart. Protocol bytes never leave this module.
 
 pub mod mysql;
+pub mod postgres;
 mod value;
 
 use std::sync::Arc;
@@ -41,11 +42,19 @@ impl Row {
 pub enum Change {
     /// An outbox row of the transaction in progress.
     Row(Row),
-    /// The transaction holding the rows since the last boundary committed; resuming at `Position`
+    /// The transaction holding the rows since the last boundary committed; resuming at its position
     /// starts after it.
-    Commit(Position),
+    Commit(Boundary),
     /// A boundary with no rows since the last one (other tables' transactions, heartbeats).
-    Idle(Position),
+    Idle(Boundary),
+}
+
+/// A transaction boundary: where a resumed stream would start, and when that transaction committed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Boundary {
+    pub position: Position,
+    /// Commit time from the log; `None` for a heartbeat (the source is caught up).
+    pub committed_at: Option<std::time::SystemTime>,
 }
 
 /// A resumable log position. Opaque: built and read only by the source that made it.

@@ -19,7 +19,7 @@ use super::columns::{self, TableColumns};
 use super::event_types as et;
 use super::position::{BinlogPosition, MariaGtidState};
 use crate::error::{Error, Result};
-use crate::source::{Change, Row};
+use crate::source::{Boundary, Change, Row};
 
 /// What the caller must do before feeding the next event.
 pub enum Step {
@@ -112,7 +112,10 @@ impl Decoder {
                 self.tables.clear();
             }
             et::HEARTBEAT if !self.in_txn => {
-                out.push_back(Change::Idle(self.boundary.to_position()));
+                out.push_back(Change::Idle(Boundary {
+                    position: self.boundary.to_position(),
+                    committed_at: None,
+                }));
             }
             et::MARIADB_GTID => {
                 let g = et::MariaGtid::parse(event.data())
@@ -141,13 +144,13 @@ impl Decoder {
                     .read_data()
                     .map_err(|e| self.corrupt(event_start, &e.to_string()))?;
                 if let Some(EventData::QueryEvent(q)) = data {
-                    self.on_query(&q.query(), event_start, out);
+                    self.on_query(&q.query(), event_start, header.timestamp(), out);
                 }
             }
             // Only long statements get compressed: never BEGIN/COMMIT, so DDL (a boundary) or, inside a
             // transaction, a statement with no rows of its own.
-            et::MARIADB_QUERY_COMPRESSED if !self.in_txn => self.close(out),
-            et::XID | et::XA_PREPARE => self.close(out),
+            et::MARIADB_QUERY_COMPRESSED if !self.in_txn => self.close(header.timestamp(), out),
+            et::XID | et::XA_PREPARE => self.close(header.timestamp(), out),
             et::TABLE_MAP => {
                 let tme = event
                     .read_event::<TableMapEvent<'_>>()
@@ -173,7 +176,13 @@ impl Decoder {
         Ok(Step::Continue)
     }
 
-    fn on_query(&mut self, query: &str, event_start: u64, out: &mut VecDeque<Change>) {
+    fn on_query(
+        &mut self,
+        query: &str,
+        event_start: u64,
+        timestamp: u32,
+        out: &mut VecDeque<Change>,
+    ) {
         let head: String = query
             .trim_start()
             .chars()
@@ -186,7 +195,7 @@ impl Decoder {
                 self.txn_origin = Some(format!("{}:{event_start}", self.file).into());
             }
         } else if head.starts_with("COMMIT") || head.starts_with("ROLLBACK") || !self.in_txn {
-            self.close(out);
+            self.close(timestamp, out);
         }
     }
 
@@ -270,7 +279,7 @@ impl Decoder {
     }
 
     /// Closes the current transaction (or standalone statement) and records the boundary.
-    fn close(&mut self, out: &mut VecDeque<Change>) {
+    fn close(&mut self, timestamp: u32, out: &mut VecDeque<Change>) {
         if let Some((domain, server, seq)) = self.pending_gtid.take() {
             if let Some(g) = self.gtid.as_mut() {
                 g.apply(domain, server, seq);
@@ -281,11 +290,16 @@ impl Decoder {
             pos: self.next_pos,
             gtid: self.gtid.clone(),
         };
-        let position = self.boundary.to_position();
+        let boundary = Boundary {
+            position: self.boundary.to_position(),
+            committed_at: Some(
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(timestamp as u64),
+            ),
+        };
         out.push_back(if self.txn_rows > 0 {
-            Change::Commit(position)
+            Change::Commit(boundary)
         } else {
-            Change::Idle(position)
+            Change::Idle(boundary)
         });
         self.in_txn = false;
         self.txn_rows = 0;

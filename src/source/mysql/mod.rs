@@ -32,6 +32,7 @@ pub use self::decoder::{Decoder, Ignored, Step};
 pub use self::position::{BinlogPosition, MariaGtidState};
 use crate::config::{redact_url, Config, SourceKind};
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::source::{Change, Position, SourceIdentity};
 
 /// `ER_MASTER_FATAL_ERROR_READING_BINLOG`: the requested position is not (or no longer) on the server.
@@ -48,6 +49,7 @@ pub struct MysqlSource {
     read_timeout: Duration,
     identity: SourceIdentity,
     start: BinlogPosition,
+    metrics: Arc<Metrics>,
 }
 
 impl MysqlSource {
@@ -56,6 +58,7 @@ impl MysqlSource {
     pub async fn connect(
         config: &Config,
         resume: Option<(&SourceIdentity, &Position)>,
+        metrics: Arc<Metrics>,
     ) -> Result<MysqlSource> {
         let opts = connect_opts(config)?;
         let mut control = Conn::new(opts.clone())
@@ -151,6 +154,7 @@ impl MysqlSource {
             read_timeout: heartbeat * 3,
             identity,
             start,
+            metrics,
         })
     }
 
@@ -190,6 +194,7 @@ impl MysqlSource {
                 Ok(Some(Err(e))) => return Err(map_stream_err(e, self.decoder.boundary())),
                 Ok(Some(Ok(event))) => event,
             };
+            self.metrics.source_event();
             match self.decoder.on_event(&event, &mut self.buffer)? {
                 Step::Continue => {}
                 Step::NeedColumns {

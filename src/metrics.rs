@@ -1,0 +1,267 @@
+//! Prometheus metrics and the liveness signal behind `/readyz`.
+//!
+//! One [`Metrics`] value per process, shared by the stages: the sink counts acknowledged records per
+//! topic and delivery errors and keeps the in-flight gauge; the pipeline counts dead letters, reconnects
+//! and records when the checkpoint last caught up; the source marks every event it reads (heartbeats
+//! included), which is what readiness is judged by: a stream that has said nothing for three heartbeat
+//! intervals is reported unready even while its TCP connection looks alive.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use prometheus_client::encoding::{text::encode, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TopicLabel {
+    topic: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+/// Never set.
+const NEVER: i64 = i64::MIN;
+
+pub struct Metrics {
+    registry: Registry,
+    forwarded: Family<TopicLabel, Counter>,
+    dead_letter: Family<ReasonLabel, Counter>,
+    ignored: Family<KindLabel, Counter>,
+    inflight: Gauge,
+    checkpoint_age: Gauge<f64, AtomicU64>,
+    source_lag: Gauge<f64, AtomicU64>,
+    reconnects: Counter,
+    delivery_errors: Counter,
+    base: Instant,
+    /// Milliseconds since `base` of the last source event (NEVER before the first).
+    last_source_event: AtomicI64,
+    /// Milliseconds since `base` when the checkpoint last caught up with the acks.
+    last_checkpoint_current: AtomicI64,
+    /// Unix milliseconds of the last forwarded transaction's commit (or of the last heartbeat).
+    source_time_ms: AtomicI64,
+    stale_after: Duration,
+}
+
+impl Metrics {
+    /// `heartbeat` is the source's heartbeat interval; readiness fails after three of them.
+    pub fn new(pipeline: &str, heartbeat: Duration) -> Arc<Metrics> {
+        let mut registry = Registry::with_prefix_and_labels(
+            "outboxd",
+            std::iter::once(("pipeline".into(), pipeline.to_string().into())),
+        );
+        let forwarded = Family::<TopicLabel, Counter>::default();
+        let dead_letter = Family::<ReasonLabel, Counter>::default();
+        let ignored = Family::<KindLabel, Counter>::default();
+        let inflight = Gauge::default();
+        let checkpoint_age = Gauge::<f64, AtomicU64>::default();
+        let source_lag = Gauge::<f64, AtomicU64>::default();
+        let reconnects = Counter::default();
+        let delivery_errors = Counter::default();
+        registry.register(
+            "events_forwarded",
+            "Records acknowledged by Kafka, per topic",
+            forwarded.clone(),
+        );
+        registry.register(
+            "dead_letter",
+            "Unroutable rows sent to the dead-letter topic, per reason",
+            dead_letter.clone(),
+        );
+        registry.register(
+            "ignored_events",
+            "UPDATE/DELETE row events on outbox tables, ignored by design",
+            ignored.clone(),
+        );
+        registry.register(
+            "inflight_events",
+            "Records produced and not yet acknowledged",
+            inflight.clone(),
+        );
+        registry.register(
+            "checkpoint_age_seconds",
+            "Seconds since the durable checkpoint last caught up with the acknowledgements",
+            checkpoint_age.clone(),
+        );
+        registry.register(
+            "source_lag_seconds",
+            "Now minus the commit time of the last forwarded transaction (0 after a heartbeat)",
+            source_lag.clone(),
+        );
+        registry.register(
+            "source_reconnects",
+            "Sessions ended by a transient error and reconnected",
+            reconnects.clone(),
+        );
+        registry.register(
+            "delivery_errors",
+            "Records Kafka failed to acknowledge",
+            delivery_errors.clone(),
+        );
+        Arc::new(Metrics {
+            registry,
+            forwarded,
+            dead_letter,
+            ignored,
+            inflight,
+            checkpoint_age,
+            source_lag,
+            reconnects,
+            delivery_errors,
+            base: Instant::now(),
+            last_source_event: AtomicI64::new(NEVER),
+            last_checkpoint_current: AtomicI64::new(NEVER),
+            source_time_ms: AtomicI64::new(NEVER),
+            stale_after: heartbeat * 3,
+        })
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.base.elapsed().as_millis() as i64
+    }
+
+    pub fn forwarded(&self, topic: &str) {
+        self.forwarded
+            .get_or_create(&TopicLabel {
+                topic: topic.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn dead_letter(&self, reason: &str) {
+        self.dead_letter
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn ignored(&self, kind: &str, count: u64) {
+        if count > 0 {
+            self.ignored
+                .get_or_create(&KindLabel {
+                    kind: kind.to_string(),
+                })
+                .inc_by(count);
+        }
+    }
+
+    pub fn produced(&self) {
+        self.inflight.inc();
+    }
+
+    pub fn acknowledged(&self) {
+        self.inflight.dec();
+    }
+
+    /// A session ended with records still in flight: they will never be acknowledged.
+    pub fn abandon_inflight(&self) {
+        self.inflight.set(0);
+    }
+
+    pub fn delivery_error(&self) {
+        self.delivery_errors.inc();
+    }
+
+    pub fn reconnect(&self) {
+        self.reconnects.inc();
+    }
+
+    /// The source read an event (any event, heartbeats included).
+    pub fn source_event(&self) {
+        self.last_source_event
+            .store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// A boundary was forwarded; `committed_at` is its commit time (None for a heartbeat: caught up).
+    pub fn source_time(&self, committed_at: Option<SystemTime>) {
+        let at = committed_at.unwrap_or_else(SystemTime::now);
+        let ms = at
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as i64;
+        self.source_time_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The durable checkpoint is as new as the acknowledgements allow.
+    pub fn checkpoint_current(&self) {
+        self.last_checkpoint_current
+            .store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Ready when the source said something within three heartbeat intervals.
+    pub fn ready(&self) -> bool {
+        let last = self.last_source_event.load(Ordering::Relaxed);
+        last != NEVER && self.now_ms() - last <= self.stale_after.as_millis() as i64
+    }
+
+    /// The Prometheus text exposition, with the time-derived gauges brought up to date.
+    pub fn render(&self) -> String {
+        let now = self.now_ms();
+        let checkpoint = self.last_checkpoint_current.load(Ordering::Relaxed);
+        if checkpoint != NEVER {
+            self.checkpoint_age.set((now - checkpoint) as f64 / 1000.0);
+        }
+        let source_ms = self.source_time_ms.load(Ordering::Relaxed);
+        if source_ms != NEVER {
+            let wall = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis() as i64;
+            self.source_lag
+                .set(((wall - source_ms).max(0)) as f64 / 1000.0);
+        }
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_and_gauges_render_with_the_pipeline_label() {
+        let m = Metrics::new("orders", Duration::from_secs(5));
+        m.forwarded("outbox.event.order");
+        m.forwarded("outbox.event.order");
+        m.dead_letter("invalid_topic");
+        m.ignored("update", 3);
+        m.produced();
+        m.reconnect();
+        let text = m.render();
+        assert!(
+            text.contains(
+                r#"outboxd_events_forwarded_total{pipeline="orders",topic="outbox.event.order"} 2"#
+            ),
+            "{text}"
+        );
+        assert!(text
+            .contains(r#"outboxd_dead_letter_total{pipeline="orders",reason="invalid_topic"} 1"#));
+        assert!(text.contains(r#"outboxd_ignored_events_total{pipeline="orders",kind="update"} 3"#));
+        assert!(text.contains(r#"outboxd_inflight_events{pipeline="orders"} 1"#));
+        assert!(text.contains(r#"outboxd_source_reconnects_total{pipeline="orders"} 1"#));
+    }
+
+    #[test]
+    fn readiness_needs_a_recent_source_event() {
+        let m = Metrics::new("x", Duration::from_millis(1));
+        assert!(!m.ready(), "not ready before the source said anything");
+        m.source_event();
+        assert!(m.ready());
+        std::thread::sleep(Duration::from_millis(10));
+        assert!(!m.ready(), "stale after 3 heartbeats");
+    }
+}
