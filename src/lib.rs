@@ -5,6 +5,7 @@
 //! checkpointed only once everything before it is acknowledged ([`checkpoint`]). [`pipeline`] wires the
 //! stages and owns back-pressure, reconnects and shutdown.
 
+pub mod check;
 pub mod checkpoint;
 pub mod config;
 pub mod error;

@@ -52,6 +52,7 @@ pub struct Metrics {
     /// Unix milliseconds of the last forwarded transaction's commit (or of the last heartbeat).
     source_time_ms: AtomicI64,
     stale_after: Duration,
+    forwarded_total: AtomicU64,
 }
 
 impl Metrics {
@@ -124,6 +125,7 @@ impl Metrics {
             last_checkpoint_current: AtomicI64::new(NEVER),
             source_time_ms: AtomicI64::new(NEVER),
             stale_after: heartbeat * 3,
+            forwarded_total: AtomicU64::new(0),
         })
     }
 
@@ -131,7 +133,13 @@ impl Metrics {
         self.base.elapsed().as_millis() as i64
     }
 
+    /// Records acknowledged since start, all topics.
+    pub fn forwarded_total(&self) -> u64 {
+        self.forwarded_total.load(Ordering::Relaxed)
+    }
+
     pub fn forwarded(&self, topic: &str) {
+        self.forwarded_total.fetch_add(1, Ordering::Relaxed);
         self.forwarded
             .get_or_create(&TopicLabel {
                 topic: topic.to_string(),

@@ -39,14 +39,7 @@ enum SessionEnd {
 }
 
 /// Runs until `shutdown` turns true (Ok) or a fatal error (Err).
-pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<()> {
-    if config.source.kind != SourceKind::Mysql {
-        return Err(Error::config(format!(
-            "source.kind = \"{}\" is not available in this build yet",
-            config.source.kind.as_str()
-        ))
-        .remedy("use source.kind = \"mysql\""));
-    }
+pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> Result<()> {
     let store = Arc::new(Store::open_locked(&config.checkpoint.dir, &config.name)?);
     let metrics = Metrics::new(
         &config.name,
@@ -55,6 +48,62 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
     if !config.http.listen.is_empty() {
         crate::http::serve(&config.http.listen, metrics.clone()).await?;
     }
+    drive(&config, store, metrics, None, shutdown).await
+}
+
+/// Forwards the outbox rows after `from` up to the boundary at or past `to` (default: the server's
+/// end when the replay starts), then returns how many records Kafka acknowledged. Progress lives in a
+/// temporary checkpoint: the live one is never read or written, and the replay registers with its own
+/// replica server id (`server_id` with the high bit flipped) so a running `outboxd run` is undisturbed.
+pub async fn replay(
+    config: &Config,
+    from: (SourceIdentity, crate::source::Position),
+    to: Option<crate::source::Position>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<u64> {
+    require_supported(config)?;
+    let mut config = config.clone();
+    config.source.server_id = Some(config.server_id() ^ 0x8000_0000);
+    config.http.listen.clear();
+    let to = match to {
+        Some(to) => to,
+        None => crate::source::mysql::current_end_position(&config).await?,
+    };
+    let scratch = tempfile::Builder::new()
+        .prefix("outboxd-replay-")
+        .tempdir()
+        .map_err(|e| Error::checkpoint(format!("cannot create a temporary directory: {e}")))?;
+    let store = Arc::new(Store::open_locked(scratch.path(), &config.name)?);
+    store.write(&from.0, &from.1)?;
+    tracing::info!(from = %from.1, to = %to, "replaying");
+    let metrics = Metrics::new(
+        &config.name,
+        Duration::from_millis(config.source.heartbeat_interval_ms),
+    );
+    drive(&config, store, metrics.clone(), Some(to), shutdown).await?;
+    Ok(metrics.forwarded_total())
+}
+
+fn require_supported(config: &Config) -> Result<()> {
+    if config.source.kind != SourceKind::Mysql {
+        return Err(Error::config(format!(
+            "source.kind = \"{}\" is not available in this build yet",
+            config.source.kind.as_str()
+        ))
+        .remedy("use source.kind = \"mysql\""));
+    }
+    Ok(())
+}
+
+/// The reconnect loop shared by `run` and `replay`.
+async fn drive(
+    config: &Config,
+    store: Arc<Store>,
+    metrics: Arc<Metrics>,
+    until: Option<crate::source::Position>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<()> {
+    require_supported(config)?;
     let router = Router::new(
         config.route.clone(),
         KafkaSink::max_message_bytes(&config.kafka),
@@ -62,7 +111,7 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
     let mut backoff = new_backoff();
     loop {
         let started = Instant::now();
-        match run_session(&config, &store, &router, &metrics, &mut shutdown).await {
+        match run_session(config, &store, &router, &metrics, until.as_ref(), &mut shutdown).await {
             Ok(SessionEnd::Shutdown) => return Ok(()),
             Err(e) if e.is_transient() => {
                 if started.elapsed() > Duration::from_secs(60) {
@@ -101,6 +150,7 @@ async fn run_session(
     store: &Arc<Store>,
     router: &Router,
     metrics: &Arc<Metrics>,
+    until: Option<&crate::source::Position>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<SessionEnd> {
     let stored = store.load()?;
@@ -191,7 +241,14 @@ async fn run_session(
             Some(Ok(Change::Commit(boundary) | Change::Idle(boundary))) => {
                 open_rows = false;
                 metrics.source_time(boundary.committed_at);
+                let done = until.is_some_and(|to| {
+                    crate::source::mysql::reached(&boundary.position, to)
+                });
                 tracker.boundary(boundary.position);
+                if done && stopping.is_none() {
+                    tracing::info!("replay reached its end position");
+                    stopping = Some(Instant::now());
+                }
             }
         }
     };

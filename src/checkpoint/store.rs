@@ -149,32 +149,124 @@ impl Store {
             position: position.json().clone(),
             updated_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         };
-        let fail = |what: &str, e: std::io::Error| {
-            Error::checkpoint(format!(
-                "cannot {what} checkpoint {}: {e}; the previous checkpoint is intact",
-                self.path.display()
-            ))
-            .remedy(format!(
-                "free space / fix permissions in {}; outboxd resumes from the last good checkpoint",
-                self.dir.display()
-            ))
-        };
-        let mut body = serde_json::to_vec_pretty(&checkpoint).expect("checkpoint serializes");
-        body.push(b'\n');
-        let mut tmp = tempfile::Builder::new()
-            .prefix(&format!(".{}.", self.name))
-            .suffix(".tmp")
-            .tempfile_in(&self.dir)
-            .map_err(|e| fail("create a temp file for", e))?;
-        tmp.write_all(&body).map_err(|e| fail("write", e))?;
-        tmp.as_file().sync_all().map_err(|e| fail("fsync", e))?;
-        tmp.persist(&self.path)
-            .map_err(|e| fail("rename into place", e.error))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| fail("fsync the directory of", e))?;
+        write_atomically(&self.dir, &self.path, &checkpoint)?;
         Ok(checkpoint)
     }
+
+    /// Where saved copies live: `<dir>/<name>.saved/`.
+    pub fn saved_dir(&self) -> PathBuf {
+        self.dir.join(format!("{}.saved", self.name))
+    }
+
+    fn saved_path(&self, label: &str) -> Result<PathBuf> {
+        let valid = !label.is_empty()
+            && !label.starts_with('.')
+            && label
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !valid {
+            return Err(Error::config(format!("{label:?} cannot name a saved checkpoint"))
+                .remedy("use letters, digits, '-', '_' or '.'"));
+        }
+        Ok(self.saved_dir().join(format!("{label}.json")))
+    }
+
+    /// Copies the current checkpoint to `<name>.saved/<label>.json`.
+    pub fn save(&self, label: &str) -> Result<(PathBuf, Checkpoint)> {
+        let path = self.saved_path(label)?;
+        let checkpoint = self.load()?.ok_or_else(|| {
+            Error::checkpoint(format!("there is no checkpoint at {} to save", self.path.display()))
+                .remedy("run the pipeline first, or write one with `outboxd checkpoint set`")
+        })?;
+        let dir = self.saved_dir();
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            Error::checkpoint(format!("cannot create {}: {e}", dir.display()))
+                .remedy(format!("make {} writable", self.dir.display()))
+        })?;
+        write_atomically(&dir, &path, &checkpoint)?;
+        Ok((path, checkpoint))
+    }
+
+    /// A saved checkpoint by label.
+    pub fn load_saved(&self, label: &str) -> Result<Checkpoint> {
+        let path = self.saved_path(label)?;
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            Error::checkpoint(format!("no saved checkpoint {label:?} ({}: {e})", path.display()))
+                .remedy("see `outboxd checkpoint list` for the saved labels")
+        })?;
+        serde_json::from_str(&text).map_err(|e| {
+            Error::checkpoint(format!("saved checkpoint {} is damaged: {e}", path.display()))
+                .remedy("pick another label, or a position")
+        })
+    }
+
+    /// Saved checkpoints, by label.
+    pub fn list_saved(&self) -> Result<Vec<(String, Checkpoint)>> {
+        let dir = self.saved_dir();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => {
+                return Err(Error::checkpoint(format!("cannot list {}: {e}", dir.display())))
+            }
+        };
+        let mut saved = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(label) = name.strip_suffix(".json") {
+                if !label.starts_with('.') {
+                    saved.push((label.to_string(), self.load_saved(label)?));
+                }
+            }
+        }
+        saved.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(saved)
+    }
+
+    /// Removes the live checkpoint after saving it as `before-reset-<time>`; returns that label.
+    pub fn reset(&self) -> Result<Option<String>> {
+        if self.load()?.is_none() {
+            return Ok(None);
+        }
+        let label = format!("before-reset-{}", chrono::Utc::now().format("%Y%m%dT%H%M%SZ"));
+        self.save(&label)?;
+        std::fs::remove_file(&self.path).map_err(|e| {
+            Error::checkpoint(format!("cannot remove {}: {e}", self.path.display()))
+        })?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| Error::checkpoint(format!("cannot fsync {}: {e}", self.dir.display())))?;
+        Ok(Some(label))
+    }
+}
+
+/// Temp file in `dir`, fsync, rename over `path`, fsync `dir`: readers see the old or the new file.
+fn write_atomically(dir: &Path, path: &Path, checkpoint: &Checkpoint) -> Result<()> {
+    let fail = |what: &str, e: std::io::Error| {
+        Error::checkpoint(format!(
+            "cannot {what} checkpoint {}: {e}; the previous checkpoint is intact",
+            path.display()
+        ))
+        .remedy(format!(
+            "free space / fix permissions in {}; outboxd resumes from the last good checkpoint",
+            dir.display()
+        ))
+    };
+    let mut body = serde_json::to_vec_pretty(checkpoint).expect("checkpoint serializes");
+    body.push(b'\n');
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{}.", checkpoint.name))
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(|e| fail("create a temp file for", e))?;
+    tmp.write_all(&body).map_err(|e| fail("write", e))?;
+    tmp.as_file().sync_all().map_err(|e| fail("fsync", e))?;
+    tmp.persist(path)
+        .map_err(|e| fail("rename into place", e.error))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| fail("fsync the directory of", e))?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -225,6 +317,25 @@ mod tests {
         let err = store.load().unwrap_err();
         assert!(err.to_string().contains("orders.json"), "{err}");
         assert!(err.remedy_text().unwrap().contains("checkpoint set"));
+    }
+
+    #[test]
+    fn save_list_load_and_reset() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_locked(dir.path(), "orders").unwrap();
+        assert!(store.save("x").is_err(), "nothing to save yet");
+        let pos = Position::from_json(serde_json::json!({"file": "b.000001", "pos": 77}));
+        store.write(&identity(), &pos).unwrap();
+        store.save("before-deploy").unwrap();
+        assert!(store.save("../evil").is_err());
+        let saved = store.list_saved().unwrap();
+        assert_eq!(saved.len(), 1);
+        assert_eq!(saved[0].0, "before-deploy");
+        assert_eq!(store.load_saved("before-deploy").unwrap().position(), pos);
+        let label = store.reset().unwrap().unwrap();
+        assert!(store.load().unwrap().is_none());
+        assert_eq!(store.load_saved(&label).unwrap().position(), pos, "reset keeps a copy");
+        assert_eq!(store.reset().unwrap(), None);
     }
 
     #[test]

@@ -189,3 +189,56 @@ impl KafkaSink {
         }
     }
 }
+
+/// Preflight: the brokers answer, and the dead-letter topic (if any) exists.
+pub async fn preflight(config: &crate::config::Config) -> Vec<crate::check::Item> {
+    use crate::check::Item;
+    use rdkafka::producer::BaseProducer;
+    let kafka = config.kafka.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let mut client = ClientConfig::new();
+        for (k, v) in &kafka.properties {
+            client.set(k, v);
+        }
+        client.set("bootstrap.servers", &kafka.brokers);
+        let producer: BaseProducer = client.create().map_err(|e| e.to_string())?;
+        let metadata = producer
+            .client()
+            .fetch_metadata(None, Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+        let topics: Vec<String> = metadata
+            .topics()
+            .iter()
+            .map(|t| t.name().to_string())
+            .collect();
+        Ok::<_, String>((metadata.brokers().len(), topics))
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
+    let mut items = Vec::new();
+    match result {
+        Ok((brokers, topics)) => {
+            items.push(Item::pass(
+                "kafka",
+                format!("{} reachable ({brokers} broker(s))", config.kafka.brokers),
+            ));
+            if let Some(dlq) = &config.kafka.dead_letter_topic {
+                if topics.iter().any(|t| t == dlq) {
+                    items.push(Item::pass("kafka", format!("dead-letter topic {dlq} exists")));
+                } else {
+                    items.push(Item::warn(
+                        "kafka",
+                        format!("dead-letter topic {dlq} does not exist"),
+                        format!("create {dlq} (it is only auto-created if the broker allows auto.create.topics.enable)"),
+                    ));
+                }
+            }
+        }
+        Err(e) => items.push(Item::unreachable(
+            "kafka",
+            format!("{} did not answer: {e}", config.kafka.brokers),
+            "check kafka.brokers and the security settings in kafka.properties",
+        )),
+    }
+    items
+}

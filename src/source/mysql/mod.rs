@@ -17,6 +17,7 @@ mod columns;
 mod decoder;
 mod event_types;
 mod position;
+mod preflight;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -30,6 +31,7 @@ pub use self::columns::SchemaColumn;
 use self::columns::TableColumns;
 pub use self::decoder::{Decoder, Ignored, Step};
 pub use self::position::{BinlogPosition, MariaGtidState};
+pub use self::preflight::preflight;
 use crate::config::{redact_url, Config, SourceKind};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -39,6 +41,68 @@ use crate::source::{Change, Position, SourceIdentity};
 const ER_BINLOG_GONE: u16 = 1236;
 const ER_ACCESS_DENIED: u16 = 1045;
 const ER_SPECIFIC_ACCESS_DENIED: u16 = 1227;
+
+/// Parses a position typed by a user: `FILE:POS` or `gtid:DOMAIN-SERVER-SEQ[,…]` (MariaDB).
+pub fn parse_position(text: &str) -> Result<Position> {
+    let text = text.trim();
+    let bad = || {
+        Error::config(format!("{text:?} is not a binlog position"))
+            .remedy("write FILE:POS (e.g. mysql-bin.000003:1234) or gtid:0-1-42 (MariaDB)")
+    };
+    let position = if let Some(gtid) = text.strip_prefix("gtid:") {
+        let state = MariaGtidState::parse(gtid).map_err(|e| {
+            Error::config(e.message().to_string())
+                .remedy("MySQL GTID sets (uuid:1-100) are not supported yet; use FILE:POS")
+        })?;
+        if state.is_empty() {
+            return Err(bad());
+        }
+        BinlogPosition {
+            file: String::new(),
+            pos: 4,
+            gtid: Some(state),
+        }
+    } else {
+        let (file, pos) = text.rsplit_once(':').ok_or_else(bad)?;
+        let pos: u64 = pos.parse().map_err(|_| bad())?;
+        if file.is_empty() || pos < 4 {
+            return Err(bad());
+        }
+        BinlogPosition {
+            file: file.to_string(),
+            pos,
+            gtid: None,
+        }
+    };
+    Ok(position.to_position())
+}
+
+/// Whether boundary `current` is at or past `target` (both from this source).
+pub fn reached(current: &Position, target: &Position) -> bool {
+    let (Ok(current), Ok(target)) = (
+        BinlogPosition::from_position(current),
+        BinlogPosition::from_position(target),
+    ) else {
+        return false;
+    };
+    match (&current.gtid, &target.gtid) {
+        (Some(c), Some(t)) if !t.is_empty() => c.covers(t),
+        _ => (current.file.as_str(), current.pos) >= (target.file.as_str(), target.pos),
+    }
+}
+
+/// The server's current end, where a stream without a checkpoint starts.
+pub async fn current_end_position(config: &Config) -> Result<Position> {
+    let mut conn = Conn::new(connect_opts(config)?)
+        .await
+        .map_err(|e| map_err(e, config))?;
+    let info = ServerInfo::read(&mut conn).await.map_err(|e| map_err(e, config))?;
+    let end = current_end(&mut conn, info.is_mariadb)
+        .await
+        .map_err(|e| map_err(e, config))?;
+    let _ = conn.disconnect().await;
+    Ok(end.to_position())
+}
 
 /// A live binlog session.
 pub struct MysqlSource {
@@ -90,6 +154,13 @@ impl MysqlSource {
                 end
             }
         };
+        if start.file.is_empty() && !(server.is_mariadb && start.gtid.is_some()) {
+            return Err(Error::checkpoint(format!(
+                "position {start} needs a GTID-capable MariaDB server; this is {}",
+                server.version
+            ))
+            .remedy("use a FILE:POS position on this server"));
+        }
         let heartbeat = Duration::from_millis(config.source.heartbeat_interval_ms);
         let mut replica = Conn::new(opts).await.map_err(|e| map_err(e, config))?;
         let use_gtid = server.is_mariadb && start.gtid.as_ref().is_some_and(|g| !g.is_empty());
@@ -347,6 +418,10 @@ fn check_identity(
             current.kind.as_str()
         ))
         .remedy("point checkpoint.dir or name at this source's checkpoint, or remove the file to start at the server's current end"));
+    }
+    if stored.server_id.is_none() {
+        tracing::info!("the checkpoint names no server (set by hand): using it on this server");
+        return Ok(());
     }
     let same_server = stored.server_id == current.server_id
         && (stored.server_uuid.is_none() || stored.server_uuid == current.server_uuid);

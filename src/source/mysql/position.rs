@@ -51,6 +51,15 @@ impl MariaGtidState {
     pub fn is_empty(&self) -> bool {
         self.domains.is_empty()
     }
+
+    /// Every domain of `other` is at or past its sequence number here.
+    pub fn covers(&self, other: &MariaGtidState) -> bool {
+        other.domains.iter().all(|(domain, (_, seq))| {
+            self.domains
+                .get(domain)
+                .is_some_and(|(_, mine)| mine >= seq)
+        })
+    }
 }
 
 impl fmt::Display for MariaGtidState {
@@ -132,6 +141,10 @@ mod tests {
         assert!(MariaGtidState::parse("").unwrap().is_empty());
         assert!(MariaGtidState::parse("0-1").is_err());
         assert!(MariaGtidState::parse("a-b-c").is_err());
+        let later = MariaGtidState::parse("0-2-43,3-7-9").unwrap();
+        assert!(later.covers(&MariaGtidState::parse("0-1-42").unwrap()));
+        assert!(!later.covers(&MariaGtidState::parse("0-1-44").unwrap()));
+        assert!(!later.covers(&MariaGtidState::parse("5-1-1").unwrap()));
     }
 
     #[test]
