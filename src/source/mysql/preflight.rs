@@ -1,0 +1,293 @@
+//! MySQL/MariaDB preflight: the server settings, privileges and tables outboxd depends on.
+
+use mysql_async::prelude::Queryable;
+use mysql_async::Conn;
+
+use super::{connect_opts, BinlogPosition, ServerInfo};
+use crate::check::Item;
+use crate::checkpoint::Checkpoint;
+use crate::config::{redact_url, Config};
+
+const SUBJECT: &str = "mysql";
+
+pub async fn preflight(config: &Config, checkpoint: Option<&Checkpoint>) -> Vec<Item> {
+    let mut items = Vec::new();
+    let opts = match connect_opts(config) {
+        Ok(o) => o,
+        Err(e) => {
+            items.push(Item::fail(SUBJECT, e.message().to_string(), e.remedy_text().unwrap_or("")));
+            return items;
+        }
+    };
+    let server = redact_url(&config.source.url);
+    let connect = tokio::time::timeout(std::time::Duration::from_secs(10), Conn::new(opts)).await;
+    let mut conn = match connect {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(mysql_async::Error::Server(e))) => {
+            items.push(Item::fail(
+                SUBJECT,
+                format!("{server} refused the login: {}", e.message),
+                "check the user and password (source.url, OUTBOXD_SOURCE__PASSWORD, source.password_file)",
+            ));
+            return items;
+        }
+        Ok(Err(e)) => {
+            items.push(Item::unreachable(
+                SUBJECT,
+                format!("cannot connect to {server}: {e}"),
+                "start the server or fix source.url",
+            ));
+            return items;
+        }
+        Err(_) => {
+            items.push(Item::unreachable(
+                SUBJECT,
+                format!("{server} did not answer within 10 s"),
+                "check that the server is up and reachable",
+            ));
+            return items;
+        }
+    };
+    match check_server(&mut conn, config, checkpoint, &mut items).await {
+        Ok(()) => {}
+        Err(e) => items.push(Item::unreachable(
+            SUBJECT,
+            format!("checking {server} failed: {e}"),
+            "check the server and the user's SELECT privilege",
+        )),
+    }
+    let _ = conn.disconnect().await;
+    items
+}
+
+async fn check_server(
+    conn: &mut Conn,
+    config: &Config,
+    checkpoint: Option<&Checkpoint>,
+    items: &mut Vec<Item>,
+) -> mysql_async::Result<()> {
+    let info = ServerInfo::read(conn).await?;
+    items.push(Item::pass(
+        SUBJECT,
+        format!("connected to {} (server_id {})", info.version, info.server_id),
+    ));
+    if info.log_bin {
+        items.push(Item::pass(SUBJECT, "log_bin = ON"));
+    } else {
+        items.push(Item::fail(
+            SUBJECT,
+            "log_bin = OFF: the server writes no binary log",
+            "start the server with log-bin (and binlog_format=ROW, binlog_row_image=FULL) in its config file",
+        ));
+    }
+    if info.binlog_format.eq_ignore_ascii_case("ROW") {
+        items.push(Item::pass(SUBJECT, "binlog_format = ROW"));
+    } else {
+        items.push(Item::fail(
+            SUBJECT,
+            format!("binlog_format = {}: outbox rows written as statements are invisible", info.binlog_format),
+            "SET GLOBAL binlog_format = 'ROW'; and binlog_format=ROW in the server's config file",
+        ));
+    }
+    if info.row_image.eq_ignore_ascii_case("FULL") {
+        items.push(Item::pass(SUBJECT, "binlog_row_image = FULL"));
+    } else {
+        items.push(Item::fail(
+            SUBJECT,
+            format!("binlog_row_image = {}: inserted rows may lack columns", info.row_image),
+            "SET GLOBAL binlog_row_image = 'FULL'; and binlog_row_image=FULL in the server's config file",
+        ));
+    }
+    let metadata: Option<String> = conn
+        .query_first("SELECT @@binlog_row_metadata")
+        .await
+        .ok()
+        .flatten();
+    match metadata.as_deref() {
+        Some(m) if m.eq_ignore_ascii_case("FULL") => {
+            items.push(Item::pass(SUBJECT, "binlog_row_metadata = FULL"))
+        }
+        Some(m) => items.push(Item::warn(
+            SUBJECT,
+            format!("binlog_row_metadata = {m}: column names come from information_schema, which is wrong across ALTER TABLE"),
+            "SET GLOBAL binlog_row_metadata = 'FULL'; and in the server's config file",
+        )),
+        None => {}
+    }
+    if info.is_mariadb {
+        let compress: Option<u8> = conn
+            .query_first("SELECT @@log_bin_compress")
+            .await
+            .ok()
+            .flatten();
+        if compress == Some(1) {
+            items.push(Item::fail(
+                SUBJECT,
+                "log_bin_compress = ON: compressed row events cannot be decoded",
+                "SET GLOBAL log_bin_compress = OFF; and in the server's config file",
+            ));
+        } else {
+            items.push(Item::pass(SUBJECT, "log_bin_compress = OFF"));
+        }
+    }
+    check_replica(conn, &info, items).await;
+    check_grants(conn, items).await;
+    check_checkpoint(conn, checkpoint, items).await;
+    check_tables(conn, config, items).await?;
+    Ok(())
+}
+
+/// A replica only writes replicated transactions to its own binlog with log_slave_updates.
+async fn check_replica(conn: &mut Conn, info: &ServerInfo, items: &mut Vec<Item>) {
+    let status: Option<mysql_async::Row> = match conn.query_first("SHOW REPLICA STATUS").await {
+        Ok(row) => row,
+        Err(_) => conn.query_first("SHOW SLAVE STATUS").await.ok().flatten(),
+    };
+    let Some(status) = status else {
+        items.push(Item::pass(SUBJECT, "not a replica"));
+        return;
+    };
+    let updates: Option<u8> = match conn.query_first("SELECT @@log_replica_updates").await {
+        Ok(v) => v,
+        Err(_) => conn
+            .query_first("SELECT @@log_slave_updates")
+            .await
+            .ok()
+            .flatten(),
+    };
+    if updates == Some(1) {
+        items.push(Item::pass(SUBJECT, "replica with log_slave_updates = ON"));
+    } else {
+        let var = if info.is_mariadb {
+            "log_slave_updates"
+        } else {
+            "log_replica_updates"
+        };
+        items.push(Item::fail(
+            SUBJECT,
+            format!("this server is a replica with {var} = OFF: replicated outbox rows never reach its binlog, so outboxd would see none of them"),
+            format!("set {var}=ON in the replica's config file and restart it (the variable is read-only at runtime)"),
+        ));
+    }
+    let field = |names: &[&str]| -> Option<String> {
+        names.iter().find_map(|n| {
+            status
+                .get_opt::<Option<String>, _>(*n)
+                .and_then(|r| r.ok())
+                .flatten()
+        })
+    };
+    let io = field(&["Replica_IO_Running", "Slave_IO_Running"]);
+    let sql = field(&["Replica_SQL_Running", "Slave_SQL_Running"]);
+    if io.as_deref() != Some("Yes") || sql.as_deref() != Some("Yes") {
+        items.push(Item::warn(
+            SUBJECT,
+            format!(
+                "replication is not running (IO: {}, SQL: {}): new rows from the primary will not arrive",
+                io.unwrap_or_default(),
+                sql.unwrap_or_default()
+            ),
+            "START REPLICA (START SLAVE on MariaDB) and check SHOW REPLICA STATUS",
+        ));
+    } else if let Some(lag) = field(&["Seconds_Behind_Source", "Seconds_Behind_Master"]) {
+        items.push(Item::pass(SUBJECT, format!("replication running, {lag} s behind")));
+    }
+}
+
+async fn check_grants(conn: &mut Conn, items: &mut Vec<Item>) {
+    let grants: Vec<String> = conn
+        .query("SHOW GRANTS FOR CURRENT_USER()")
+        .await
+        .unwrap_or_default();
+    let all = grants.join("\n").to_ascii_uppercase();
+    let global = |p: &str| {
+        grants.iter().any(|g| {
+            let g = g.to_ascii_uppercase();
+            g.contains(" ON *.* ") && (g.contains(p) || g.contains("ALL PRIVILEGES"))
+        })
+    };
+    let slave = global("REPLICATION SLAVE") || global("REPLICATION REPLICA");
+    let client = global("REPLICATION CLIENT") || global("BINLOG MONITOR") || global("SUPER");
+    if slave && client {
+        items.push(Item::pass(SUBJECT, "the user may read the binlog"));
+    } else {
+        let _ = all;
+        items.push(Item::fail(
+            SUBJECT,
+            format!(
+                "the user lacks{}{} (grants: {})",
+                if slave { "" } else { " REPLICATION SLAVE" },
+                if client { "" } else { " REPLICATION CLIENT/BINLOG MONITOR" },
+                grants.join("; ")
+            ),
+            "GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO the outboxd user (MariaDB: also BINLOG MONITOR)",
+        ));
+    }
+}
+
+async fn check_checkpoint(conn: &mut Conn, checkpoint: Option<&Checkpoint>, items: &mut Vec<Item>) {
+    let Some(checkpoint) = checkpoint else { return };
+    let Ok(position) = BinlogPosition::from_position(&checkpoint.position()) else {
+        items.push(Item::fail(
+            SUBJECT,
+            "the checkpoint does not hold a binlog position",
+            "point checkpoint.dir/name at this pipeline's checkpoint",
+        ));
+        return;
+    };
+    let logs: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await.unwrap_or_default();
+    let names: Vec<String> = logs.iter().filter_map(|r| r.get::<String, _>(0)).collect();
+    if names.contains(&position.file) {
+        items.push(Item::pass(SUBJECT, format!("the checkpoint's binlog {} is on the server", position.file)));
+    } else if position.gtid.as_ref().is_some_and(|g| !g.is_empty()) {
+        items.push(Item::warn(
+            SUBJECT,
+            format!("binlog {} is not on this server; resuming relies on GTID {}", position.file, position.gtid.as_ref().map(|g| g.to_string()).unwrap_or_default()),
+            "fine after a failover; if the server purged those GTIDs, restore the binlogs or set the checkpoint deliberately",
+        ));
+    } else {
+        items.push(Item::fail(
+            SUBJECT,
+            format!("the checkpoint's binlog {} is no longer on the server (oldest: {})", position.file, names.first().cloned().unwrap_or_default()),
+            "restore the purged binlogs (outboxd replay from a backup), or move the checkpoint deliberately with `outboxd checkpoint set`",
+        ));
+    }
+}
+
+async fn check_tables(conn: &mut Conn, config: &Config, items: &mut Vec<Item>) -> mysql_async::Result<()> {
+    let route = &config.route;
+    let mut wanted: Vec<&str> = vec![&route.by, &route.key, &route.payload, &route.id];
+    wanted.extend(route.headers.values().map(String::as_str));
+    for table in &config.source.tables {
+        let (schema, name) = table.split_once('.').unwrap_or(("", table));
+        let columns: Vec<String> = conn
+            .exec(
+                "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                (schema, name),
+            )
+            .await?;
+        if columns.is_empty() {
+            items.push(Item::fail(
+                SUBJECT,
+                format!("outbox table {table} does not exist (or the user cannot see it)"),
+                "create it (see `outboxd schema --kind mysql`) or fix source.tables; GRANT SELECT on it",
+            ));
+            continue;
+        }
+        let missing: Vec<&str> = wanted
+            .iter()
+            .copied()
+            .filter(|w| !columns.iter().any(|c| c == w))
+            .collect();
+        if missing.is_empty() {
+            items.push(Item::pass(SUBJECT, format!("outbox table {table} has the routed columns")));
+        } else {
+            items.push(Item::fail(
+                SUBJECT,
+                format!("outbox table {table} lacks the routed column(s) {}", missing.join(", ")),
+                "add the columns, or point [route] at the table's own column names",
+            ));
+        }
+    }
+    Ok(())
+}
