@@ -66,7 +66,7 @@ CREATE TABLE app.outbox (
 );
 -- The reader outboxd connects as.
 CREATE USER 'cdc'@'127.0.0.1' IDENTIFIED BY 'quickstart';
-GRANT REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR, SELECT ON *.* TO 'cdc'@'127.0.0.1';
+GRANT REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR, SLAVE MONITOR, SELECT ON *.* TO 'cdc'@'127.0.0.1';
 SQL
 
 echo "== starting the Kafka-protocol broker on 127.0.0.1:$KAFKA_PORT"

@@ -56,7 +56,11 @@ impl Item {
         }
     }
 
-    pub fn unreachable(subject: &str, detail: impl Into<String>, remedy: impl Into<String>) -> Item {
+    pub fn unreachable(
+        subject: &str,
+        detail: impl Into<String>,
+        remedy: impl Into<String>,
+    ) -> Item {
         Item {
             status: Status::Unreachable,
             subject: subject.into(),

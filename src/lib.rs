@@ -13,6 +13,7 @@ pub mod http;
 pub mod metrics;
 pub mod pipeline;
 pub mod route;
+pub mod schema;
 pub mod sink;
 pub mod source;
 

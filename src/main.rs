@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use outboxd::checkpoint::Store;
-use outboxd::config::{Config, CONFIG_ENV};
+use outboxd::config::{Config, SourceKind, CONFIG_ENV};
+use outboxd::source::SourceIdentity;
 use outboxd::Error;
 
 #[derive(Parser)]
@@ -31,28 +32,64 @@ enum LogFormat {
     Json,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum Kind {
+    Mysql,
+    Postgres,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Forward outbox rows until SIGINT/SIGTERM (graceful: drain acks, final checkpoint).
-    Run,
-    /// Inspect the pipeline's checkpoint.
+    Run {
+        /// Start even if the preflight checks find a misconfiguration.
+        #[arg(long)]
+        skip_checks: bool,
+    },
+    /// Preflight: one PASS/WARN/FAIL line per requirement, with the fix for each FAIL; exit 1 on FAIL.
+    Check,
+    /// Inspect or move the pipeline's checkpoint.
     Checkpoint {
         #[command(subcommand)]
         action: CheckpointAction,
+    },
+    /// Forward the outbox rows in a range again, then exit; the live checkpoint is untouched.
+    Replay {
+        /// A saved checkpoint label, or a position (FILE:POS, gtid:0-1-42).
+        #[arg(long)]
+        from: String,
+        /// Stop at the first transaction boundary at or past this position (default: the server's
+        /// end when the replay starts).
+        #[arg(long)]
+        to: Option<String>,
+    },
+    /// Print the recommended outbox table, grants and server settings.
+    Schema {
+        #[arg(long, value_enum)]
+        kind: Kind,
     },
 }
 
 #[derive(Subcommand)]
 enum CheckpointAction {
-    /// Print the checkpoint file.
+    /// Print the live checkpoint.
     Show,
+    /// Copy the live checkpoint to <dir>/<name>.saved/LABEL.json.
+    Save { label: String },
+    /// List saved checkpoints.
+    List,
+    /// Write POSITION (FILE:POS or gtid:0-1-42) as the live checkpoint. Refused while `run` runs.
+    Set { position: String },
+    /// Remove the live checkpoint (kept as a saved copy); the next run starts at the source's end.
+    /// Refused while `run` runs.
+    Reset,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("outboxd: {e}");
             ExitCode::FAILURE
@@ -72,53 +109,173 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn run(cli: Cli) -> Result<(), Error> {
+fn runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::config(format!("cannot start the async runtime: {e}")))
+}
+
+/// A watch channel that turns true on SIGINT/SIGTERM.
+fn shutdown_signal() -> tokio::sync::watch::Receiver<bool> {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        }
+        let _ = stop.send(true);
+    });
+    stopped
+}
+
+fn run(cli: Cli) -> Result<ExitCode, Error> {
+    if let Command::Schema { kind } = cli.command {
+        let kind = match kind {
+            Kind::Mysql => SourceKind::Mysql,
+            Kind::Postgres => SourceKind::Postgres,
+        };
+        print!("{}", outboxd::schema::ddl(kind));
+        return Ok(ExitCode::SUCCESS);
+    }
     let path = cli.config.unwrap_or_else(|| PathBuf::from("outboxd.toml"));
     let config = Config::load(&path)?;
     match cli.command {
-        Command::Run => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| Error::config(format!("cannot start the async runtime: {e}")))?;
-            runtime.block_on(async {
-                let (stop, stopped) = tokio::sync::watch::channel(false);
-                tokio::spawn(async move {
-                    wait_for_signal().await;
-                    let _ = stop.send(true);
-                });
-                outboxd::pipeline::run(config, stopped).await
-            })
-        }
-        Command::Checkpoint {
-            action: CheckpointAction::Show,
-        } => {
-            let store = Store::open_unlocked(&config.checkpoint.dir, &config.name)?;
-            match store.load()? {
-                Some(checkpoint) => {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&checkpoint).expect("serializable")
-                    );
-                    Ok(())
-                }
-                None => {
-                    println!(
-                        "no checkpoint at {} (a run starts at the source's current end)",
-                        store.path().display()
-                    );
-                    Ok(())
+        Command::Schema { .. } => unreachable!("handled above"),
+        Command::Run { skip_checks } => runtime()?.block_on(async {
+            if !skip_checks {
+                let report = outboxd::check::run(&config).await;
+                let blocking = report.blocking();
+                if !blocking.is_empty() {
+                    for item in &blocking {
+                        eprintln!("{item}");
+                    }
+                    return Err(Error::config(format!(
+                        "preflight found {} misconfiguration(s); not starting",
+                        blocking.len()
+                    ))
+                    .remedy("fix the items above (`outboxd check` shows every item), or pass --skip-checks"));
                 }
             }
+            outboxd::pipeline::run(config, shutdown_signal()).await?;
+            Ok(ExitCode::SUCCESS)
+        }),
+        Command::Check => runtime()?.block_on(async {
+            let report = outboxd::check::run(&config).await;
+            for item in &report.items {
+                println!("{item}");
+            }
+            Ok(if report.failed() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }),
+        Command::Replay { from, to } => {
+            let store = Store::open_unlocked(&config.checkpoint.dir, &config.name)?;
+            let from = starting_point(&store, &config, &from)?;
+            let to = to
+                .map(|t| outboxd::source::mysql::parse_position(&t))
+                .transpose()?;
+            runtime()?.block_on(async {
+                let count =
+                    outboxd::pipeline::replay(&config, from, to, shutdown_signal()).await?;
+                println!("replayed {count} record(s)");
+                Ok(ExitCode::SUCCESS)
+            })
+        }
+        Command::Checkpoint { action } => {
+            checkpoint_command(&config, action)?;
+            Ok(ExitCode::SUCCESS)
         }
     }
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+/// `--from`: a saved label if one exists by that name, else a position.
+fn starting_point(
+    store: &Store,
+    config: &Config,
+    from: &str,
+) -> Result<(SourceIdentity, outboxd::source::Position), Error> {
+    if store.list_saved()?.iter().any(|(label, _)| label == from) {
+        let saved = store.load_saved(from)?;
+        return Ok((saved.source.clone(), saved.position()));
     }
+    let position = outboxd::source::mysql::parse_position(from).map_err(|e| {
+        Error::config(format!(
+            "--from {from:?} is neither a saved label nor a position"
+        ))
+        .remedy(e.remedy_text().unwrap_or("").to_string())
+    })?;
+    Ok((anonymous_identity(config), position))
+}
+
+fn anonymous_identity(config: &Config) -> SourceIdentity {
+    SourceIdentity {
+        kind: config.source.kind,
+        server_id: None,
+        server_uuid: None,
+    }
+}
+
+fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), Error> {
+    let dir = &config.checkpoint.dir;
+    match action {
+        CheckpointAction::Show => {
+            let store = Store::open_unlocked(dir, &config.name)?;
+            match store.load()? {
+                Some(c) => println!("{}", serde_json::to_string_pretty(&c).expect("json")),
+                None => println!(
+                    "no checkpoint at {} (a run starts at the source's current end)",
+                    store.path().display()
+                ),
+            }
+        }
+        CheckpointAction::Save { label } => {
+            let store = Store::open_unlocked(dir, &config.name)?;
+            let (path, c) = store.save(&label)?;
+            println!("saved {} as {label:?} ({})", c.position(), path.display());
+        }
+        CheckpointAction::List => {
+            let store = Store::open_unlocked(dir, &config.name)?;
+            let saved = store.list_saved()?;
+            if saved.is_empty() {
+                println!("no saved checkpoints in {}", store.saved_dir().display());
+            }
+            for (label, c) in saved {
+                println!("{label}\t{}\t{}", c.position(), c.updated_at);
+            }
+        }
+        CheckpointAction::Set { position } => {
+            let store = Store::open_locked(dir, &config.name)?;
+            let position = outboxd::source::mysql::parse_position(&position)?;
+            let identity = match store.load() {
+                Ok(Some(c)) if c.source.kind == config.source.kind => c.source,
+                _ => anonymous_identity(config),
+            };
+            if let Ok(Some(_)) = store.load() {
+                let label = format!("before-set-{}", chrono::Utc::now().format("%Y%m%dT%H%M%SZ"));
+                store.save(&label)?;
+                println!("previous checkpoint saved as {label:?}");
+            }
+            let c = store.write(&identity, &position)?;
+            println!(
+                "checkpoint set to {} ({})",
+                c.position(),
+                store.path().display()
+            );
+        }
+        CheckpointAction::Reset => {
+            let store = Store::open_locked(dir, &config.name)?;
+            match store.reset()? {
+                Some(label) => println!(
+                    "checkpoint removed (saved as {label:?}); the next run starts at the source's current end"
+                ),
+                None => println!("no checkpoint to reset"),
+            }
+        }
+    }
+    Ok(())
 }

@@ -111,7 +111,16 @@ async fn drive(
     let mut backoff = new_backoff();
     loop {
         let started = Instant::now();
-        match run_session(config, &store, &router, &metrics, until.as_ref(), &mut shutdown).await {
+        match run_session(
+            config,
+            &store,
+            &router,
+            &metrics,
+            until.as_ref(),
+            &mut shutdown,
+        )
+        .await
+        {
             Ok(SessionEnd::Shutdown) => return Ok(()),
             Err(e) if e.is_transient() => {
                 if started.elapsed() > Duration::from_secs(60) {
@@ -241,9 +250,8 @@ async fn run_session(
             Some(Ok(Change::Commit(boundary) | Change::Idle(boundary))) => {
                 open_rows = false;
                 metrics.source_time(boundary.committed_at);
-                let done = until.is_some_and(|to| {
-                    crate::source::mysql::reached(&boundary.position, to)
-                });
+                let done =
+                    until.is_some_and(|to| crate::source::mysql::reached(&boundary.position, to));
                 tracker.boundary(boundary.position);
                 if done && stopping.is_none() {
                     tracing::info!("replay reached its end position");
@@ -273,11 +281,12 @@ async fn run_session(
         Some(position) => {
             let store = store.clone();
             let identity = identity.clone();
-            tokio::task::spawn_blocking(move || store.write(&identity, &position))
+            let shown = position.to_string();
+            tokio::task::spawn_blocking(move || store.advance(&identity, &position))
                 .await
                 .map_err(|e| Error::checkpoint(format!("checkpoint write task died: {e}")))
                 .and_then(|written| written)
-                .map(|c| tracing::info!(position = %c.position(), "final checkpoint written"))
+                .map(|_| tracing::info!(position = %shown, "final checkpoint written"))
         }
         None => Ok(()),
     };
@@ -327,7 +336,7 @@ async fn write_checkpoints(
         if let Some(position) = tracker.take_safe() {
             let store = store.clone();
             let identity = identity.clone();
-            let written = tokio::task::spawn_blocking(move || store.write(&identity, &position))
+            let written = tokio::task::spawn_blocking(move || store.advance(&identity, &position))
                 .await
                 .map_err(|e| Error::checkpoint(format!("checkpoint write task died: {e}")))?;
             if let Err(e) = written {

@@ -34,6 +34,8 @@ pub struct Store {
     dir: PathBuf,
     path: PathBuf,
     _lock: Option<File>,
+    /// What this process last wrote, so an unchanged position is not rewritten on every heartbeat.
+    last_written: std::sync::Mutex<Option<(SourceIdentity, Position)>>,
 }
 
 impl Store {
@@ -93,6 +95,7 @@ impl Store {
             dir: dir.to_path_buf(),
             path: dir.join(format!("{name}.json")),
             _lock: None,
+            last_written: std::sync::Mutex::new(None),
         })
     }
 
@@ -150,7 +153,23 @@ impl Store {
             updated_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         };
         write_atomically(&self.dir, &self.path, &checkpoint)?;
+        *self.last_written.lock().expect("store lock") = Some((source.clone(), position.clone()));
         Ok(checkpoint)
+    }
+
+    /// Writes `position` unless it is what this process wrote last; `true` if it wrote.
+    pub fn advance(&self, source: &SourceIdentity, position: &Position) -> Result<bool> {
+        let unchanged = self
+            .last_written
+            .lock()
+            .expect("store lock")
+            .as_ref()
+            .is_some_and(|(s, p)| s == source && p == position);
+        if unchanged {
+            return Ok(false);
+        }
+        self.write(source, position)?;
+        Ok(true)
     }
 
     /// Where saved copies live: `<dir>/<name>.saved/`.
@@ -165,8 +184,10 @@ impl Store {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
         if !valid {
-            return Err(Error::config(format!("{label:?} cannot name a saved checkpoint"))
-                .remedy("use letters, digits, '-', '_' or '.'"));
+            return Err(
+                Error::config(format!("{label:?} cannot name a saved checkpoint"))
+                    .remedy("use letters, digits, '-', '_' or '.'"),
+            );
         }
         Ok(self.saved_dir().join(format!("{label}.json")))
     }
@@ -175,8 +196,11 @@ impl Store {
     pub fn save(&self, label: &str) -> Result<(PathBuf, Checkpoint)> {
         let path = self.saved_path(label)?;
         let checkpoint = self.load()?.ok_or_else(|| {
-            Error::checkpoint(format!("there is no checkpoint at {} to save", self.path.display()))
-                .remedy("run the pipeline first, or write one with `outboxd checkpoint set`")
+            Error::checkpoint(format!(
+                "there is no checkpoint at {} to save",
+                self.path.display()
+            ))
+            .remedy("run the pipeline first, or write one with `outboxd checkpoint set`")
         })?;
         let dir = self.saved_dir();
         std::fs::create_dir_all(&dir).map_err(|e| {
@@ -191,12 +215,18 @@ impl Store {
     pub fn load_saved(&self, label: &str) -> Result<Checkpoint> {
         let path = self.saved_path(label)?;
         let text = std::fs::read_to_string(&path).map_err(|e| {
-            Error::checkpoint(format!("no saved checkpoint {label:?} ({}: {e})", path.display()))
-                .remedy("see `outboxd checkpoint list` for the saved labels")
+            Error::checkpoint(format!(
+                "no saved checkpoint {label:?} ({}: {e})",
+                path.display()
+            ))
+            .remedy("see `outboxd checkpoint list` for the saved labels")
         })?;
         serde_json::from_str(&text).map_err(|e| {
-            Error::checkpoint(format!("saved checkpoint {} is damaged: {e}", path.display()))
-                .remedy("pick another label, or a position")
+            Error::checkpoint(format!(
+                "saved checkpoint {} is damaged: {e}",
+                path.display()
+            ))
+            .remedy("pick another label, or a position")
         })
     }
 
@@ -207,7 +237,10 @@ impl Store {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => {
-                return Err(Error::checkpoint(format!("cannot list {}: {e}", dir.display())))
+                return Err(Error::checkpoint(format!(
+                    "cannot list {}: {e}",
+                    dir.display()
+                )))
             }
         };
         let mut saved = Vec::new();
@@ -228,7 +261,10 @@ impl Store {
         if self.load()?.is_none() {
             return Ok(None);
         }
-        let label = format!("before-reset-{}", chrono::Utc::now().format("%Y%m%dT%H%M%SZ"));
+        let label = format!(
+            "before-reset-{}",
+            chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
+        );
         self.save(&label)?;
         std::fs::remove_file(&self.path).map_err(|e| {
             Error::checkpoint(format!("cannot remove {}: {e}", self.path.display()))
@@ -334,7 +370,11 @@ mod tests {
         assert_eq!(store.load_saved("before-deploy").unwrap().position(), pos);
         let label = store.reset().unwrap().unwrap();
         assert!(store.load().unwrap().is_none());
-        assert_eq!(store.load_saved(&label).unwrap().position(), pos, "reset keeps a copy");
+        assert_eq!(
+            store.load_saved(&label).unwrap().position(),
+            pos,
+            "reset keeps a copy"
+        );
         assert_eq!(store.reset().unwrap(), None);
     }
 

@@ -224,7 +224,10 @@ pub async fn preflight(config: &crate::config::Config) -> Vec<crate::check::Item
             ));
             if let Some(dlq) = &config.kafka.dead_letter_topic {
                 if topics.iter().any(|t| t == dlq) {
-                    items.push(Item::pass("kafka", format!("dead-letter topic {dlq} exists")));
+                    items.push(Item::pass(
+                        "kafka",
+                        format!("dead-letter topic {dlq} exists"),
+                    ));
                 } else {
                     items.push(Item::warn(
                         "kafka",

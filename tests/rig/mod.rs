@@ -6,12 +6,13 @@
 //! - [`consume`]: reads records back with a real rdkafka consumer.
 //!
 //! Nothing here talks to a service the machine may run; every address is 127.0.0.1.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 pub mod broker;
 pub mod kafka;
 pub mod mariadb;
 pub mod outboxd;
+pub mod scenario;
 
 use std::net::TcpListener;
 use std::path::Path;

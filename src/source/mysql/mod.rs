@@ -96,7 +96,9 @@ pub async fn current_end_position(config: &Config) -> Result<Position> {
     let mut conn = Conn::new(connect_opts(config)?)
         .await
         .map_err(|e| map_err(e, config))?;
-    let info = ServerInfo::read(&mut conn).await.map_err(|e| map_err(e, config))?;
+    let info = ServerInfo::read(&mut conn)
+        .await
+        .map_err(|e| map_err(e, config))?;
     let end = current_end(&mut conn, info.is_mariadb)
         .await
         .map_err(|e| map_err(e, config))?;
@@ -495,7 +497,7 @@ fn map_err(e: mysql_async::Error, config: &Config) -> Error {
         }
         mysql_async::Error::Server(se) if se.code == ER_SPECIFIC_ACCESS_DENIED => {
             Error::source(format!("{server}: missing privilege: {}", se.message)).remedy(
-                "GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO the outboxd user (MariaDB also BINLOG MONITOR)",
+                "GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO the outboxd user (MariaDB also BINLOG MONITOR, SLAVE MONITOR)",
             )
         }
         mysql_async::Error::Server(se) => {

@@ -15,7 +15,11 @@ pub async fn preflight(config: &Config, checkpoint: Option<&Checkpoint>) -> Vec<
     let opts = match connect_opts(config) {
         Ok(o) => o,
         Err(e) => {
-            items.push(Item::fail(SUBJECT, e.message().to_string(), e.remedy_text().unwrap_or("")));
+            items.push(Item::fail(
+                SUBJECT,
+                e.message().to_string(),
+                e.remedy_text().unwrap_or(""),
+            ));
             return items;
         }
     };
@@ -24,10 +28,15 @@ pub async fn preflight(config: &Config, checkpoint: Option<&Checkpoint>) -> Vec<
     let mut conn = match connect {
         Ok(Ok(conn)) => conn,
         Ok(Err(mysql_async::Error::Server(e))) => {
+            let fix = match e.code {
+                1045 => "check the user and password (source.url, OUTBOXD_SOURCE__PASSWORD, source.password_file)",
+                1049 => "the database named in source.url does not exist on this server: fix the URL's path",
+                _ => "check source.url and the user's account on the server",
+            };
             items.push(Item::fail(
                 SUBJECT,
-                format!("{server} refused the login: {}", e.message),
-                "check the user and password (source.url, OUTBOXD_SOURCE__PASSWORD, source.password_file)",
+                format!("{server} refused the connection: {}", e.message),
+                fix,
             ));
             return items;
         }
@@ -69,7 +78,10 @@ async fn check_server(
     let info = ServerInfo::read(conn).await?;
     items.push(Item::pass(
         SUBJECT,
-        format!("connected to {} (server_id {})", info.version, info.server_id),
+        format!(
+            "connected to {} (server_id {})",
+            info.version, info.server_id
+        ),
     ));
     if info.log_bin {
         items.push(Item::pass(SUBJECT, "log_bin = ON"));
@@ -85,7 +97,10 @@ async fn check_server(
     } else {
         items.push(Item::fail(
             SUBJECT,
-            format!("binlog_format = {}: outbox rows written as statements are invisible", info.binlog_format),
+            format!(
+                "binlog_format = {}: outbox rows written as statements are invisible",
+                info.binlog_format
+            ),
             "SET GLOBAL binlog_format = 'ROW'; and binlog_format=ROW in the server's config file",
         ));
     }
@@ -139,14 +154,22 @@ async fn check_server(
 
 /// A replica only writes replicated transactions to its own binlog with log_slave_updates.
 async fn check_replica(conn: &mut Conn, info: &ServerInfo, items: &mut Vec<Item>) {
-    let status: Option<mysql_async::Row> = match conn.query_first("SHOW REPLICA STATUS").await {
-        Ok(row) => row,
-        Err(_) => conn.query_first("SHOW SLAVE STATUS").await.ok().flatten(),
+    // SHOW REPLICA STATUS needs SLAVE MONITOR (MariaDB) / REPLICATION CLIENT (MySQL); without it, fall
+    // back to signs anyone can read, so a missing privilege never passes a replica off as a primary.
+    let status: Result<Option<mysql_async::Row>, _> =
+        match conn.query_first("SHOW REPLICA STATUS").await {
+            Ok(row) => Ok(row),
+            Err(_) => conn.query_first("SHOW SLAVE STATUS").await,
+        };
+    let (is_replica, status) = match status {
+        Ok(Some(row)) => (true, Some(row)),
+        Ok(None) => (false, None),
+        Err(_) => (replica_signs(conn).await, None),
     };
-    let Some(status) = status else {
+    if !is_replica {
         items.push(Item::pass(SUBJECT, "not a replica"));
         return;
-    };
+    }
     let updates: Option<u8> = match conn.query_first("SELECT @@log_replica_updates").await {
         Ok(v) => v,
         Err(_) => conn
@@ -169,6 +192,14 @@ async fn check_replica(conn: &mut Conn, info: &ServerInfo, items: &mut Vec<Item>
             format!("set {var}=ON in the replica's config file and restart it (the variable is read-only at runtime)"),
         ));
     }
+    let Some(status) = status else {
+        items.push(Item::warn(
+            SUBJECT,
+            "cannot read the replica's status (replication state and lag unknown)",
+            "GRANT SLAVE MONITOR (MariaDB) / REPLICATION CLIENT (MySQL) to the outboxd user",
+        ));
+        return;
+    };
     let field = |names: &[&str]| -> Option<String> {
         names.iter().find_map(|n| {
             status
@@ -190,8 +221,38 @@ async fn check_replica(conn: &mut Conn, info: &ServerInfo, items: &mut Vec<Item>
             "START REPLICA (START SLAVE on MariaDB) and check SHOW REPLICA STATUS",
         ));
     } else if let Some(lag) = field(&["Seconds_Behind_Source", "Seconds_Behind_Master"]) {
-        items.push(Item::pass(SUBJECT, format!("replication running, {lag} s behind")));
+        items.push(Item::pass(
+            SUBJECT,
+            format!("replication running, {lag} s behind"),
+        ));
     }
+}
+
+/// Replica signs readable without monitoring privileges: running replication threads, a MariaDB
+/// replica GTID position, or MySQL's replication configuration table.
+async fn replica_signs(conn: &mut Conn) -> bool {
+    let running: Option<(String, String)> = conn
+        .query_first("SHOW GLOBAL STATUS LIKE 'Slaves_running'")
+        .await
+        .ok()
+        .flatten();
+    if running.is_some_and(|(_, v)| v != "0") {
+        return true;
+    }
+    let slave_pos: Option<String> = conn
+        .query_first("SELECT @@gtid_slave_pos")
+        .await
+        .ok()
+        .flatten();
+    if slave_pos.is_some_and(|p| !p.is_empty()) {
+        return true;
+    }
+    let configured: Option<u64> = conn
+        .query_first("SELECT COUNT(*) FROM performance_schema.replication_connection_configuration")
+        .await
+        .ok()
+        .flatten();
+    configured.is_some_and(|n| n > 0)
 }
 
 async fn check_grants(conn: &mut Conn, items: &mut Vec<Item>) {
@@ -220,7 +281,7 @@ async fn check_grants(conn: &mut Conn, items: &mut Vec<Item>) {
                 if client { "" } else { " REPLICATION CLIENT/BINLOG MONITOR" },
                 grants.join("; ")
             ),
-            "GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO the outboxd user (MariaDB: also BINLOG MONITOR)",
+            "GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO the outboxd user (MariaDB: also BINLOG MONITOR, SLAVE MONITOR)",
         ));
     }
 }
@@ -238,7 +299,10 @@ async fn check_checkpoint(conn: &mut Conn, checkpoint: Option<&Checkpoint>, item
     let logs: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await.unwrap_or_default();
     let names: Vec<String> = logs.iter().filter_map(|r| r.get::<String, _>(0)).collect();
     if names.contains(&position.file) {
-        items.push(Item::pass(SUBJECT, format!("the checkpoint's binlog {} is on the server", position.file)));
+        items.push(Item::pass(
+            SUBJECT,
+            format!("the checkpoint's binlog {} is on the server", position.file),
+        ));
     } else if position.gtid.as_ref().is_some_and(|g| !g.is_empty()) {
         items.push(Item::warn(
             SUBJECT,
@@ -254,7 +318,11 @@ async fn check_checkpoint(conn: &mut Conn, checkpoint: Option<&Checkpoint>, item
     }
 }
 
-async fn check_tables(conn: &mut Conn, config: &Config, items: &mut Vec<Item>) -> mysql_async::Result<()> {
+async fn check_tables(
+    conn: &mut Conn,
+    config: &Config,
+    items: &mut Vec<Item>,
+) -> mysql_async::Result<()> {
     let route = &config.route;
     let mut wanted: Vec<&str> = vec![&route.by, &route.key, &route.payload, &route.id];
     wanted.extend(route.headers.values().map(String::as_str));
@@ -280,11 +348,17 @@ async fn check_tables(conn: &mut Conn, config: &Config, items: &mut Vec<Item>) -
             .filter(|w| !columns.iter().any(|c| c == w))
             .collect();
         if missing.is_empty() {
-            items.push(Item::pass(SUBJECT, format!("outbox table {table} has the routed columns")));
+            items.push(Item::pass(
+                SUBJECT,
+                format!("outbox table {table} has the routed columns"),
+            ));
         } else {
             items.push(Item::fail(
                 SUBJECT,
-                format!("outbox table {table} lacks the routed column(s) {}", missing.join(", ")),
+                format!(
+                    "outbox table {table} lacks the routed column(s) {}",
+                    missing.join(", ")
+                ),
                 "add the columns, or point [route] at the table's own column names",
             ));
         }

@@ -1,0 +1,227 @@
+//! Operating outboxd: `check`, `run`'s preflight, checkpoint commands, `replay`, `schema`.
+
+mod rig;
+
+use rig::scenario::*;
+use rig::{wait_until, Broker, MariaDb, Outboxd};
+
+fn output(outboxd: &Outboxd, args: &[&str]) -> (bool, String) {
+    let out = outboxd.command(args).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// A pipeline reading `url`, producing to a fresh broker.
+fn pipeline_on(name: &str, url: &str) -> (Broker, Outboxd) {
+    let broker = Broker::start();
+    let outboxd = Outboxd::new(name, &config_body(url, &broker.bootstrap(), "", ""));
+    (broker, outboxd)
+}
+
+#[test]
+fn check_passes_on_a_correct_setup() {
+    let env = setup("check-ok", "");
+    let (ok, text) = output(&env.outboxd, &["check"]);
+    assert!(ok, "{text}");
+    assert!(!text.contains("FAIL"), "{text}");
+    for line in [
+        "binlog_format = ROW",
+        "binlog_row_image = FULL",
+        "has the routed columns",
+        "the user may read the binlog",
+        "reachable",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn check_and_run_refuse_statement_based_binlogs() {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    db.sql_socket("SET GLOBAL binlog_format = 'STATEMENT';");
+    let (_broker, outboxd) = pipeline_on("stmt", &db.cdc_url());
+    let (ok, text) = output(&outboxd, &["check"]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("FAIL  mysql: binlog_format = STATEMENT"),
+        "{text}"
+    );
+    assert!(text.contains("SET GLOBAL binlog_format = 'ROW'"), "{text}");
+    let (ok, text) = output(&outboxd, &["run"]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("preflight") && text.contains("binlog_format"),
+        "{text}"
+    );
+}
+
+#[test]
+fn check_fails_when_the_binlog_is_off() {
+    let db = MariaDb::start(&["skip-log-bin"]);
+    db.sql_socket(SCHEMA);
+    let (_broker, outboxd) = pipeline_on("nolog", &db.cdc_url());
+    let (ok, text) = output(&outboxd, &["check"]);
+    assert!(!ok, "{text}");
+    assert!(text.contains("FAIL  mysql: log_bin = OFF"), "{text}");
+}
+
+#[test]
+fn check_fails_for_a_user_without_replication_privileges() {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    db.sql_socket(&format!(
+        "CREATE USER 'weak'@'127.0.0.1' IDENTIFIED BY '{}'; GRANT SELECT ON *.* TO 'weak'@'127.0.0.1';",
+        rig::mariadb::CDC_PASSWORD
+    ));
+    let url = format!("mysql://weak@127.0.0.1:{}/app", db.port);
+    let (_broker, outboxd) = pipeline_on("weak", &url);
+    let (ok, text) = output(&outboxd, &["check"]);
+    assert!(!ok, "{text}");
+    assert!(text.contains("lacks REPLICATION SLAVE"), "{text}");
+    assert!(text.contains("GRANT REPLICATION SLAVE"), "{text}");
+}
+
+#[test]
+fn check_fails_on_a_replica_that_does_not_log_replicated_rows() {
+    let primary = MariaDb::start(&[]);
+    primary.sql_socket(SCHEMA);
+    let replica = MariaDb::start(&["server-id=2"]);
+    replica.sql_socket(SCHEMA);
+    let gtid = primary
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    replica.sql_socket(&format!(
+        "SET GLOBAL gtid_slave_pos = '{gtid}';
+         CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={}, MASTER_USER='cdc', MASTER_PASSWORD='{}', MASTER_USE_GTID=slave_pos;
+         START SLAVE;",
+        primary.port,
+        rig::mariadb::CDC_PASSWORD
+    ));
+    let (_broker, outboxd) = pipeline_on("replica", &replica.cdc_url());
+    let (ok, text) = output(&outboxd, &["check"]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("FAIL  mysql: this server is a replica with log_slave_updates = OFF"),
+        "{text}"
+    );
+    assert!(text.contains("log_slave_updates=ON"), "{text}");
+}
+
+#[test]
+fn replay_from_a_saved_label_redelivers_exactly_the_rows_after_it_and_leaves_the_live_checkpoint_alone(
+) {
+    let mut env = setup("replay", "");
+    env.outboxd.start();
+    insert_rows(&env.db, 0, 10, 1);
+    let after_ten = env
+        .db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    wait_until("the checkpoint to reach row 10", LIMIT, || {
+        env.outboxd.checkpoint()["position"]["gtid_set"] == after_ten.as_str()
+    });
+    let (ok, text) = output(&env.outboxd, &["checkpoint", "save", "ten"]);
+    assert!(ok, "{text}");
+    insert_rows(&env.db, 10, 20, 1);
+    let after_twenty = env
+        .db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    insert_rows(&env.db, 20, 30, 1);
+    assert_eq!(consume_all(&env, 30).len(), 30);
+    env.outboxd.stop();
+    let live_before = std::fs::read(env.outboxd.checkpoint_path()).unwrap();
+
+    let (ok, text) = output(&env.outboxd, &["checkpoint", "list"]);
+    assert!(ok && text.contains("ten"), "{text}");
+    let to = format!("gtid:{after_twenty}");
+    let (ok, text) = output(&env.outboxd, &["replay", "--from", "ten", "--to", &to]);
+    assert!(ok, "{text}");
+    assert!(text.contains("replayed 10 record(s)"), "{text}");
+    let records = consume_all(&env, 40);
+    assert_eq!(records.len(), 40);
+    let mut counts = std::collections::HashMap::new();
+    for r in &records {
+        *counts.entry(n_of(r)).or_insert(0) += 1;
+    }
+    for n in 0..30 {
+        let expected = if (10..20).contains(&n) { 2 } else { 1 };
+        assert_eq!(counts[&n], expected, "row {n}");
+    }
+    assert_eq!(
+        std::fs::read(env.outboxd.checkpoint_path()).unwrap(),
+        live_before,
+        "replay must not touch the live checkpoint"
+    );
+
+    // Without --to it runs to the server's end as of its start.
+    let (ok, text) = output(&env.outboxd, &["replay", "--from", "ten"]);
+    assert!(ok, "{text}");
+    assert!(text.contains("replayed 20 record(s)"), "{text}");
+    assert_eq!(
+        std::fs::read(env.outboxd.checkpoint_path()).unwrap(),
+        live_before
+    );
+}
+
+#[test]
+fn checkpoint_set_and_reset_are_refused_while_run_holds_the_pipeline() {
+    let mut env = setup("lock", "");
+    env.outboxd.start();
+    for args in [
+        &["checkpoint", "set", "mariadb-bin.000001:4"][..],
+        &["checkpoint", "reset"][..],
+    ] {
+        let (ok, text) = output(&env.outboxd, args);
+        assert!(!ok, "{args:?}: {text}");
+        assert!(text.contains("already running"), "{text}");
+    }
+    env.outboxd.stop();
+    let (ok, text) = output(&env.outboxd, &["checkpoint", "set", "mariadb-bin.000001:4"]);
+    assert!(ok, "{text}");
+    assert_eq!(env.outboxd.checkpoint()["position"]["pos"], 4);
+    let (ok, text) = output(&env.outboxd, &["checkpoint", "reset"]);
+    assert!(ok && text.contains("before-reset-"), "{text}");
+    assert!(!env.outboxd.checkpoint_path().exists());
+    let (ok, text) = output(&env.outboxd, &["checkpoint", "list"]);
+    assert!(
+        ok && text.contains("before-set-") && text.contains("before-reset-"),
+        "{text}"
+    );
+    let (ok, text) = output(&env.outboxd, &["checkpoint", "set", "not-a-position"]);
+    assert!(!ok && text.contains("FILE:POS"), "{text}");
+}
+
+#[test]
+fn schema_prints_debezium_compatible_ddl_with_grants() {
+    let outboxd = Outboxd::new("schema", "");
+    for (kind, needles) in [
+        (
+            "mysql",
+            &[
+                "BINARY(16)",
+                "aggregatetype",
+                "GRANT REPLICATION SLAVE",
+                "DELETE",
+            ][..],
+        ),
+        (
+            "postgres",
+            &["uuid", "jsonb", "REPLICATION", "publish = 'insert'"][..],
+        ),
+    ] {
+        let (ok, text) = output(&outboxd, &["schema", "--kind", kind]);
+        assert!(ok, "{text}");
+        for needle in needles {
+            assert!(text.contains(needle), "{kind}: {needle} missing in {text}");
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! The outbox scenario shared by the MySQL end-to-end tests: schema, deterministic rows, setup of
+//! MariaDB + broker + outboxd, and the checks on what reached Kafka.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use super::{consume, create_topic, Broker, Consumed, MariaDb, Outboxd};
+
+pub const LIMIT: Duration = Duration::from_secs(120);
+
+pub const SCHEMA: &str = "
+CREATE DATABASE app;
+CREATE TABLE app.outbox (
+  id BINARY(16) NOT NULL PRIMARY KEY,
+  aggregatetype VARCHAR(255) NOT NULL,
+  aggregateid VARCHAR(255) NOT NULL,
+  type VARCHAR(255) NOT NULL,
+  payload LONGTEXT,
+  created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+CREATE TABLE app.legacy (
+  id INT AUTO_INCREMENT PRIMARY KEY,
+  name VARCHAR(100) CHARACTER SET latin1,
+  raw BINARY(16),
+  blob_col BLOB
+) ENGINE=InnoDB;
+";
+
+pub struct Env {
+    pub db: MariaDb,
+    pub broker: Broker,
+    pub outboxd: Outboxd,
+}
+
+pub fn setup(name: &str, extra_config: &str) -> Env {
+    setup_with_http(name, extra_config, "")
+}
+
+pub fn setup_with_http(name: &str, extra_config: &str, http_listen: &str) -> Env {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let broker = Broker::start();
+    for topic in ["outbox.event.order", "outbox.event.customer"] {
+        create_topic(&broker.bootstrap(), topic, 3);
+    }
+    let body = config_body(
+        &db.cdc_url(),
+        &broker.bootstrap(),
+        extra_config,
+        http_listen,
+    );
+    let outboxd = Outboxd::new(name, &body);
+    Env {
+        db,
+        broker,
+        outboxd,
+    }
+}
+
+/// The `[source]`, `[kafka]` and `[http]` sections for a test pipeline (`extra_kafka` goes into `[kafka]`).
+pub fn config_body(url: &str, bootstrap: &str, extra_kafka: &str, http_listen: &str) -> String {
+    format!(
+        "[source]\nkind = \"mysql\"\nurl = \"{url}\"\ntables = [\"app.outbox\"]\nserver_id = 99\nheartbeat_interval_ms = 1000\n\
+         [kafka]\nbrokers = \"{bootstrap}\"\n{extra_kafka}\n[http]\nlisten = \"{http_listen}\"\n"
+    )
+}
+
+/// The row with sequence number `n`: its id, aggregate type, key and payload.
+pub fn event(n: u64) -> (String, &'static str, String, String) {
+    let id = format!("{n:032x}");
+    let kind = if n.is_multiple_of(3) {
+        "customer"
+    } else {
+        "order"
+    };
+    let key = format!("key-{}", n % 17);
+    let payload = format!(r#"{{"n":{n},"note":"café 🎉"}}"#);
+    (id, kind, key, payload)
+}
+
+pub fn insert_sql(n: u64) -> String {
+    let (id, kind, key, payload) = event(n);
+    format!(
+        "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{id}'), '{kind}', '{key}', 'Created', '{payload}');"
+    )
+}
+
+/// Commits rows `from..to` in transactions of `per_txn` rows.
+pub fn insert_rows(db: &MariaDb, from: u64, to: u64, per_txn: u64) {
+    let mut script = String::new();
+    let mut n = from;
+    while n < to {
+        script.push_str("BEGIN;");
+        for m in n..(n + per_txn).min(to) {
+            script.push_str(&insert_sql(m));
+        }
+        script.push_str("COMMIT;\n");
+        n += per_txn;
+    }
+    db.sql_socket(&script);
+}
+
+pub fn consume_all(env: &Env, expected: usize) -> Vec<Consumed> {
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let order = consume(
+            &env.broker.bootstrap(),
+            "outbox.event.order",
+            usize::MAX,
+            Duration::from_secs(2),
+        );
+        let customer = consume(
+            &env.broker.bootstrap(),
+            "outbox.event.customer",
+            usize::MAX,
+            Duration::from_secs(2),
+        );
+        let all: Vec<Consumed> = order.into_iter().chain(customer).collect();
+        if all.len() >= expected || std::time::Instant::now() > deadline {
+            return all;
+        }
+    }
+}
+
+pub fn uuid_of(n: u64) -> String {
+    let hex = format!("{n:032x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+pub fn n_of(record: &Consumed) -> u64 {
+    let id = record.header("id").expect("id header").replace('-', "");
+    u128::from_str_radix(&id, 16).unwrap() as u64
+}
+
+/// Asserts every row in `range` arrived (at least once), correctly formed; returns the duplicate count.
+pub fn check_records(records: &[Consumed], range: std::ops::Range<u64>) -> usize {
+    let mut seen: HashMap<u64, usize> = HashMap::new();
+    for r in records {
+        let n = n_of(r);
+        let (_, kind, key, payload) = event(n);
+        assert_eq!(r.topic, format!("outbox.event.{kind}"), "topic of row {n}");
+        assert_eq!(r.key.as_deref(), Some(key.as_bytes()), "key of row {n}");
+        assert_eq!(
+            r.value.as_deref(),
+            Some(payload.as_bytes()),
+            "value of row {n}"
+        );
+        assert_eq!(r.header("id").unwrap(), uuid_of(n), "id header of row {n}");
+        assert!(
+            r.header("outboxd.position")
+                .unwrap()
+                .starts_with("gtid:0-1-"),
+            "position header of row {n}"
+        );
+        *seen.entry(n).or_default() += 1;
+    }
+    let missing: Vec<u64> = range.clone().filter(|n| !seen.contains_key(n)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} rows never arrived, first: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+    seen.values().map(|c| c - 1).sum()
+}
+
+/// Per key, the first occurrences of rows arrive in commit (= sequence) order.
+pub fn check_per_key_order(records: &[Consumed]) {
+    let mut by_partition: BTreeMap<(String, i32), Vec<&Consumed>> = BTreeMap::new();
+    for r in records {
+        by_partition
+            .entry((r.topic.clone(), r.partition))
+            .or_default()
+            .push(r);
+    }
+    let mut last: HashMap<(String, Vec<u8>), u64> = HashMap::new();
+    let mut seen = std::collections::HashSet::new();
+    for (_, mut rs) in by_partition {
+        rs.sort_by_key(|r| r.offset);
+        for r in rs {
+            let n = n_of(r);
+            if !seen.insert(n) {
+                continue;
+            }
+            let key = r.key.clone().unwrap();
+            if let Some(prev) = last.insert((r.topic.clone(), key.clone()), n) {
+                assert!(
+                    prev < n,
+                    "key {:?}: row {n} arrived after row {prev}",
+                    String::from_utf8_lossy(&key)
+                );
+            }
+        }
+    }
+}
