@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what outboxd's tests and quickstart need and a fresh machine lacks. Idempotent.
-#  - Debian packages: MariaDB server/client (the live binlog source), build deps of librdkafka.
+#  - Debian packages: MariaDB server/client (the live binlog source), PostgreSQL 15 server/client (the
+#    logical-replication source; the tests run private servers, the package's own service is not needed),
+#    build deps of librdkafka.
 #  - The nisshi Kafka-protocol broker (a Rust broker, in memory), built once into a cache dir outside
 #    the repo (about 10 minutes on 2 cores the first time; skipped when present).
 set -euo pipefail
@@ -12,6 +14,7 @@ packages=()
 [ -x /usr/sbin/mariadbd ] || packages+=(mariadb-server)
 command -v mariadb >/dev/null 2>&1 || packages+=(mariadb-client)
 command -v mariadb-install-db >/dev/null 2>&1 || packages+=(mariadb-server)
+[ -x /usr/lib/postgresql/15/bin/initdb ] || packages+=(postgresql-15 postgresql-client-15)
 command -v pkg-config >/dev/null 2>&1 || packages+=(pkg-config)
 command -v make >/dev/null 2>&1 || packages+=(make)
 command -v cc >/dev/null 2>&1 || packages+=(gcc g++)

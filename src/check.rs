@@ -152,11 +152,9 @@ pub async fn run(config: &Config) -> Report {
         SourceKind::Mysql => {
             items.extend(crate::source::mysql::preflight(config, checkpoint.as_ref()).await)
         }
-        SourceKind::Postgres => items.push(Item::fail(
-            "source",
-            "source.kind = \"postgres\" is not available in this build yet",
-            "use source.kind = \"mysql\"",
-        )),
+        SourceKind::Postgres => {
+            items.extend(crate::source::postgres::preflight(config, checkpoint.as_ref()).await)
+        }
     }
     items.extend(crate::sink::kafka::preflight(config).await);
     Report { items }

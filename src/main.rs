@@ -78,7 +78,8 @@ enum CheckpointAction {
     Save { label: String },
     /// List saved checkpoints.
     List,
-    /// Write POSITION (FILE:POS or gtid:0-1-42) as the live checkpoint. Refused while `run` runs.
+    /// Write POSITION (MySQL FILE:POS or gtid:0-1-42; Postgres an LSN like 0/16B3748) as the live
+    /// checkpoint. Refused while `run` runs.
     Set { position: String },
     /// Remove the live checkpoint (kept as a saved copy); the next run starts at the source's end.
     /// Refused while `run` runs.
@@ -177,7 +178,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             let store = Store::open_unlocked(&config.checkpoint.dir, &config.name)?;
             let from = starting_point(&store, &config, &from)?;
             let to = to
-                .map(|t| outboxd::source::mysql::parse_position(&t))
+                .map(|t| outboxd::source::parse_position(config.source.kind, &t))
                 .transpose()?;
             runtime()?.block_on(async {
                 let count =
@@ -203,7 +204,7 @@ fn starting_point(
         let saved = store.load_saved(from)?;
         return Ok((saved.source.clone(), saved.position()));
     }
-    let position = outboxd::source::mysql::parse_position(from).map_err(|e| {
+    let position = outboxd::source::parse_position(config.source.kind, from).map_err(|e| {
         Error::config(format!(
             "--from {from:?} is neither a saved label nor a position"
         ))
@@ -213,11 +214,7 @@ fn starting_point(
 }
 
 fn anonymous_identity(config: &Config) -> SourceIdentity {
-    SourceIdentity {
-        kind: config.source.kind,
-        server_id: None,
-        server_uuid: None,
-    }
+    SourceIdentity::anonymous(config.source.kind)
 }
 
 fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), Error> {
@@ -250,7 +247,7 @@ fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), E
         }
         CheckpointAction::Set { position } => {
             let store = Store::open_locked(dir, &config.name)?;
-            let position = outboxd::source::mysql::parse_position(&position)?;
+            let position = outboxd::source::parse_position(config.source.kind, &position)?;
             let identity = match store.load() {
                 Ok(Some(c)) if c.source.kind == config.source.kind => c.source,
                 _ => anonymous_identity(config),

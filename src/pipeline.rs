@@ -26,8 +26,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::route::{Record, Router, Unroutable};
 use crate::sink::kafka::KafkaSink;
-use crate::source::mysql::MysqlSource;
-use crate::source::{Change, Row, SourceIdentity};
+use crate::source::{Change, Position, Row, Source, SourceIdentity};
 
 /// How long a graceful shutdown waits for the open transaction and the in-flight acks.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -57,17 +56,22 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> Result<()> 
 /// replica server id (`server_id` with the high bit flipped) so a running `outboxd run` is undisturbed.
 pub async fn replay(
     config: &Config,
-    from: (SourceIdentity, crate::source::Position),
-    to: Option<crate::source::Position>,
+    from: (SourceIdentity, Position),
+    to: Option<Position>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<u64> {
-    require_supported(config)?;
+    if config.source.kind == SourceKind::Postgres {
+        return Err(Error::config(
+            "replay is not possible for Postgres: a replication slot only moves forward, so the server cannot send WAL before its position again",
+        )
+        .remedy("to re-send rows, re-insert them or use pg_logical_emit_message; to skip ahead, use `outboxd checkpoint set LSN`"));
+    }
     let mut config = config.clone();
     config.source.server_id = Some(config.server_id() ^ 0x8000_0000);
     config.http.listen.clear();
     let to = match to {
         Some(to) => to,
-        None => crate::source::mysql::current_end_position(&config).await?,
+        None => crate::source::current_end_position(&config).await?,
     };
     let scratch = tempfile::Builder::new()
         .prefix("outboxd-replay-")
@@ -84,26 +88,14 @@ pub async fn replay(
     Ok(metrics.forwarded_total())
 }
 
-fn require_supported(config: &Config) -> Result<()> {
-    if config.source.kind != SourceKind::Mysql {
-        return Err(Error::config(format!(
-            "source.kind = \"{}\" is not available in this build yet",
-            config.source.kind.as_str()
-        ))
-        .remedy("use source.kind = \"mysql\""));
-    }
-    Ok(())
-}
-
 /// The reconnect loop shared by `run` and `replay`.
 async fn drive(
     config: &Config,
     store: Arc<Store>,
     metrics: Arc<Metrics>,
-    until: Option<crate::source::Position>,
+    until: Option<Position>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
-    require_supported(config)?;
     let router = Router::new(
         config.route.clone(),
         KafkaSink::max_message_bytes(&config.kafka),
@@ -159,15 +151,18 @@ async fn run_session(
     store: &Arc<Store>,
     router: &Router,
     metrics: &Arc<Metrics>,
-    until: Option<&crate::source::Position>,
+    until: Option<&Position>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<SessionEnd> {
     let stored = store.load()?;
     let resume = stored.as_ref().map(|c| (c.source.clone(), c.position()));
-    let connect = MysqlSource::connect(
+    // The resumed position is durable already; the writer publishes every newer one.
+    let (durable_tx, durable_rx) = watch::channel(resume.as_ref().map(|(_, p)| p.clone()));
+    let connect = Source::connect(
         config,
         resume.as_ref().map(|(i, p)| (i, p)),
         metrics.clone(),
+        durable_rx,
     );
     let source = tokio::time::timeout(connect_timeout(config), connect)
         .await
@@ -200,6 +195,7 @@ async fn run_session(
         identity.clone(),
         tracker.clone(),
         metrics.clone(),
+        durable_tx,
         Duration::from_millis(config.checkpoint.interval_ms),
         writer_stopped,
     ));
@@ -250,8 +246,9 @@ async fn run_session(
             Some(Ok(Change::Commit(boundary) | Change::Idle(boundary))) => {
                 open_rows = false;
                 metrics.source_time(boundary.committed_at);
-                let done =
-                    until.is_some_and(|to| crate::source::mysql::reached(&boundary.position, to));
+                let done = until.is_some_and(|to| {
+                    crate::source::reached(config.source.kind, &boundary.position, to)
+                });
                 tracker.boundary(boundary.position);
                 if done && stopping.is_none() {
                     tracing::info!("replay reached its end position");
@@ -298,11 +295,7 @@ async fn run_session(
 }
 
 /// The reader task: pulls changes until the source fails or the channel closes.
-async fn read_changes(
-    mut source: MysqlSource,
-    tx: mpsc::Sender<Result<Change>>,
-    metrics: Arc<Metrics>,
-) {
+async fn read_changes(mut source: Source, tx: mpsc::Sender<Result<Change>>, metrics: Arc<Metrics>) {
     let mut reported = source.ignored();
     loop {
         let change = source.next().await;
@@ -323,6 +316,7 @@ async fn write_checkpoints(
     identity: SourceIdentity,
     tracker: Arc<Tracker>,
     metrics: Arc<Metrics>,
+    durable: watch::Sender<Option<Position>>,
     interval: Duration,
     mut stop: watch::Receiver<bool>,
 ) -> Result<()> {
@@ -336,6 +330,7 @@ async fn write_checkpoints(
         if let Some(position) = tracker.take_safe() {
             let store = store.clone();
             let identity = identity.clone();
+            let durable_position = position.clone();
             let written = tokio::task::spawn_blocking(move || store.advance(&identity, &position))
                 .await
                 .map_err(|e| Error::checkpoint(format!("checkpoint write task died: {e}")))?;
@@ -343,6 +338,8 @@ async fn write_checkpoints(
                 tracker.fail(e.clone());
                 return Err(e);
             }
+            // Only now may the source confirm it to the server (Postgres: the slot).
+            let _ = durable.send(Some(durable_position));
         }
         // Either just written, or nothing newer was safe: the checkpoint is as new as the acks allow.
         metrics.checkpoint_current();

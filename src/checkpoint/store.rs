@@ -315,6 +315,8 @@ mod tests {
             kind: SourceKind::Mysql,
             server_id: Some(1),
             server_uuid: None,
+            system_identifier: None,
+            slot: None,
         }
     }
 

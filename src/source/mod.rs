@@ -13,6 +13,12 @@ mod value;
 
 use std::sync::Arc;
 
+use tokio::sync::watch;
+
+use crate::config::{Config, SourceKind};
+use crate::error::Result;
+use crate::metrics::Metrics;
+
 pub use value::Value;
 
 /// One INSERT into an outbox table, decoded.
@@ -55,6 +61,13 @@ pub struct Boundary {
     pub position: Position,
     /// Commit time from the log; `None` for a heartbeat (the source is caught up).
     pub committed_at: Option<std::time::SystemTime>,
+}
+
+/// Counters of row events on outbox tables that were seen but deliberately not forwarded.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Ignored {
+    pub updates: u64,
+    pub deletes: u64,
 }
 
 /// A resumable log position. Opaque: built and read only by the source that made it.
@@ -101,4 +114,102 @@ pub struct SourceIdentity {
     pub server_id: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_uuid: Option<String>,
+    /// Postgres: the cluster's system identifier (from IDENTIFY_SYSTEM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identifier: Option<String>,
+    /// Postgres: the replication slot the position belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<String>,
+}
+
+impl SourceIdentity {
+    /// An identity naming no server: a position typed by hand, valid wherever it is used.
+    pub fn anonymous(kind: crate::config::SourceKind) -> Self {
+        SourceIdentity {
+            kind,
+            server_id: None,
+            server_uuid: None,
+            system_identifier: None,
+            slot: None,
+        }
+    }
+}
+
+/// A connected source of either kind. Adding a database means one module and one arm here.
+pub enum Source {
+    Mysql(mysql::MysqlSource),
+    Postgres(postgres::PostgresSource),
+}
+
+impl Source {
+    /// Opens a session after `resume` (or at the source's start point). `durable` carries the newest
+    /// position written to the local checkpoint, for sources that confirm progress to the server.
+    pub async fn connect(
+        config: &Config,
+        resume: Option<(&SourceIdentity, &Position)>,
+        metrics: Arc<Metrics>,
+        durable: watch::Receiver<Option<Position>>,
+    ) -> Result<Source> {
+        Ok(match config.source.kind {
+            SourceKind::Mysql => {
+                Source::Mysql(mysql::MysqlSource::connect(config, resume, metrics).await?)
+            }
+            SourceKind::Postgres => Source::Postgres(
+                postgres::PostgresSource::connect(config, resume, metrics, durable).await?,
+            ),
+        })
+    }
+
+    pub async fn next(&mut self) -> Result<Change> {
+        match self {
+            Source::Mysql(s) => s.next().await,
+            Source::Postgres(s) => s.next().await,
+        }
+    }
+
+    pub fn identity(&self) -> &SourceIdentity {
+        match self {
+            Source::Mysql(s) => s.identity(),
+            Source::Postgres(s) => s.identity(),
+        }
+    }
+
+    /// The position the session started at.
+    pub fn start(&self) -> Position {
+        match self {
+            Source::Mysql(s) => s.start(),
+            Source::Postgres(s) => s.start(),
+        }
+    }
+
+    pub fn ignored(&self) -> Ignored {
+        match self {
+            Source::Mysql(s) => s.ignored(),
+            Source::Postgres(s) => s.ignored(),
+        }
+    }
+}
+
+/// Parses a position typed by a user, in the notation of `kind`.
+pub fn parse_position(kind: SourceKind, text: &str) -> Result<Position> {
+    match kind {
+        SourceKind::Mysql => mysql::parse_position(text),
+        SourceKind::Postgres => postgres::parse_position(text),
+    }
+}
+
+/// Whether boundary `current` is at or past `target`.
+pub fn reached(kind: SourceKind, current: &Position, target: &Position) -> bool {
+    match kind {
+        SourceKind::Mysql => mysql::reached(current, target),
+        SourceKind::Postgres => postgres::reached(current, target),
+    }
+}
+
+/// The source's current end (where a stream without a checkpoint would start).
+pub async fn current_end_position(config: &Config) -> Result<Position> {
+    match config.source.kind {
+        SourceKind::Mysql => mysql::current_end_position(config).await,
+        SourceKind::Postgres => postgres::current_end_position(config).await,
+    }
 }

@@ -1,6 +1,7 @@
 //! The test rig: private servers on free loopback ports in temp dirs, torn down on drop (also on panic).
 //!
 //! - [`MariaDb`]: `mariadb-install-db` + `mariadbd` with a ROW binlog.
+//! - [`Postgres`]: PostgreSQL 15 `initdb` + `pg_ctl` with `wal_level=logical` (run as the `postgres` OS user).
 //! - [`Broker`]: the nisshi Kafka-protocol broker, in memory (built by `.ci/run`; see README).
 //! - [`Outboxd`]: the real `outboxd` binary with a config written for the test.
 //! - [`consume`]: reads records back with a real rdkafka consumer.
@@ -12,6 +13,7 @@ pub mod broker;
 pub mod kafka;
 pub mod mariadb;
 pub mod outboxd;
+pub mod postgres;
 pub mod scenario;
 
 use std::net::TcpListener;
@@ -22,6 +24,7 @@ pub use broker::Broker;
 pub use kafka::{consume, create_topic, create_topic_with, Consumed};
 pub use mariadb::MariaDb;
 pub use outboxd::Outboxd;
+pub use postgres::Postgres;
 
 /// A free loopback port (bound and released; the server binds it right after).
 pub fn free_port() -> u16 {

@@ -89,7 +89,7 @@ impl Outboxd {
                         std::fs::read_to_string(&log_path).unwrap_or_default()
                     );
                 }
-                super::file_contains(&log_path, "binlog stream opened")
+                super::file_contains(&log_path, "stream opened")
             },
         );
     }

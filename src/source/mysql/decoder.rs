@@ -19,7 +19,7 @@ use super::columns::{self, TableColumns};
 use super::event_types as et;
 use super::position::{BinlogPosition, MariaGtidState};
 use crate::error::{Error, Result};
-use crate::source::{Boundary, Change, Row};
+use crate::source::{Boundary, Change, Ignored, Row};
 
 /// What the caller must do before feeding the next event.
 pub enum Step {
@@ -30,13 +30,6 @@ pub enum Step {
         table: Arc<str>,
         tme: Box<TableMapEvent<'static>>,
     },
-}
-
-/// Counters of what was seen but deliberately not forwarded.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Ignored {
-    pub updates: u64,
-    pub deletes: u64,
 }
 
 pub struct Decoder {

@@ -29,13 +29,13 @@ use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, OptsBuilder};
 
 pub use self::columns::SchemaColumn;
 use self::columns::TableColumns;
-pub use self::decoder::{Decoder, Ignored, Step};
+pub use self::decoder::{Decoder, Step};
 pub use self::position::{BinlogPosition, MariaGtidState};
 pub use self::preflight::preflight;
 use crate::config::{redact_url, Config, SourceKind};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::source::{Change, Position, SourceIdentity};
+use crate::source::{Change, Ignored, Position, SourceIdentity};
 
 /// `ER_MASTER_FATAL_ERROR_READING_BINLOG`: the requested position is not (or no longer) on the server.
 const ER_BINLOG_GONE: u16 = 1236;
@@ -138,6 +138,8 @@ impl MysqlSource {
             kind: SourceKind::Mysql,
             server_id: Some(server.server_id),
             server_uuid: server.server_uuid.clone(),
+            system_identifier: None,
+            slot: None,
         };
         let start = match resume {
             Some((stored, position)) => {

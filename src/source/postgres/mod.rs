@@ -1,6 +1,329 @@
 //! Postgres source: logical replication through the built-in `pgoutput` plugin.
 //!
-//! The wire codec lives apart from the connection so it can be tested on captured bytes alone, and so
-//! nothing protocol-shaped leaks past this module.
+//! ## Resumption
+//! Checkpoints hold a commit's *end LSN* (or a keepalive's WAL end when nothing was open), and a
+//! session starts replication at that LSN: Postgres skips transactions that committed before it. The
+//! slot's `confirmed_flush_lsn` is advanced only to LSNs already durable in the local checkpoint (the
+//! pipeline tells us through a watch channel), so the server never discards WAL we may still need. If
+//! the slot is ahead of the checkpoint (someone else consumed it), we say so and start at the slot:
+//! the server cannot go back. Without a checkpoint the stream starts at the slot's position, which for
+//! a slot outboxd just created is "now".
+//!
+//! ## Liveness
+//! With `heartbeat_interval_ms`, outboxd emits a non-transactional `pg_logical_emit_message` on the
+//! control connection; it comes back through the stream, so a quiet database still shows progress and a
+//! stream that stays silent for three intervals is treated as dead. On a standby (read-only) the
+//! message cannot be emitted; outboxd then relies on the walsender's keepalives (every
+//! `wal_sender_timeout / 2`) and allows 100 s of silence.
+//!
+//! The wire codec ([`pgoutput`]) lives apart from the connection so it can be tested on captured bytes
+//! alone, and the state machine ([`decoder`]) apart from both.
 
+mod control;
+mod decoder;
 pub mod pgoutput;
+mod preflight;
+mod values;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgwire_replication::{
+    Lsn, PgWireError, ReplicationClient, ReplicationConfig, SslMode, TlsConfig,
+};
+use tokio::sync::watch;
+
+pub use self::control::{quote_table, ConnInfo, Control};
+use self::decoder::Decoder;
+pub use self::decoder::{lsn_of, position, HEARTBEAT_PREFIX};
+pub use self::preflight::preflight;
+use crate::config::{Config, SourceKind, TlsMode};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::source::{Change, Ignored, Position, SourceIdentity};
+
+/// Silence allowed when no heartbeat can be emitted (walsender keepalives come every 30 s by default).
+const KEEPALIVE_SILENCE: Duration = Duration::from_secs(100);
+
+pub struct PostgresSource {
+    client: ReplicationClient,
+    control: Control,
+    decoder: Decoder,
+    buffer: VecDeque<Change>,
+    identity: SourceIdentity,
+    start: u64,
+    metrics: Arc<Metrics>,
+    durable: watch::Receiver<Option<Position>>,
+    durable_open: bool,
+    heartbeat: Option<tokio::time::Interval>,
+    read_timeout: Duration,
+}
+
+impl PostgresSource {
+    pub async fn connect(
+        config: &Config,
+        resume: Option<(&SourceIdentity, &Position)>,
+        metrics: Arc<Metrics>,
+        durable: watch::Receiver<Option<Position>>,
+    ) -> Result<PostgresSource> {
+        let info = ConnInfo::from_config(config)?;
+        let control = Control::connect(&info).await?;
+        let source = &config.source;
+        control
+            .ensure_publication(&source.publication, &source.tables)
+            .await?;
+        let slot_lsn = control.ensure_slot(&source.slot).await?;
+        let start = match resume {
+            Some((stored, position)) => {
+                if stored.kind != SourceKind::Postgres {
+                    return Err(Error::checkpoint(format!(
+                        "the checkpoint belongs to a {} source, but source.kind is postgres",
+                        stored.kind.as_str()
+                    ))
+                    .remedy("point checkpoint.dir or name at this source's checkpoint"));
+                }
+                let lsn = lsn_of(position)?;
+                if slot_lsn > lsn {
+                    tracing::warn!(
+                        checkpoint = %pgoutput::lsn_to_string(lsn),
+                        slot = %pgoutput::lsn_to_string(slot_lsn),
+                        "the slot is ahead of the checkpoint (it was consumed elsewhere): starting at the slot, the server cannot go back"
+                    );
+                    slot_lsn
+                } else {
+                    lsn
+                }
+            }
+            None => {
+                tracing::warn!(
+                    slot = %source.slot,
+                    lsn = %pgoutput::lsn_to_string(slot_lsn),
+                    "no checkpoint: starting at the slot's position (for a new slot: now)"
+                );
+                slot_lsn
+            }
+        };
+        let heartbeat = Duration::from_millis(source.heartbeat_interval_ms);
+        let replication = ReplicationConfig::new(
+            info.host.clone(),
+            info.user.clone(),
+            info.password.clone().unwrap_or_default(),
+            info.dbname.clone(),
+            source.slot.clone(),
+            source.publication.as_str(),
+        )
+        .with_port(info.port)
+        .with_start_lsn(Lsn(start))
+        .with_status_interval(Duration::from_secs(1))
+        .with_wakeup_interval(heartbeat)
+        .with_application_name("outboxd")
+        .with_max_message_size(512 * 1024 * 1024)
+        .with_tls(tls_config(config)?);
+        let mut client = ReplicationClient::connect_gated(replication)
+            .await
+            .map_err(|e| stream_error(e, &info.shown))?;
+        let system = within(client.identify_system(), &info.shown).await?;
+        let identity = SourceIdentity {
+            kind: SourceKind::Postgres,
+            server_id: None,
+            server_uuid: None,
+            system_identifier: Some(system.system_id.clone()),
+            slot: Some(source.slot.clone()),
+        };
+        if let Some((stored, _)) = resume {
+            if stored.system_identifier.is_some()
+                && stored.system_identifier != identity.system_identifier
+            {
+                return Err(Error::checkpoint(format!(
+                    "the checkpoint was written against Postgres cluster {:?}, but this is cluster {:?}; its LSNs mean nothing here",
+                    stored.system_identifier, identity.system_identifier
+                ))
+                .remedy("point source.url back at that cluster, or set a position for this one with `outboxd checkpoint set LSN`"));
+            }
+        }
+        within(client.start(), &info.shown).await?;
+        within(client.wait_started(), &info.shown).await?;
+        tracing::info!(
+            server = %info.shown,
+            slot = %source.slot,
+            publication = %source.publication,
+            position = %pgoutput::lsn_to_string(start),
+            "replication stream opened"
+        );
+        let mut ticker = tokio::time::interval(heartbeat);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Ok(PostgresSource {
+            client,
+            control,
+            decoder: Decoder::new(
+                start,
+                source.tables.iter().cloned(),
+                source.message_prefixes.iter().cloned(),
+            ),
+            buffer: VecDeque::new(),
+            identity,
+            start,
+            metrics,
+            durable,
+            durable_open: true,
+            heartbeat: Some(ticker),
+            read_timeout: heartbeat * 3,
+        })
+    }
+
+    pub fn identity(&self) -> &SourceIdentity {
+        &self.identity
+    }
+
+    pub fn start(&self) -> Position {
+        position(self.start)
+    }
+
+    pub fn ignored(&self) -> Ignored {
+        self.decoder.ignored()
+    }
+
+    pub async fn next(&mut self) -> Result<Change> {
+        loop {
+            if let Some(change) = self.buffer.pop_front() {
+                return Ok(change);
+            }
+            tokio::select! {
+                biased;
+                changed = self.durable.changed(), if self.durable_open => {
+                    match changed {
+                        Ok(()) => {
+                            let durable = self.durable.borrow_and_update().clone();
+                            if let Some(p) = durable {
+                                self.client.update_applied_lsn(Lsn(lsn_of(&p)?));
+                            }
+                        }
+                        Err(_) => self.durable_open = false,
+                    }
+                }
+                _ = tick(&mut self.heartbeat) => {
+                    let emitted = tokio::time::timeout(Duration::from_secs(5), self.control.emit_heartbeat()).await;
+                    match emitted {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %e, "cannot emit heartbeat messages (a standby?): relying on walsender keepalives");
+                            self.heartbeat = None;
+                            self.read_timeout = self.read_timeout.max(KEEPALIVE_SILENCE);
+                        }
+                        Err(_) => tracing::warn!("emitting the heartbeat message timed out"),
+                    }
+                }
+                event = tokio::time::timeout(self.read_timeout, self.client.recv()) => {
+                    let event = match event {
+                        Err(_) => {
+                            return Err(Error::source(format!(
+                                "no replication message or heartbeat for {:?}; the stream is treated as dead",
+                                self.read_timeout
+                            ))
+                            .remedy("outboxd reconnects by itself; if this repeats, check the network path to the server")
+                            .transient())
+                        }
+                        Ok(Ok(Some(event))) => event,
+                        Ok(Ok(None)) => {
+                            return Err(Error::source("the server ended the replication stream")
+                                .remedy("outboxd reconnects by itself")
+                                .transient())
+                        }
+                        Ok(Err(e)) => return Err(stream_error(e, "the replication stream")),
+                    };
+                    self.metrics.source_event();
+                    self.decoder.on_event(event, &mut self.buffer)?;
+                }
+            }
+        }
+    }
+}
+
+async fn tick(ticker: &mut Option<tokio::time::Interval>) {
+    match ticker {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn within<T>(
+    step: impl std::future::Future<Output = pgwire_replication::Result<T>>,
+    server: &str,
+) -> Result<T> {
+    match tokio::time::timeout(Duration::from_secs(30), step).await {
+        Ok(result) => result.map_err(|e| stream_error(e, server)),
+        Err(_) => Err(Error::source(format!(
+            "{server} did not answer the replication handshake within 30 s"
+        ))
+        .transient()),
+    }
+}
+
+fn stream_error(e: PgWireError, server: &str) -> Error {
+    let text = e.to_string();
+    if e.is_auth() {
+        return Error::source(format!("{server} refused the login: {text}"))
+            .remedy("check the user and password; the user needs the REPLICATION attribute and a pg_hba.conf 'replication' entry");
+    }
+    if e.is_tls() {
+        return Error::config(format!("{server}: TLS failed: {text}"))
+            .remedy("check source.tls (mode, ca); TLS needs a build with --features postgres-tls");
+    }
+    if e.is_message_too_large() {
+        return Error::source(format!("{server}: {text}"))
+            .remedy("a single change exceeds 512 MiB; outboxd stops rather than skip it");
+    }
+    // Server errors (e.g. 55006: the slot is still active for a previous connection) and I/O end the
+    // session; a reconnect from the checkpoint cures them.
+    Error::source(format!("{server}: {text}"))
+        .remedy("outboxd reconnects by itself")
+        .transient()
+}
+
+fn tls_config(config: &Config) -> Result<TlsConfig> {
+    let Some(tls) = &config.source.tls else {
+        return Ok(TlsConfig::disabled());
+    };
+    let mode = match tls.mode {
+        TlsMode::Disable => SslMode::Disable,
+        TlsMode::Prefer => SslMode::Prefer,
+        TlsMode::Require => SslMode::Require,
+        TlsMode::VerifyCa => SslMode::VerifyCa,
+        TlsMode::VerifyFull => SslMode::VerifyFull,
+    };
+    if mode != SslMode::Disable && !cfg!(feature = "postgres-tls") {
+        return Err(Error::config(
+            "source.tls is set, but this outboxd was built without Postgres TLS",
+        )
+        .remedy("build with `cargo build --release --features postgres-tls`, or set source.tls.mode = \"disable\""));
+    }
+    Ok(TlsConfig {
+        mode,
+        ca_pem_path: tls.ca.clone(),
+        ..TlsConfig::default()
+    })
+}
+
+/// The server's current WAL position, for `replay` and tests.
+pub async fn current_end_position(config: &Config) -> Result<Position> {
+    let control = Control::connect(&ConnInfo::from_config(config)?).await?;
+    Ok(position(control.current_lsn().await?))
+}
+
+/// Parses `0/16B3748`.
+pub fn parse_position(text: &str) -> Result<Position> {
+    pgoutput::parse_lsn(text.trim())
+        .map(position)
+        .ok_or_else(|| {
+            Error::config(format!("{text:?} is not a Postgres LSN"))
+                .remedy("write an LSN like 0/16B3748")
+        })
+}
+
+/// Whether boundary `current` is at or past `target`.
+pub fn reached(current: &Position, target: &Position) -> bool {
+    matches!((lsn_of(current), lsn_of(target)), (Ok(c), Ok(t)) if c >= t)
+}

@@ -1,0 +1,460 @@
+//! The Postgres state machine: replication events in, outbox changes out. No I/O.
+//!
+//! pgoutput sends each transaction whole, after it committed: `Begin`, relation layouts and row changes,
+//! `Commit`. A commit's *end LSN* is the boundary: resuming there starts with the next transaction.
+//! Relation messages are matched against the configured outbox tables, so other tables' rows are
+//! never converted. Logical decoding messages (`pg_logical_emit_message`) with a configured prefix are
+//! the table-less outbox: their content is a JSON envelope whose keys act as columns. A non-transactional
+//! message is a unit of its own, checkpointed at its own LSN. Keepalives outside a transaction are
+//! boundaries too, so a quiet outbox on a busy database still moves the checkpoint and the slot.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use pgwire_replication::ReplicationEvent;
+
+use super::pgoutput::{self, lsn_to_string, Message, TupleValue};
+use super::values;
+use crate::error::{Error, Result};
+use crate::source::{Boundary, Change, Ignored, Position, Row, Value};
+
+/// Prefix of the messages outboxd's own heartbeat emits.
+pub const HEARTBEAT_PREFIX: &str = "outboxd.heartbeat";
+
+struct Table {
+    name: Arc<str>,
+    names: Arc<[Arc<str>]>,
+    types: Vec<u32>,
+}
+
+pub struct Decoder {
+    watched: HashSet<String>,
+    prefixes: HashSet<String>,
+    /// Relation id -> its layout if it is an outbox table, `None` for any other table.
+    relations: HashMap<u32, Option<Table>>,
+    in_txn: bool,
+    txn_origin: Option<Arc<str>>,
+    txn_rows: u64,
+    /// The last boundary handed out (never moves backwards).
+    last: u64,
+    ignored: Ignored,
+}
+
+pub fn position(lsn: u64) -> Position {
+    Position::new(
+        serde_json::json!({ "lsn": lsn_to_string(lsn) }),
+        lsn_to_string(lsn),
+    )
+}
+
+/// The LSN inside a position made by [`position`].
+pub fn lsn_of(position: &Position) -> Result<u64> {
+    position
+        .json()
+        .get("lsn")
+        .and_then(|v| v.as_str())
+        .and_then(pgoutput::parse_lsn)
+        .ok_or_else(|| {
+            Error::checkpoint(format!("{} is not a Postgres position", position.json()))
+                .remedy("set a position like 0/16B3748 with `outboxd checkpoint set`, or remove the checkpoint file")
+        })
+}
+
+fn pg_time(micros: i64) -> Option<SystemTime> {
+    let unix = pgoutput::pg_time_to_unix_micros(micros)?;
+    Some(UNIX_EPOCH + Duration::from_micros(u64::try_from(unix).ok()?))
+}
+
+impl Decoder {
+    pub fn new(
+        start_lsn: u64,
+        watched: impl IntoIterator<Item = String>,
+        prefixes: impl IntoIterator<Item = String>,
+    ) -> Self {
+        Decoder {
+            watched: watched.into_iter().collect(),
+            prefixes: prefixes.into_iter().collect(),
+            relations: HashMap::new(),
+            in_txn: false,
+            txn_origin: None,
+            txn_rows: 0,
+            last: start_lsn,
+            ignored: Ignored::default(),
+        }
+    }
+
+    pub fn ignored(&self) -> Ignored {
+        self.ignored
+    }
+
+    pub fn on_event(&mut self, event: ReplicationEvent, out: &mut VecDeque<Change>) -> Result<()> {
+        match event {
+            ReplicationEvent::Begin { final_lsn, .. } => {
+                self.in_txn = true;
+                self.txn_rows = 0;
+                self.txn_origin = Some(lsn_to_string(final_lsn.0).into());
+            }
+            ReplicationEvent::Commit {
+                end_lsn,
+                commit_time_micros,
+                ..
+            } => self.close(end_lsn.0, pg_time(commit_time_micros), out),
+            // Nothing open: everything before the walsender's position was sent, so it is a boundary.
+            ReplicationEvent::KeepAlive { wal_end, .. }
+                if !self.in_txn && wal_end.0 > self.last =>
+            {
+                self.last = wal_end.0;
+                out.push_back(Change::Idle(Boundary {
+                    position: position(wal_end.0),
+                    committed_at: None,
+                }));
+            }
+            ReplicationEvent::Message {
+                transactional,
+                lsn,
+                prefix,
+                content,
+            } => self.on_message(transactional, lsn.0, &prefix, &content, out),
+            ReplicationEvent::XLogData { data, .. } => {
+                let message = pgoutput::decode(&data).map_err(|e| {
+                    Error::source(format!("cannot decode a pgoutput message: {e}")).remedy(
+                        "this is a bug or an unsupported server version; outboxd stops rather than skip it",
+                    )
+                })?;
+                self.on_pgoutput(message, out)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn on_pgoutput(&mut self, message: Message, out: &mut VecDeque<Change>) -> Result<()> {
+        match message {
+            Message::Relation(r) => {
+                let name = r.qualified_name();
+                let table = self.watched.contains(&name).then(|| Table {
+                    name: name.into(),
+                    names: r
+                        .columns
+                        .iter()
+                        .map(|c| Arc::from(c.name.as_str()))
+                        .collect::<Vec<_>>()
+                        .into(),
+                    types: r.columns.iter().map(|c| c.type_oid).collect(),
+                });
+                self.relations.insert(r.id, table);
+            }
+            Message::Insert { relation_id, tuple } => {
+                let table = match self.relations.get(&relation_id) {
+                    Some(Some(t)) => t,
+                    Some(None) => return Ok(()),
+                    None => {
+                        return Err(Error::source(format!(
+                            "insert into relation {relation_id} arrived before its layout"
+                        ))
+                        .transient())
+                    }
+                };
+                if tuple.len() != table.names.len() {
+                    return Err(Error::source(format!(
+                        "insert into {} has {} values for {} columns",
+                        table.name,
+                        tuple.len(),
+                        table.names.len()
+                    ))
+                    .transient());
+                }
+                let values = tuple
+                    .iter()
+                    .zip(&table.types)
+                    .map(|(v, oid)| match v {
+                        TupleValue::Null | TupleValue::UnchangedToast => Value::Null,
+                        TupleValue::Text(b) => values::from_text(*oid, b),
+                        TupleValue::Binary(b) => Value::Binary(b.clone()),
+                    })
+                    .collect();
+                self.txn_rows += 1;
+                out.push_back(Change::Row(Row {
+                    table: table.name.clone(),
+                    names: table.names.clone(),
+                    values,
+                    origin: self.origin(),
+                }));
+            }
+            Message::Update { relation_id, .. } => {
+                if matches!(self.relations.get(&relation_id), Some(Some(_))) {
+                    self.ignored.updates += 1;
+                }
+            }
+            Message::Delete { relation_id, .. } => {
+                if matches!(self.relations.get(&relation_id), Some(Some(_))) {
+                    self.ignored.deletes += 1;
+                }
+            }
+            Message::Begin { .. } | Message::Commit { .. } | Message::Logical { .. } => {
+                // The replication client turns these into typed events before we see them.
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn on_message(
+        &mut self,
+        transactional: bool,
+        lsn: u64,
+        prefix: &str,
+        content: &[u8],
+        out: &mut VecDeque<Change>,
+    ) {
+        if prefix == HEARTBEAT_PREFIX {
+            if !transactional && !self.in_txn && lsn > self.last {
+                self.last = lsn;
+                out.push_back(Change::Idle(Boundary {
+                    position: position(lsn),
+                    committed_at: None,
+                }));
+            }
+            return;
+        }
+        if !self.prefixes.contains(prefix) {
+            return;
+        }
+        let origin: Arc<str> = if transactional {
+            self.origin()
+        } else {
+            lsn_to_string(lsn).into()
+        };
+        out.push_back(Change::Row(envelope_row(prefix, lsn, content, origin)));
+        if transactional {
+            self.txn_rows += 1;
+        } else if !self.in_txn {
+            // A message of its own: commit it at its own LSN (a resumed stream starts after it).
+            self.last = self.last.max(lsn);
+            out.push_back(Change::Commit(Boundary {
+                position: position(lsn),
+                committed_at: Some(SystemTime::now()),
+            }));
+        }
+    }
+
+    fn origin(&mut self) -> Arc<str> {
+        self.txn_origin
+            .get_or_insert_with(|| lsn_to_string(self.last).into())
+            .clone()
+    }
+
+    fn close(
+        &mut self,
+        end_lsn: u64,
+        committed_at: Option<SystemTime>,
+        out: &mut VecDeque<Change>,
+    ) {
+        self.last = self.last.max(end_lsn);
+        let boundary = Boundary {
+            position: position(end_lsn),
+            committed_at,
+        };
+        out.push_back(if self.txn_rows > 0 {
+            Change::Commit(boundary)
+        } else {
+            Change::Idle(boundary)
+        });
+        self.in_txn = false;
+        self.txn_rows = 0;
+        self.txn_origin = None;
+    }
+}
+
+/// A logical message as a row: the JSON envelope's keys are its columns (strings as text, other JSON as
+/// JSON text); `id` defaults to the message's LSN, which is stable across replays.
+fn envelope_row(prefix: &str, lsn: u64, content: &[u8], origin: Arc<str>) -> Row {
+    let mut names: Vec<Arc<str>> = Vec::new();
+    let mut values = Vec::new();
+    match serde_json::from_slice::<serde_json::Value>(content) {
+        Ok(serde_json::Value::Object(map)) => {
+            for (key, value) in map {
+                names.push(key.as_str().into());
+                values.push(match value {
+                    serde_json::Value::Null => Value::Null,
+                    serde_json::Value::String(s) => Value::Text(s),
+                    other => Value::Json(other.to_string()),
+                });
+            }
+        }
+        _ => {
+            names.push("payload".into());
+            values.push(match std::str::from_utf8(content) {
+                Ok(s) => Value::Text(s.to_string()),
+                Err(_) => Value::Binary(content.to_vec()),
+            });
+        }
+    }
+    if !names.iter().any(|n| &**n == "id") {
+        names.push("id".into());
+        values.push(Value::Text(lsn_to_string(lsn)));
+    }
+    Row {
+        table: format!("message:{prefix}").into(),
+        names: names.into(),
+        values,
+        origin,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use pgwire_replication::Lsn;
+
+    fn xlog(bytes: &'static [u8]) -> ReplicationEvent {
+        ReplicationEvent::XLogData {
+            wal_start: Lsn(0),
+            wal_end: Lsn(0),
+            server_time_micros: 0,
+            data: Bytes::from_static(bytes),
+        }
+    }
+
+    fn decoder() -> Decoder {
+        Decoder::new(0, ["public.outbox".to_string()], ["outbox".to_string()])
+    }
+
+    #[test]
+    fn a_captured_insert_becomes_a_row_and_the_commit_a_boundary() {
+        let mut d = decoder();
+        let mut out = VecDeque::new();
+        d.on_event(
+            ReplicationEvent::Begin {
+                final_lsn: Lsn(0x1531B08),
+                xid: 730,
+                commit_time_micros: 0,
+            },
+            &mut out,
+        )
+        .unwrap();
+        d.on_event(
+            xlog(include_bytes!(
+                "../../../tests/data/pgoutput/relation_outbox.bin"
+            )),
+            &mut out,
+        )
+        .unwrap();
+        d.on_event(
+            xlog(include_bytes!(
+                "../../../tests/data/pgoutput/insert_outbox.bin"
+            )),
+            &mut out,
+        )
+        .unwrap();
+        d.on_event(
+            ReplicationEvent::Commit {
+                lsn: Lsn(0x1531B08),
+                end_lsn: Lsn(0x1531B38),
+                commit_time_micros: 0,
+            },
+            &mut out,
+        )
+        .unwrap();
+        let Some(Change::Row(row)) = out.pop_front() else {
+            panic!("{out:?}")
+        };
+        assert_eq!(&*row.table, "public.outbox");
+        assert_eq!(&*row.origin, "0/1531B08");
+        assert!(row.get("id").is_some() && row.get("payload").is_some());
+        assert!(
+            matches!(row.get("payload"), Some(Value::Json(_))),
+            "{row:?}"
+        );
+        let Some(Change::Commit(b)) = out.pop_front() else {
+            panic!("{out:?}")
+        };
+        assert_eq!(b.position.to_string(), "0/1531B38");
+        assert_eq!(lsn_of(&b.position).unwrap(), 0x1531B38);
+    }
+
+    #[test]
+    fn other_tables_and_unknown_prefixes_are_skipped_and_keepalives_move_the_boundary() {
+        let mut d = Decoder::new(0, ["public.other".to_string()], Vec::<String>::new());
+        let mut out = VecDeque::new();
+        d.on_event(
+            xlog(include_bytes!(
+                "../../../tests/data/pgoutput/relation_outbox.bin"
+            )),
+            &mut out,
+        )
+        .unwrap();
+        d.on_event(
+            xlog(include_bytes!(
+                "../../../tests/data/pgoutput/insert_outbox.bin"
+            )),
+            &mut out,
+        )
+        .unwrap();
+        d.on_event(
+            ReplicationEvent::Message {
+                transactional: false,
+                lsn: Lsn(50),
+                prefix: "outbox".into(),
+                content: Bytes::from_static(b"{}"),
+            },
+            &mut out,
+        )
+        .unwrap();
+        assert!(out.is_empty(), "{out:?}");
+        d.on_event(
+            ReplicationEvent::KeepAlive {
+                wal_end: Lsn(100),
+                reply_requested: false,
+                server_time_micros: 0,
+            },
+            &mut out,
+        )
+        .unwrap();
+        assert!(
+            matches!(out.pop_front(), Some(Change::Idle(b)) if b.position.to_string() == "0/64")
+        );
+        d.on_event(
+            ReplicationEvent::KeepAlive {
+                wal_end: Lsn(90),
+                reply_requested: false,
+                server_time_micros: 0,
+            },
+            &mut out,
+        )
+        .unwrap();
+        assert!(
+            out.is_empty(),
+            "a keepalive never moves the boundary backwards"
+        );
+    }
+
+    #[test]
+    fn a_non_transactional_message_is_a_row_committed_at_its_own_lsn() {
+        let mut d = decoder();
+        let mut out = VecDeque::new();
+        d.on_event(
+            ReplicationEvent::Message {
+                transactional: false,
+                lsn: Lsn(0x200),
+                prefix: "outbox".into(),
+                content: Bytes::from_static(
+                    br#"{"aggregatetype":"order","aggregateid":"7","payload":{"x":1}}"#,
+                ),
+            },
+            &mut out,
+        )
+        .unwrap();
+        let Some(Change::Row(row)) = out.pop_front() else {
+            panic!()
+        };
+        assert_eq!(row.get("aggregatetype"), Some(&Value::Text("order".into())));
+        assert_eq!(row.get("payload"), Some(&Value::Json(r#"{"x":1}"#.into())));
+        assert_eq!(row.get("id"), Some(&Value::Text("0/200".into())));
+        assert!(
+            matches!(out.pop_front(), Some(Change::Commit(b)) if b.position.to_string() == "0/200")
+        );
+    }
+}

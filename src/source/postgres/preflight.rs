@@ -1,0 +1,232 @@
+//! Postgres preflight: logical WAL, the REPLICATION attribute, the slot, the publication and the tables.
+
+use super::control::{quote_table, ConnInfo, Control};
+use super::pgoutput::parse_lsn;
+use crate::check::Item;
+use crate::checkpoint::Checkpoint;
+use crate::config::Config;
+
+const SUBJECT: &str = "postgres";
+
+pub async fn preflight(config: &Config, checkpoint: Option<&Checkpoint>) -> Vec<Item> {
+    let mut items = Vec::new();
+    let info = match ConnInfo::from_config(config) {
+        Ok(i) => i,
+        Err(e) => {
+            items.push(Item::fail(
+                SUBJECT,
+                e.message(),
+                e.remedy_text().unwrap_or(""),
+            ));
+            return items;
+        }
+    };
+    let control = match Control::connect(&info).await {
+        Ok(c) => c,
+        Err(e) if e.is_transient() => {
+            items.push(Item::unreachable(
+                SUBJECT,
+                e.message(),
+                "start the server or fix source.url",
+            ));
+            return items;
+        }
+        Err(e) => {
+            items.push(Item::fail(
+                SUBJECT,
+                e.message(),
+                e.remedy_text().unwrap_or(""),
+            ));
+            return items;
+        }
+    };
+    if let Err(e) = check(&control, config, checkpoint, &mut items).await {
+        items.push(Item::unreachable(
+            SUBJECT,
+            format!("checking {} failed: {e}", info.shown),
+            "check the server and the user's privileges",
+        ));
+    }
+    items
+}
+
+async fn check(
+    control: &Control,
+    config: &Config,
+    checkpoint: Option<&Checkpoint>,
+    items: &mut Vec<Item>,
+) -> Result<(), tokio_postgres::Error> {
+    let client = control.client();
+    let row = client
+        .query_one(
+            "SELECT version(), current_setting('wal_level'), current_setting('max_replication_slots')::int, \
+             (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)",
+            &[],
+        )
+        .await?;
+    let (version, wal_level, max_slots, replication): (String, String, i32, bool) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    items.push(Item::pass(
+        SUBJECT,
+        format!(
+            "connected to {}",
+            version.split(',').next().unwrap_or(&version)
+        ),
+    ));
+    if wal_level == "logical" {
+        items.push(Item::pass(SUBJECT, "wal_level = logical"));
+    } else {
+        items.push(Item::fail(
+            SUBJECT,
+            format!("wal_level = {wal_level}: logical decoding is off"),
+            "ALTER SYSTEM SET wal_level = logical; then restart Postgres",
+        ));
+    }
+    if replication {
+        items.push(Item::pass(
+            SUBJECT,
+            "the user has the REPLICATION attribute",
+        ));
+    } else {
+        items.push(Item::fail(
+            SUBJECT,
+            "the user lacks the REPLICATION attribute",
+            "ALTER ROLE <user> WITH REPLICATION;",
+        ));
+    }
+    let slot = &config.source.slot;
+    let slot_row = client
+        .query_opt(
+            "SELECT plugin, confirmed_flush_lsn::text, active FROM pg_replication_slots WHERE slot_name = $1",
+            &[slot],
+        )
+        .await?;
+    match slot_row {
+        Some(r) => {
+            let plugin: Option<String> = r.get(0);
+            let confirmed: Option<String> = r.get(1);
+            if plugin.as_deref() == Some("pgoutput") {
+                items.push(Item::pass(
+                    SUBJECT,
+                    format!(
+                        "slot {slot} exists (pgoutput, confirmed {})",
+                        confirmed.clone().unwrap_or_default()
+                    ),
+                ));
+            } else {
+                items.push(Item::fail(
+                    SUBJECT,
+                    format!("slot {slot} uses plugin {}", plugin.unwrap_or_default()),
+                    "set source.slot to another name (outboxd creates it) or drop that slot",
+                ));
+            }
+            if let (Some(c), Some(cp)) = (confirmed.as_deref().and_then(parse_lsn), checkpoint) {
+                if let Ok(lsn) = super::lsn_of(&cp.position()) {
+                    if c > lsn {
+                        items.push(Item::warn(
+                            SUBJECT,
+                            format!("slot {slot} is ahead of the checkpoint ({} > {}): changes in between were consumed elsewhere", super::pgoutput::lsn_to_string(c), super::pgoutput::lsn_to_string(lsn)),
+                            "make sure only this outboxd pipeline uses the slot",
+                        ));
+                    }
+                }
+            }
+        }
+        None => {
+            let used: i64 = client
+                .query_one("SELECT count(*) FROM pg_replication_slots", &[])
+                .await?
+                .get(0);
+            if used < max_slots as i64 {
+                items.push(Item::pass(
+                    SUBJECT,
+                    format!("slot {slot} will be created at start"),
+                ));
+            } else {
+                items.push(Item::fail(
+                    SUBJECT,
+                    format!("slot {slot} does not exist and all {max_slots} slots are in use"),
+                    "raise max_replication_slots (restart needed) or drop an unused slot",
+                ));
+            }
+        }
+    }
+    let publication = &config.source.publication;
+    let published: Vec<String> = client
+        .query(
+            "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1",
+            &[publication],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let exists = client
+        .query_opt(
+            "SELECT 1 FROM pg_publication WHERE pubname = $1",
+            &[publication],
+        )
+        .await?
+        .is_some();
+    let route = &config.route;
+    let mut wanted: Vec<&str> = vec![&route.by, &route.key, &route.payload, &route.id];
+    wanted.extend(route.headers.values().map(String::as_str));
+    for table in &config.source.tables {
+        let (schema, name) = table.split_once('.').unwrap_or(("public", table));
+        let columns: Vec<String> = client
+            .query(
+                "SELECT column_name::text FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2",
+                &[&schema, &name],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if columns.is_empty() {
+            items.push(Item::fail(
+                SUBJECT,
+                format!("outbox table {table} does not exist (or the user cannot see it)"),
+                "create it (see `outboxd schema --kind postgres`) or fix source.tables",
+            ));
+            continue;
+        }
+        let missing: Vec<&str> = wanted
+            .iter()
+            .copied()
+            .filter(|w| !columns.iter().any(|c| c == w))
+            .collect();
+        if missing.is_empty() {
+            items.push(Item::pass(
+                SUBJECT,
+                format!("outbox table {table} has the routed columns"),
+            ));
+        } else {
+            items.push(Item::fail(
+                SUBJECT,
+                format!(
+                    "outbox table {table} lacks the routed column(s) {}",
+                    missing.join(", ")
+                ),
+                "add the columns, or point [route] at the table's own column names",
+            ));
+        }
+        if !exists {
+            items.push(Item::pass(SUBJECT, format!("publication {publication} will be created for {table} at start (needs table ownership)")));
+        } else if published.contains(table) {
+            items.push(Item::pass(
+                SUBJECT,
+                format!("{table} is in publication {publication}"),
+            ));
+        } else {
+            items.push(Item::fail(
+                SUBJECT,
+                format!("{table} is not in publication {publication}"),
+                format!(
+                    "ALTER PUBLICATION \"{publication}\" ADD TABLE {};",
+                    quote_table(table)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,352 @@
+//! End-to-end: private PostgreSQL 15 (wal_level=logical) -> outboxd binary -> real broker -> consumer.
+
+mod rig;
+
+use std::time::Duration;
+
+use rig::scenario::{
+    check_per_key_order, check_per_key_order_by, check_records_by, consume_events, event, n_of,
+    uuid_of, LIMIT,
+};
+use rig::{consume, create_topic, wait_until, Broker, Outboxd, Postgres};
+
+const SCHEMA: &str = "
+CREATE ROLE cdc WITH LOGIN REPLICATION;
+CREATE TABLE public.outbox (
+  id uuid PRIMARY KEY,
+  aggregatetype text,
+  aggregateid text NOT NULL,
+  type text NOT NULL,
+  payload jsonb,
+  created_at timestamptz NOT NULL DEFAULT now()
+);
+ALTER TABLE public.outbox OWNER TO cdc;
+CREATE TABLE public.other (id bigserial PRIMARY KEY, note text, raw bytea);
+GRANT SELECT ON ALL TABLES IN SCHEMA public TO cdc;
+GRANT CREATE ON DATABASE app TO cdc;
+";
+
+struct PgEnv {
+    pg: Postgres,
+    broker: Broker,
+    outboxd: Outboxd,
+}
+
+fn setup(name: &str, extra_kafka: &str) -> PgEnv {
+    let pg = Postgres::start(&[]);
+    pg.sql("postgres", "CREATE DATABASE app;");
+    pg.sql("app", SCHEMA);
+    let broker = Broker::start();
+    for topic in ["outbox.event.order", "outbox.event.customer"] {
+        create_topic(&broker.bootstrap(), topic, 3);
+    }
+    let body = format!(
+        "[source]\nkind = \"postgres\"\nurl = \"{}\"\ntables = [\"public.outbox\"]\nslot = \"outboxd_{name}\"\n\
+         publication = \"outboxd_{name}\"\nmessage_prefixes = [\"outbox\"]\nheartbeat_interval_ms = 1000\n\
+         [kafka]\nbrokers = \"{}\"\n{extra_kafka}\n[http]\nlisten = \"\"\n",
+        pg.url("cdc", "app"),
+        broker.bootstrap()
+    );
+    let outboxd = Outboxd::new(name, &body);
+    PgEnv {
+        pg,
+        broker,
+        outboxd,
+    }
+}
+
+/// jsonb as Postgres prints it: keys sorted by length, a space after ':' and ','.
+fn pg_payload(n: u64) -> String {
+    format!(r#"{{"n": {n}, "note": "café 🎉"}}"#)
+}
+
+fn insert_sql(n: u64) -> String {
+    let (_, kind, key, payload) = event(n);
+    format!(
+        "INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload) VALUES ('{}', '{kind}', '{key}', 'Created', '{payload}');",
+        uuid_of(n)
+    )
+}
+
+fn insert_rows(pg: &Postgres, from: u64, to: u64, per_txn: u64) {
+    let mut script = String::new();
+    let mut n = from;
+    while n < to {
+        script.push_str("BEGIN;");
+        for m in n..(n + per_txn).min(to) {
+            script.push_str(&insert_sql(m));
+        }
+        script.push_str("COMMIT;\n");
+        n += per_txn;
+    }
+    pg.sql("app", &script);
+}
+
+fn lsn(text: &str) -> u64 {
+    let (hi, lo) = text.trim().split_once('/').unwrap();
+    (u64::from_str_radix(hi, 16).unwrap() << 32) | u64::from_str_radix(lo, 16).unwrap()
+}
+
+fn slot_confirmed(env: &PgEnv, name: &str) -> u64 {
+    lsn(&env.pg.sql(
+        "app",
+        &format!("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'outboxd_{name}';"),
+    ))
+}
+
+fn checkpoint_lsn(env: &PgEnv) -> u64 {
+    lsn(env.outboxd.checkpoint()["position"]["lsn"]
+        .as_str()
+        .unwrap())
+}
+
+#[test]
+fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_with_jsonb_as_json_text() {
+    let mut env = setup("mixed", "");
+    env.outboxd.start();
+    let mut script = String::new();
+    let mut n = 0;
+    for _ in 0..100 {
+        script.push_str(&format!("BEGIN;{}COMMIT;\n", insert_sql(n)));
+        n += 1;
+    }
+    for _ in 0..5 {
+        script.push_str("BEGIN;");
+        for _ in 0..100 {
+            script.push_str(&insert_sql(n));
+            n += 1;
+        }
+        script.push_str("COMMIT;\n");
+    }
+    for i in 0..100 {
+        script.push_str(&format!(
+            "BEGIN; INSERT INTO public.other (note, raw) VALUES ('caf\u{e9} {i}', '\\xff00fe'::bytea);"
+        ));
+        for _ in 0..4 {
+            script.push_str(&insert_sql(n));
+            n += 1;
+        }
+        script.push_str(&format!(
+            "UPDATE public.outbox SET type = 'Touched' WHERE id = '{}'; COMMIT;\n",
+            uuid_of(n - 1)
+        ));
+        script.push_str(&format!(
+            "UPDATE public.other SET note = 'x' WHERE id = {};\n",
+            i + 1
+        ));
+    }
+    assert_eq!(n, 1000);
+    env.pg.sql("app", &script);
+    let records = consume_events(&env.broker.bootstrap(), 1000);
+    let duplicates = check_records_by(&records, 0..1000, pg_payload);
+    assert_eq!(duplicates, 0);
+    assert_eq!(records.len(), 1000);
+    check_per_key_order(&records);
+    env.outboxd.stop();
+}
+
+/// An envelope for `pg_logical_emit_message`: the row `n` as a table-less outbox event.
+fn envelope(n: u64) -> String {
+    let (_, kind, key, _) = event(n);
+    format!(
+        r#"{{"id":"{}","aggregatetype":"{kind}","aggregateid":"{key}","type":"Created","payload":{{"n":{n}}}}}"#,
+        uuid_of(n)
+    )
+}
+
+#[test]
+fn table_less_messages_arrive_in_commit_order_and_rolled_back_ones_never() {
+    let mut env = setup("messages", "");
+    env.outboxd.start();
+    let mut script = String::new();
+    let mut rolled_back = Vec::new();
+    // Commit order: message n, then (in the same transaction) table row n + 1000.
+    let mut commit_rank = std::collections::HashMap::new();
+    for n in 0..100u64 {
+        commit_rank.insert(n, 2 * n);
+        commit_rank.insert(n + 1000, 2 * n + 1);
+        let emit = format!(
+            "SELECT pg_logical_emit_message(true, 'outbox', '{}');",
+            envelope(n)
+        );
+        if n % 10 == 3 {
+            // Emitted, then rolled back: must never arrive.
+            script.push_str(&format!("BEGIN; {emit} ROLLBACK;\n"));
+            rolled_back.push(n);
+        } else if n % 4 == 0 {
+            // Mixed with a table row in one transaction (the table row is n + 1000).
+            script.push_str(&format!("BEGIN; {emit} {} COMMIT;\n", insert_sql(n + 1000)));
+        } else {
+            script.push_str(&format!("BEGIN; {emit} COMMIT;\n"));
+        }
+    }
+    commit_rank.insert(500, 1_000);
+    // Non-transactional: delivered at once, checkpointed at its own LSN.
+    script.push_str(&format!(
+        "SELECT pg_logical_emit_message(false, 'outbox', '{}');\n",
+        envelope(500)
+    ));
+    // Another prefix is not ours.
+    script.push_str("SELECT pg_logical_emit_message(true, 'audit', '{}');\n");
+    env.pg.sql("app", &script);
+    let table_rows = (0..100u64).filter(|n| n % 4 == 0 && n % 10 != 3).count();
+    let expected = 100 - rolled_back.len() + 1 + table_rows;
+    let records = consume_events(&env.broker.bootstrap(), expected);
+    assert_eq!(records.len(), expected, "{}", env.outboxd.log());
+    let ns: Vec<u64> = records.iter().map(n_of).collect();
+    for n in &rolled_back {
+        assert!(!ns.contains(n), "rolled-back message {n} arrived");
+    }
+    assert!(ns.contains(&500), "non-transactional message missing");
+    let message = records.iter().find(|r| n_of(r) == 1).unwrap();
+    assert_eq!(message.value.as_deref(), Some(&br#"{"n":1}"#[..]));
+    assert_eq!(message.key.as_deref(), Some(event(1).2.as_bytes()));
+    check_per_key_order_by(&records, |n| commit_rank[&n]);
+    env.outboxd.stop();
+}
+
+#[test]
+fn a_quiet_outbox_on_a_busy_database_still_advances_the_slot() {
+    let mut env = setup("quiet", "");
+    env.outboxd.start();
+    let mut script = String::from("BEGIN;");
+    for i in 0..10_000 {
+        script.push_str(&format!("INSERT INTO public.other (note) VALUES ('n{i}');"));
+        if i % 100 == 99 {
+            script.push_str("COMMIT; BEGIN;");
+        }
+    }
+    script.push_str("COMMIT;");
+    env.pg.sql("app", &script);
+    let after = lsn(&env.pg.sql("app", "SELECT pg_current_wal_lsn();"));
+    wait_until("the slot to move past the unrelated inserts", LIMIT, || {
+        slot_confirmed(&env, "quiet") >= after
+    });
+    assert!(checkpoint_lsn(&env) >= slot_confirmed(&env, "quiet"));
+    env.outboxd.stop();
+}
+
+#[test]
+fn the_slot_is_never_confirmed_ahead_of_the_durable_checkpoint() {
+    let mut env = setup("confirm", "");
+    env.outboxd.start();
+    let writer = {
+        let pg_dir = env.pg.dir().to_path_buf();
+        let port = env.pg.port;
+        std::thread::spawn(move || {
+            for batch in 0..40u64 {
+                let mut script = String::new();
+                for n in batch * 10..batch * 10 + 10 {
+                    script.push_str(&format!("BEGIN;{}COMMIT;", insert_sql(n)));
+                }
+                let out = std::process::Command::new("/usr/lib/postgresql/15/bin/psql")
+                    .args([
+                        "-X",
+                        "-q",
+                        "-v",
+                        "ON_ERROR_STOP=1",
+                        "-U",
+                        "postgres",
+                        "-d",
+                        "app",
+                    ])
+                    .arg("-h")
+                    .arg(&pg_dir)
+                    .args(["-p", &port.to_string(), "-c", &script])
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        })
+    };
+    let mut samples = 0;
+    while !writer.is_finished() || samples < 20 {
+        // The slot first, then the checkpoint: the checkpoint only grows, so a violation cannot hide.
+        let confirmed = slot_confirmed(&env, "confirm");
+        let durable = checkpoint_lsn(&env);
+        assert!(
+            confirmed <= durable,
+            "slot confirmed {confirmed:X} ahead of checkpoint {durable:X}"
+        );
+        samples += 1;
+        if samples > 2_000 {
+            break;
+        }
+    }
+    writer.join().unwrap();
+    let records = consume_events(&env.broker.bootstrap(), 400);
+    check_records_by(&records, 0..400, pg_payload);
+    env.outboxd.stop();
+}
+
+#[test]
+fn a_postgres_restart_mid_stream_and_a_kill_9_lose_nothing() {
+    let mut env = setup("restart", "");
+    env.outboxd.start();
+    insert_rows(&env.pg, 0, 300, 3);
+    env.pg.restart();
+    insert_rows(&env.pg, 300, 600, 3);
+    wait_until("some rows after the restart", LIMIT, || {
+        consume(
+            &env.broker.bootstrap(),
+            "outbox.event.order",
+            350,
+            Duration::from_millis(500),
+        )
+        .len()
+            >= 350
+    });
+    env.outboxd.kill9();
+    insert_rows(&env.pg, 600, 900, 3);
+    env.outboxd.start();
+    insert_rows(&env.pg, 900, 1000, 5);
+    let records = consume_events(&env.broker.bootstrap(), 1000);
+    let duplicates = check_records_by(&records, 0..1000, pg_payload);
+    println!("postgres restart + kill -9: {duplicates} duplicates over 1000 rows");
+    check_per_key_order(&records);
+    assert!(env.outboxd.log().contains("replication stream opened"));
+    env.outboxd.stop();
+}
+
+#[test]
+fn a_null_aggregatetype_goes_to_the_dead_letter_topic_and_the_stream_goes_on() {
+    let mut env = setup("nullroute", "dead_letter_topic = \"outboxd.dlq.pg\"");
+    env.outboxd.start();
+    env.pg.sql(
+        "app",
+        &format!(
+            "INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload) VALUES ('{}', NULL, 'k', 'Bad', '{{}}');",
+            uuid_of(7777)
+        ),
+    );
+    insert_rows(&env.pg, 1, 2, 1);
+    let dead = consume(&env.broker.bootstrap(), "outboxd.dlq.pg", 1, LIMIT);
+    assert_eq!(dead.len(), 1, "{}", env.outboxd.log());
+    assert!(dead[0]
+        .header("outboxd.error")
+        .unwrap()
+        .starts_with("null_routing_value"));
+    assert_eq!(dead[0].header("outboxd.table").unwrap(), "public.outbox");
+    let good = consume(&env.broker.bootstrap(), "outbox.event.order", 1, LIMIT);
+    assert_eq!(good.len(), 1);
+    env.outboxd.stop();
+}
+
+#[test]
+fn check_reports_a_postgres_setup() {
+    let env = setup("check", "");
+    let out = env.outboxd.command(&["check"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for needle in [
+        "wal_level = logical",
+        "REPLICATION attribute",
+        "has the routed columns",
+    ] {
+        assert!(text.contains(needle), "{needle} missing:\n{text}");
+    }
+}

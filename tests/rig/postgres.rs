@@ -1,0 +1,266 @@
+//! A private PostgreSQL 15 with `wal_level=logical`.
+//!
+//! initdb refuses root, so when the tests run as root the data directory belongs to the `postgres` OS
+//! user and the server commands (`initdb`, `pg_ctl`) run through `runuser -u postgres`. `psql` runs as
+//! the test's own user: trust authentication lets it in as the `postgres` role through the unix socket.
+//! The temp dir is the data directory and also holds the unix socket and the server log.
+//!
+//! For speed the server runs with `fsync=off` and `full_page_writes=off`: safe against a process crash
+//! ([`Postgres::crash_restart`]), as the OS keeps what was written. `synchronous_commit` stays `on`:
+//! with `off` a commit acknowledged up to ~200 ms before an immediate stop is lost (measured), which
+//! would make "the row survived the crash" assertions flaky. Pass it in `extra` where that is fine.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use super::{free_port, wait_until};
+
+/// Where the Debian `postgresql-15` package puts the server binaries.
+pub const BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// The OS user (and superuser role) the server runs as.
+const OS_USER: &str = "postgres";
+
+pub struct Postgres {
+    dir: tempfile::TempDir,
+    pub port: u16,
+    log: PathBuf,
+}
+
+impl Postgres {
+    /// initdb + start; `extra` lines are appended to postgresql.conf.
+    pub fn start(extra: &[&str]) -> Postgres {
+        let dir = tempfile::Builder::new()
+            .prefix("outboxd-postgres-")
+            .tempdir()
+            .unwrap();
+        let root = dir.path();
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700)).unwrap();
+        if as_root() {
+            let user = nix::unistd::User::from_name(OS_USER)
+                .unwrap()
+                .expect("a `postgres` OS user (apt-get install postgresql-15; scripts/install-test-deps.sh does it)");
+            nix::unistd::chown(root, Some(user.uid), Some(user.gid)).unwrap();
+        }
+        let port = free_port();
+        let pg = Postgres {
+            log: root.join("postgres.log"),
+            dir,
+            port,
+        };
+        let out = pg
+            .server_command("initdb")
+            .arg("-D")
+            .arg(pg.dir())
+            .args([
+                "-U",
+                OS_USER,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+            ])
+            .output()
+            .expect("initdb (apt-get install postgresql-15; scripts/install-test-deps.sh does it)");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // postgresql.conf now belongs to the postgres user; root may append to it all the same.
+        let conf = format!(
+            "\n# outboxd test rig\nlisten_addresses='127.0.0.1'\nport={port}\nunix_socket_directories='{d}'\n\
+             wal_level=logical\nmax_replication_slots=10\nmax_wal_senders=10\n\
+             fsync=off\nfull_page_writes=off\n{extra}\n",
+            d = pg.dir().display(),
+            extra = extra.join("\n"),
+        );
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(pg.dir().join("postgresql.conf"))
+            .unwrap()
+            .write_all(conf.as_bytes())
+            .unwrap();
+        pg.pg_ctl(&["-w", "start"]);
+        pg.wait_ready();
+        pg
+    }
+
+    /// The data directory (also the socket directory; the server log is `postgres.log` in it).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The server log (`pg_ctl -l`).
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// Runs SQL as the `postgres` superuser on database `db` through the unix socket with psql
+    /// (`-X -q -A -t -v ON_ERROR_STOP=1`), feeding the SQL on stdin (it may be long); returns stdout;
+    /// panics with stderr on failure.
+    pub fn sql(&self, db: &str, sql: &str) -> String {
+        self.try_sql(db, sql).unwrap_or_else(|stderr| {
+            panic!(
+                "SQL failed on {db}: {}\n{stderr}",
+                sql.chars().take(300).collect::<String>()
+            )
+        })
+    }
+
+    /// Like [`Postgres::sql`], but returns `Err(stderr)` instead of panicking.
+    pub fn try_sql(&self, db: &str, sql: &str) -> Result<String, String> {
+        let mut child = self
+            .psql(db)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("psql (apt-get install postgresql-client-15)");
+        // With ON_ERROR_STOP psql may exit before reading everything; its stderr (below) says why.
+        let _ = child.stdin.take().unwrap().write_all(sql.as_bytes());
+        let out = child.wait_with_output().unwrap();
+        if out.status.success() {
+            Ok(String::from_utf8(out.stdout).unwrap())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// `postgres://USER@127.0.0.1:PORT/DB`
+    pub fn url(&self, user: &str, db: &str) -> String {
+        format!("postgres://{user}@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// `pg_ctl restart -m fast` (same port, same data); waits until it accepts connections.
+    pub fn restart(&self) {
+        self.pg_ctl(&["-m", "fast", "-w", "restart"]);
+        self.wait_ready();
+    }
+
+    /// Stops with `-m immediate` (crash-like: no shutdown checkpoint, crash recovery on start) and
+    /// starts again on the same port and data; waits until it accepts connections.
+    pub fn crash_restart(&self) {
+        self.pg_ctl(&["-m", "immediate", "-w", "stop"]);
+        self.pg_ctl(&["-w", "start"]);
+        self.wait_ready();
+    }
+
+    /// SIGSTOP to the postmaster (pid from the first line of `DIR/postmaster.pid`): it accepts no
+    /// new connections (the kernel queues them, nothing answers), but its children keep running, so
+    /// sessions and walsenders that already exist go on working.
+    pub fn freeze(&self) {
+        nix::sys::signal::kill(
+            self.postmaster_pid().unwrap(),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .unwrap();
+    }
+
+    /// SIGCONT after [`Postgres::freeze`].
+    pub fn thaw(&self) {
+        nix::sys::signal::kill(
+            self.postmaster_pid().unwrap(),
+            nix::sys::signal::Signal::SIGCONT,
+        )
+        .unwrap();
+    }
+
+    /// The postmaster's pid, from the first line of `postmaster.pid` (None when no server runs).
+    pub fn postmaster_pid(&self) -> Option<nix::unistd::Pid> {
+        let text = std::fs::read_to_string(self.dir().join("postmaster.pid")).ok()?;
+        let pid = text.lines().next()?.trim().parse().ok()?;
+        Some(nix::unistd::Pid::from_raw(pid))
+    }
+
+    /// psql as the `postgres` role on `db`, through the socket in the data directory.
+    fn psql(&self, db: &str) -> Command {
+        let mut cmd = Command::new(Path::new(BIN).join("psql"));
+        cmd.arg("-h")
+            .arg(self.dir())
+            .arg("-p")
+            .arg(self.port.to_string())
+            .args(["-U", OS_USER, "-d", db])
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+            .env_remove("PGPASSWORD")
+            .env_remove("PGSERVICE")
+            .env_remove("PGOPTIONS");
+        cmd
+    }
+
+    /// A server binary from [`BIN`], run as the `postgres` OS user when the tests run as root.
+    fn server_command(&self, program: &str) -> Command {
+        let program = Path::new(BIN).join(program);
+        let mut cmd = if as_root() {
+            let mut cmd = Command::new("runuser");
+            cmd.args(["-u", OS_USER, "--"]).arg(program);
+            cmd
+        } else {
+            Command::new(program)
+        };
+        // The postgres user may not be allowed into the test's working directory.
+        cmd.current_dir(self.dir()).stdin(Stdio::null());
+        cmd
+    }
+
+    /// `pg_ctl -D DIR -l LOG ARGS`. The log file is always given, so the postmaster never inherits
+    /// (and holds open) our pipes.
+    fn pg_ctl_output(&self, args: &[&str]) -> std::io::Result<Output> {
+        self.server_command("pg_ctl")
+            .arg("-D")
+            .arg(self.dir())
+            .arg("-l")
+            .arg(&self.log)
+            .args(args)
+            .output()
+    }
+
+    fn pg_ctl(&self, args: &[&str]) {
+        let out = self.pg_ctl_output(args).expect("pg_ctl");
+        assert!(
+            out.status.success(),
+            "pg_ctl {args:?} failed: {}{}\n--- server log ---\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
+    }
+
+    fn wait_ready(&self) {
+        wait_until(
+            "postgres to accept connections",
+            Duration::from_secs(60),
+            || {
+                Command::new(Path::new(BIN).join("pg_isready"))
+                    .arg("-h")
+                    .arg(self.dir())
+                    .arg("-p")
+                    .arg(self.port.to_string())
+                    .args(["-U", OS_USER, "-d", "postgres"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            },
+        );
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        // A frozen postmaster would not act on the stop signal.
+        if let Some(pid) = self.postmaster_pid() {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+        }
+        let _ = self.pg_ctl_output(&["-m", "immediate", "-w", "-t", "30", "stop"]);
+        // The TempDir (the data directory) is removed after this.
+    }
+}
+
+fn as_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
