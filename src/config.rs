@@ -635,6 +635,37 @@ listen = ""
     }
 
     #[test]
+    fn the_shipped_configs_parse() {
+        for (name, text) in [
+            (
+                "outboxd.example.toml",
+                include_str!("../deploy/outboxd.example.toml"),
+            ),
+            (
+                "compose/outboxd-mysql.toml",
+                include_str!("../deploy/compose/outboxd-mysql.toml"),
+            ),
+            (
+                "compose/outboxd-postgres.toml",
+                include_str!("../deploy/compose/outboxd-postgres.toml"),
+            ),
+        ] {
+            if let Err(e) = parse(text, &[]) {
+                panic!("deploy/{name}: {e}");
+            }
+        }
+        let k8s = include_str!("../deploy/kubernetes/outboxd.yaml");
+        let start = k8s.find("outboxd.toml: |").unwrap() + "outboxd.toml: |".len();
+        let end = k8s[start..].find("---").unwrap() + start;
+        let embedded: String = k8s[start..end]
+            .lines()
+            .map(|l| l.strip_prefix("    ").unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+        parse(&embedded, &[]).unwrap();
+    }
+
+    #[test]
     fn password_in_url_is_redacted_in_errors() {
         let text = MINIMAL
             .replace("mysql://cdc@", "mysql://cdc:hunter2@")
