@@ -8,6 +8,7 @@
 pub mod check;
 pub mod checkpoint;
 pub mod config;
+pub mod dry_run;
 pub mod error;
 pub mod http;
 pub mod metrics;

@@ -54,14 +54,22 @@ enum Command {
         action: CheckpointAction,
     },
     /// Forward the outbox rows in a range again, then exit; the live checkpoint is untouched.
+    /// With --binlog-file, read local binlog files instead of the server.
     Replay {
-        /// A saved checkpoint label, or a position (FILE:POS, gtid:0-1-42).
-        #[arg(long)]
-        from: String,
+        /// A saved checkpoint label, or a position (FILE:POS, gtid:0-1-42). Required unless
+        /// --binlog-file is given (then it defaults to the first file's start).
+        #[arg(long, required_unless_present = "binlog_file")]
+        from: Option<String>,
         /// Stop at the first transaction boundary at or past this position (default: the server's
-        /// end when the replay starts).
+        /// end when the replay starts, or the end of the files).
         #[arg(long)]
         to: Option<String>,
+        /// Read these binlog files (in the order given) with the same decoding as the live source.
+        #[arg(long = "binlog-file", value_name = "PATH")]
+        binlog_file: Vec<PathBuf>,
+        /// With --binlog-file: print the records as JSON lines instead of producing them.
+        #[arg(long, requires = "binlog_file")]
+        dry_run: bool,
     },
     /// Print the recommended outbox table, grants and server settings.
     Schema {
@@ -174,8 +182,50 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 ExitCode::SUCCESS
             })
         }),
-        Command::Replay { from, to } => {
+        Command::Replay {
+            from,
+            to,
+            binlog_file,
+            dry_run,
+        } if !binlog_file.is_empty() => {
+            if config.source.kind != SourceKind::Mysql {
+                return Err(Error::config("--binlog-file needs source.kind = \"mysql\"")
+                    .remedy("binlog files come from MySQL/MariaDB servers"));
+            }
+            let parse = |p: Option<String>| {
+                p.map(|p| outboxd::source::parse_position(SourceKind::Mysql, &p))
+                    .transpose()
+            };
+            let (from, to) = (parse(from)?, parse(to)?);
+            if dry_run {
+                let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+                let rows = outboxd::dry_run::binlog_files(
+                    &config,
+                    binlog_file,
+                    from.as_ref(),
+                    to.as_ref(),
+                    &mut out,
+                )?;
+                drop(out);
+                eprintln!("{rows} outbox row(s)");
+                return Ok(ExitCode::SUCCESS);
+            }
+            runtime()?.block_on(async {
+                let count = outboxd::pipeline::replay_files(
+                    &config,
+                    binlog_file,
+                    from,
+                    to,
+                    shutdown_signal(),
+                )
+                .await?;
+                println!("replayed {count} record(s)");
+                Ok(ExitCode::SUCCESS)
+            })
+        }
+        Command::Replay { from, to, .. } => {
             let store = Store::open_unlocked(&config.checkpoint.dir, &config.name)?;
+            let from = from.expect("clap requires --from without --binlog-file");
             let from = starting_point(&store, &config, &from)?;
             let to = to
                 .map(|t| outboxd::source::parse_position(config.source.kind, &t))

@@ -37,6 +37,18 @@ enum SessionEnd {
     Shutdown,
 }
 
+/// Where a pipeline's changes come from.
+#[derive(Clone)]
+pub enum Input {
+    /// The configured server, resuming from the checkpoint.
+    Live,
+    /// Local binlog files, read once from `from` (or their start).
+    Files {
+        paths: Vec<std::path::PathBuf>,
+        from: Option<Position>,
+    },
+}
+
 /// Runs until `shutdown` turns true (Ok) or a fatal error (Err).
 pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> Result<()> {
     let store = Arc::new(Store::open_locked(&config.checkpoint.dir, &config.name)?);
@@ -47,7 +59,31 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> Result<()> 
     if !config.http.listen.is_empty() {
         crate::http::serve(&config.http.listen, metrics.clone()).await?;
     }
-    drive(&config, store, metrics, None, shutdown).await
+    drive(&config, store, metrics, Input::Live, None, shutdown).await
+}
+
+/// Produces the outbox rows of local binlog files (from `from`, up to the boundary at or past `to`)
+/// through the normal sink, then returns how many records Kafka acknowledged. No checkpoint is kept:
+/// a failed file replay is simply run again.
+pub async fn replay_files(
+    config: &Config,
+    paths: Vec<std::path::PathBuf>,
+    from: Option<Position>,
+    to: Option<Position>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<u64> {
+    let scratch = tempfile::Builder::new()
+        .prefix("outboxd-replay-")
+        .tempdir()
+        .map_err(|e| Error::checkpoint(format!("cannot create a temporary directory: {e}")))?;
+    let store = Arc::new(Store::open_locked(scratch.path(), &config.name)?);
+    let metrics = Metrics::new(
+        &config.name,
+        Duration::from_millis(config.source.heartbeat_interval_ms),
+    );
+    let input = Input::Files { paths, from };
+    drive(config, store, metrics.clone(), input, to, shutdown).await?;
+    Ok(metrics.forwarded_total())
 }
 
 /// Forwards the outbox rows after `from` up to the boundary at or past `to` (default: the server's
@@ -84,7 +120,15 @@ pub async fn replay(
         &config.name,
         Duration::from_millis(config.source.heartbeat_interval_ms),
     );
-    drive(&config, store, metrics.clone(), Some(to), shutdown).await?;
+    drive(
+        &config,
+        store,
+        metrics.clone(),
+        Input::Live,
+        Some(to),
+        shutdown,
+    )
+    .await?;
     Ok(metrics.forwarded_total())
 }
 
@@ -93,6 +137,7 @@ async fn drive(
     config: &Config,
     store: Arc<Store>,
     metrics: Arc<Metrics>,
+    input: Input,
     until: Option<Position>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
@@ -108,6 +153,7 @@ async fn drive(
             &store,
             &router,
             &metrics,
+            &input,
             until.as_ref(),
             &mut shutdown,
         )
@@ -151,6 +197,7 @@ async fn run_session(
     store: &Arc<Store>,
     router: &Router,
     metrics: &Arc<Metrics>,
+    input: &Input,
     until: Option<&Position>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<SessionEnd> {
@@ -158,22 +205,33 @@ async fn run_session(
     let resume = stored.as_ref().map(|c| (c.source.clone(), c.position()));
     // The resumed position is durable already; the writer publishes every newer one.
     let (durable_tx, durable_rx) = watch::channel(resume.as_ref().map(|(_, p)| p.clone()));
-    let connect = Source::connect(
-        config,
-        resume.as_ref().map(|(i, p)| (i, p)),
-        metrics.clone(),
-        durable_rx,
-    );
-    let source = tokio::time::timeout(connect_timeout(config), connect)
-        .await
-        .map_err(|_| {
-            Error::source(format!(
-                "connecting to the source took longer than {:?}",
-                connect_timeout(config)
-            ))
-            .remedy("outboxd retries; check that the server is up and answering")
-            .transient()
-        })??;
+    let source = match input {
+        Input::Live => {
+            let connect = Source::connect(
+                config,
+                resume.as_ref().map(|(i, p)| (i, p)),
+                metrics.clone(),
+                durable_rx,
+            );
+            tokio::time::timeout(connect_timeout(config), connect)
+                .await
+                .map_err(|_| {
+                    Error::source(format!(
+                        "connecting to the source took longer than {:?}",
+                        connect_timeout(config)
+                    ))
+                    .remedy("outboxd retries; check that the server is up and answering")
+                    .transient()
+                })??
+        }
+        Input::Files { paths, from } => {
+            Source::BinlogFiles(crate::source::mysql::BinlogFileSource::open(
+                paths.clone(),
+                config.source.tables.iter().cloned(),
+                from.as_ref(),
+            )?)
+        }
+    };
     let identity = source.identity().clone();
     if stored.is_none() {
         // Record where we start, so a restart before the first transaction does not move the start.
@@ -243,6 +301,13 @@ async fn run_session(
                     break Err(e);
                 }
             }
+            Some(Ok(Change::Exhausted)) => {
+                open_rows = false;
+                if stopping.is_none() {
+                    tracing::info!("the input is exhausted");
+                    stopping = Some(Instant::now());
+                }
+            }
             Some(Ok(Change::Commit(boundary) | Change::Idle(boundary))) => {
                 open_rows = false;
                 metrics.source_time(boundary.committed_at);
@@ -299,12 +364,13 @@ async fn read_changes(mut source: Source, tx: mpsc::Sender<Result<Change>>, metr
     let mut reported = source.ignored();
     loop {
         let change = source.next().await;
+        let ended = matches!(change, Ok(Change::Exhausted));
         let ignored = source.ignored();
         metrics.ignored("update", ignored.updates - reported.updates);
         metrics.ignored("delete", ignored.deletes - reported.deletes);
         reported = ignored;
         let failed = change.is_err();
-        if tx.send(change).await.is_err() || failed {
+        if tx.send(change).await.is_err() || failed || ended {
             return;
         }
     }

@@ -53,6 +53,8 @@ pub enum Change {
     Commit(Boundary),
     /// A boundary with no rows since the last one (other tables' transactions, heartbeats).
     Idle(Boundary),
+    /// A bounded source (binlog files) has nothing more.
+    Exhausted,
 }
 
 /// A transaction boundary: where a resumed stream would start, and when that transaction committed.
@@ -135,10 +137,20 @@ impl SourceIdentity {
     }
 }
 
+/// Binlog files belong to no running server.
+static FILES_IDENTITY: SourceIdentity = SourceIdentity {
+    kind: SourceKind::Mysql,
+    server_id: None,
+    server_uuid: None,
+    system_identifier: None,
+    slot: None,
+};
+
 /// A connected source of either kind. Adding a database means one module and one arm here.
 pub enum Source {
     Mysql(mysql::MysqlSource),
     Postgres(postgres::PostgresSource),
+    BinlogFiles(mysql::BinlogFileSource),
 }
 
 impl Source {
@@ -164,6 +176,7 @@ impl Source {
         match self {
             Source::Mysql(s) => s.next().await,
             Source::Postgres(s) => s.next().await,
+            Source::BinlogFiles(s) => s.next_change(),
         }
     }
 
@@ -171,6 +184,7 @@ impl Source {
         match self {
             Source::Mysql(s) => s.identity(),
             Source::Postgres(s) => s.identity(),
+            Source::BinlogFiles(_) => &FILES_IDENTITY,
         }
     }
 
@@ -179,6 +193,7 @@ impl Source {
         match self {
             Source::Mysql(s) => s.start(),
             Source::Postgres(s) => s.start(),
+            Source::BinlogFiles(s) => s.start(),
         }
     }
 
@@ -186,6 +201,7 @@ impl Source {
         match self {
             Source::Mysql(s) => s.ignored(),
             Source::Postgres(s) => s.ignored(),
+            Source::BinlogFiles(s) => s.ignored(),
         }
     }
 }

@@ -71,15 +71,30 @@ pub struct TableColumns {
 impl TableColumns {
     /// Uses the table map's own metadata; `None` if the server did not write column names.
     pub fn from_metadata(table: Arc<str>, tme: TableMapEvent<'static>) -> io::Result<Option<Self>> {
+        let (columns, named) = Self::from_metadata_or_positions(table, tme)?;
+        Ok(named.then_some(columns))
+    }
+
+    /// Uses the table map's own metadata; columns without a logged name are called `@0`, `@1`, …
+    /// (their position). The flag says whether the names were logged.
+    pub fn from_metadata_or_positions(
+        table: Arc<str>,
+        tme: TableMapEvent<'static>,
+    ) -> io::Result<(Self, bool)> {
         let count = tme.columns_count() as usize;
         let extractor = OptionalMetaExtractor::new(tme.iter_optional_meta())?;
-        let names: Vec<Arc<str>> = extractor
+        let logged: Vec<Arc<str>> = extractor
             .iter_column_name()
             .map(|n| n.map(|n| Arc::from(n.name().as_ref())))
             .collect::<io::Result<_>>()?;
-        if names.len() != count {
-            return Ok(None);
-        }
+        let named = logged.len() == count;
+        let names: Vec<Arc<str>> = if named {
+            logged
+        } else {
+            (0..count)
+                .map(|i| Arc::from(format!("@{i}").as_str()))
+                .collect()
+        };
         let mut charsets = extractor.iter_charset();
         let mut signedness = extractor.iter_signedness();
         let mut kinds = Vec::with_capacity(count);
@@ -98,16 +113,18 @@ impl TableColumns {
             }
             kinds.push(kind);
         }
-        let kinds = kinds;
         drop(charsets);
         drop(signedness);
         drop(extractor);
-        Ok(Some(TableColumns {
-            table,
-            names: names.into(),
-            kinds,
-            tme,
-        }))
+        Ok((
+            TableColumns {
+                table,
+                names: names.into(),
+                kinds,
+                tme,
+            },
+            named,
+        ))
     }
 
     /// Uses the table's current definition; `Err` names the mismatch when it no longer fits the map.
@@ -174,8 +191,8 @@ pub fn convert(columns: &TableColumns, i: usize, value: BinlogValue<'_>) -> Valu
             Value::Binary(b)
         }
         BinlogValue::Value(v) => convert_plain(ty, kind, v),
-        BinlogValue::Jsonb(j) => match serde_json::Value::try_from(j) {
-            Ok(json) => Value::Json(json.to_string()),
+        BinlogValue::Jsonb(j) => match super::json_text::to_text(j) {
+            Ok(text) => Value::Json(text),
             Err(e) => Value::BadText {
                 bytes: e.to_string().into_bytes(),
                 charset: "binary JSON".into(),

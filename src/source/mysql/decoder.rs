@@ -17,7 +17,7 @@ use mysql_common::proto::MySerialize;
 
 use super::columns::{self, TableColumns};
 use super::event_types as et;
-use super::position::{BinlogPosition, MariaGtidState};
+use super::position::{BinlogPosition, MariaGtidState, MysqlGtidSet};
 use crate::error::{Error, Result};
 use crate::source::{Boundary, Change, Ignored, Row};
 
@@ -42,10 +42,14 @@ pub struct Decoder {
     next_pos: u64,
     gtid: Option<MariaGtidState>,
     pending_gtid: Option<(u32, u32, u64)>,
+    mysql_gtids: Option<MysqlGtidSet>,
+    pending_mysql_gtid: Option<(String, u64)>,
     in_txn: bool,
     txn_origin: Option<Arc<str>>,
     txn_rows: u64,
     ignored: Ignored,
+    /// A compressed transaction was announced; its events (log_pos 0) must follow.
+    payload_pending: bool,
 }
 
 impl Decoder {
@@ -57,12 +61,15 @@ impl Decoder {
             file: start.file.clone(),
             next_pos: start.pos,
             gtid: start.gtid.clone(),
+            mysql_gtids: start.mysql_gtids.clone(),
+            pending_mysql_gtid: None,
             boundary: start,
             pending_gtid: None,
             in_txn: false,
             txn_origin: None,
             txn_rows: 0,
             ignored: Ignored::default(),
+            payload_pending: false,
         }
     }
 
@@ -87,6 +94,18 @@ impl Decoder {
         let event_start = self.next_pos;
         if !checksum_ok(event) {
             return Err(self.corrupt(event_start, "CRC32 checksum mismatch"));
+        }
+        // The events of a compressed transaction carry log_pos 0. A top-level event right after the
+        // payload means its events never arrived (the client library drops a payload it cannot
+        // decompress): stop instead of losing the transaction.
+        if std::mem::take(&mut self.payload_pending) && header.log_pos() != 0 {
+            return Err(self.corrupt(
+                event_start,
+                "a compressed transaction (TRANSACTION_PAYLOAD) was not expanded into its events",
+            ));
+        }
+        if t == et::TRANSACTION_PAYLOAD {
+            self.payload_pending = true;
         }
         // Artificial and out-of-stream events (fake rotate, re-sent format description) carry 0.
         if header.log_pos() != 0 && t != et::HEARTBEAT {
@@ -127,7 +146,37 @@ impl Decoder {
                         .map(|t| format!(":{}", t.as_str()))
                         .unwrap_or_default();
                     self.txn_origin = Some(format!("gtid:{sid}{tag}:{}", g.gno()).into());
+                    self.pending_mysql_gtid = Some((format!("{sid}{tag}"), g.gno()));
                 }
+            }
+            // The GTIDs executed before this file: the base of the set we keep (files only; a live
+            // stream started from FILE:POS does not know it).
+            et::PREVIOUS_GTIDS if self.mysql_gtids.is_none() => {
+                if let Ok(Some(EventData::PreviousGtidsEvent(p))) = event.read_data() {
+                    let mut set = MysqlGtidSet::default();
+                    for sid in p.sids() {
+                        let uuid = uuid::Uuid::from_bytes(sid.uuid());
+                        let tag = sid
+                            .tag()
+                            .map(|t| format!(":{}", t.as_str()))
+                            .unwrap_or_default();
+                        for interval in sid.intervals() {
+                            // Stored half-open: [start, end).
+                            if interval.end() > interval.start() {
+                                set.add_interval(
+                                    &format!("{uuid}{tag}"),
+                                    interval.start(),
+                                    interval.end() - 1,
+                                );
+                            }
+                        }
+                    }
+                    self.mysql_gtids = Some(set);
+                }
+            }
+            // MariaDB: the GTID state at the start of this file.
+            et::MARIADB_GTID_LIST if self.gtid.is_none() => {
+                self.gtid = et::parse_gtid_list(event.data());
             }
             et::ANONYMOUS_GTID => {
                 self.txn_origin = Some(format!("{}:{event_start}", self.file).into());
@@ -278,10 +327,16 @@ impl Decoder {
                 g.apply(domain, server, seq);
             }
         }
+        if let Some((source, gno)) = self.pending_mysql_gtid.take() {
+            if let Some(set) = self.mysql_gtids.as_mut() {
+                set.add(&source, gno);
+            }
+        }
         self.boundary = BinlogPosition {
             file: self.file.clone(),
             pos: self.next_pos,
             gtid: self.gtid.clone(),
+            mysql_gtids: self.mysql_gtids.clone(),
         };
         let boundary = Boundary {
             position: self.boundary.to_position(),

@@ -14,11 +14,14 @@ pub const UPDATE_ROWS: u8 = 31;
 pub const DELETE_ROWS: u8 = 32;
 pub const GTID: u8 = 33;
 pub const ANONYMOUS_GTID: u8 = 34;
+pub const PREVIOUS_GTIDS: u8 = 35;
 pub const XA_PREPARE: u8 = 38;
 pub const PARTIAL_UPDATE_ROWS: u8 = 39;
+pub const TRANSACTION_PAYLOAD: u8 = 40;
 pub const GTID_TAGGED: u8 = 42;
 
 pub const MARIADB_GTID: u8 = 162;
+pub const MARIADB_GTID_LIST: u8 = 163;
 pub const MARIADB_QUERY_COMPRESSED: u8 = 165;
 /// MariaDB compressed row events (`log_bin_compress=ON`): write/update/delete, v1 and v2.
 pub const MARIADB_COMPRESSED_ROWS: std::ops::RangeInclusive<u8> = 166..=171;
@@ -57,6 +60,22 @@ impl MariaGtid {
             standalone: flags & 1 != 0,
         })
     }
+}
+
+/// MariaDB GTID_LIST event (type 163) body: `count u32` (low 28 bits), then `count` times
+/// `domain u32, server u32, seq u64`. `None` if malformed.
+pub fn parse_gtid_list(data: &[u8]) -> Option<super::position::MariaGtidState> {
+    let count = u32::from_le_bytes(data.get(0..4)?.try_into().ok()?) & 0x0fff_ffff;
+    let mut state = super::position::MariaGtidState::default();
+    for i in 0..count as usize {
+        let at = 4 + i * 16;
+        let entry = data.get(at..at + 16)?;
+        let domain = u32::from_le_bytes(entry[0..4].try_into().ok()?);
+        let server = u32::from_le_bytes(entry[4..8].try_into().ok()?);
+        let seq = u64::from_le_bytes(entry[8..16].try_into().ok()?);
+        state.apply(domain, server, seq);
+    }
+    Some(state)
 }
 
 /// The table id at the start of a rows event's post-header (6 bytes, little endian).

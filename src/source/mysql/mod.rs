@@ -13,9 +13,11 @@
 //! event nor a heartbeat for three periods is treated as dead even if its socket looks alive, and the
 //! session ends with a transient error so the pipeline reconnects from the checkpoint.
 
+mod binlog_file;
 mod columns;
 mod decoder;
 mod event_types;
+mod json_text;
 mod position;
 mod preflight;
 
@@ -27,10 +29,11 @@ use futures_util::StreamExt;
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, OptsBuilder};
 
+pub use self::binlog_file::BinlogFileSource;
 pub use self::columns::SchemaColumn;
 use self::columns::TableColumns;
 pub use self::decoder::{Decoder, Step};
-pub use self::position::{BinlogPosition, MariaGtidState};
+pub use self::position::{BinlogPosition, MariaGtidState, MysqlGtidSet};
 pub use self::preflight::preflight;
 use crate::config::{redact_url, Config, SourceKind};
 use crate::error::{Error, Result};
@@ -61,6 +64,7 @@ pub fn parse_position(text: &str) -> Result<Position> {
             file: String::new(),
             pos: 4,
             gtid: Some(state),
+            mysql_gtids: None,
         }
     } else {
         let (file, pos) = text.rsplit_once(':').ok_or_else(bad)?;
@@ -72,6 +76,7 @@ pub fn parse_position(text: &str) -> Result<Position> {
             file: file.to_string(),
             pos,
             gtid: None,
+            mysql_gtids: None,
         }
     };
     Ok(position.to_position())
@@ -85,8 +90,14 @@ pub fn reached(current: &Position, target: &Position) -> bool {
     ) else {
         return false;
     };
-    match (&current.gtid, &target.gtid) {
-        (Some(c), Some(t)) if !t.is_empty() => c.covers(t),
+    match (
+        &current.gtid,
+        &target.gtid,
+        &current.mysql_gtids,
+        &target.mysql_gtids,
+    ) {
+        (Some(c), Some(t), _, _) if !t.is_empty() => c.covers(t),
+        (_, _, Some(c), Some(t)) if !t.is_empty() => c.covers(t),
         _ => (current.file.as_str(), current.pos) >= (target.file.as_str(), target.pos),
     }
 }
@@ -99,7 +110,7 @@ pub async fn current_end_position(config: &Config) -> Result<Position> {
     let info = ServerInfo::read(&mut conn)
         .await
         .map_err(|e| map_err(e, config))?;
-    let end = current_end(&mut conn, info.is_mariadb)
+    let end = current_end(&mut conn, &info)
         .await
         .map_err(|e| map_err(e, config))?;
     let _ = conn.disconnect().await;
@@ -148,7 +159,7 @@ impl MysqlSource {
                 start
             }
             None => {
-                let end = current_end(&mut control, server.is_mariadb)
+                let end = current_end(&mut control, &server)
                     .await
                     .map_err(|e| map_err(e, config))?;
                 tracing::warn!(
@@ -448,14 +459,26 @@ fn check_identity(
     .remedy("point source.url back at that server, or set a position valid on this one with `outboxd checkpoint set FILE:POS`"))
 }
 
-async fn current_end(conn: &mut Conn, is_mariadb: bool) -> mysql_async::Result<BinlogPosition> {
-    let row: Option<mysql_async::Row> = match conn.query_first("SHOW MASTER STATUS").await {
-        Ok(row) => row,
-        Err(mysql_async::Error::Server(_)) => conn.query_first("SHOW BINARY LOG STATUS").await?,
-        Err(e) => return Err(e),
-    };
+/// `SHOW BINARY LOG STATUS` replaced `SHOW MASTER STATUS` in MySQL 8.4 (8.2 added it, 8.4 removed
+/// the old one); MariaDB keeps `SHOW MASTER STATUS`.
+fn binlog_status_statement(version: &str, is_mariadb: bool) -> &'static str {
+    let mut numbers = version
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse::<u32>().ok());
+    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    if !is_mariadb && (major, minor) >= (8, 2) {
+        "SHOW BINARY LOG STATUS"
+    } else {
+        "SHOW MASTER STATUS"
+    }
+}
+
+async fn current_end(conn: &mut Conn, info: &ServerInfo) -> mysql_async::Result<BinlogPosition> {
+    let is_mariadb = info.is_mariadb;
+    let statement = binlog_status_statement(&info.version, is_mariadb);
+    let row: Option<mysql_async::Row> = conn.query_first(statement).await?;
     let row = row.ok_or_else(|| {
-        mysql_async::Error::Other("SHOW MASTER STATUS returned nothing: is log_bin on?".into())
+        mysql_async::Error::Other(format!("{statement} returned nothing: is log_bin on?").into())
     })?;
     let file: String = row.get(0).unwrap_or_default();
     let pos: u64 = row.get(1).unwrap_or(4);
@@ -470,7 +493,12 @@ async fn current_end(conn: &mut Conn, is_mariadb: bool) -> mysql_async::Result<B
     } else {
         None
     };
-    Ok(BinlogPosition { file, pos, gtid })
+    Ok(BinlogPosition {
+        file,
+        pos,
+        gtid,
+        mysql_gtids: None,
+    })
 }
 
 fn connect_opts(config: &Config) -> Result<Opts> {
@@ -526,5 +554,30 @@ fn map_stream_err(e: mysql_async::Error, at: &BinlogPosition) -> Error {
         other => Error::source(format!("binlog stream broke at {at}: {other}"))
             .remedy("outboxd reconnects by itself")
             .transient(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::binlog_status_statement;
+
+    #[test]
+    fn binlog_status_statement_follows_the_server_version() {
+        assert_eq!(
+            binlog_status_statement("8.0.36", false),
+            "SHOW MASTER STATUS"
+        );
+        assert_eq!(
+            binlog_status_statement("8.4.2", false),
+            "SHOW BINARY LOG STATUS"
+        );
+        assert_eq!(
+            binlog_status_statement("9.1.0", false),
+            "SHOW BINARY LOG STATUS"
+        );
+        assert_eq!(
+            binlog_status_statement("10.11.19-MariaDB-0+deb12u1-log", true),
+            "SHOW MASTER STATUS"
+        );
     }
 }

@@ -76,6 +76,123 @@ impl fmt::Display for MariaGtidState {
     }
 }
 
+/// A MySQL GTID set: for each source (`uuid`, or `uuid:tag` from 8.4 on), the transaction numbers
+/// executed, as sorted, merged, inclusive intervals. Printed the way MySQL prints `gtid_executed`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MysqlGtidSet {
+    sources: BTreeMap<String, Vec<(u64, u64)>>,
+}
+
+impl MysqlGtidSet {
+    /// Adds transaction `gno` of `source` (`uuid` or `uuid:tag`).
+    pub fn add(&mut self, source: &str, gno: u64) {
+        self.add_interval(source, gno, gno);
+    }
+
+    /// Adds the inclusive interval `start..=end`.
+    pub fn add_interval(&mut self, source: &str, start: u64, end: u64) {
+        let intervals = self.sources.entry(source.to_string()).or_default();
+        intervals.push((start, end));
+        intervals.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(intervals.len());
+        for &(a, b) in intervals.iter() {
+            match merged.last_mut() {
+                Some(last) if a <= last.1.saturating_add(1) => last.1 = last.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        *intervals = merged;
+    }
+
+    /// Parses MySQL's notation: `uuid:1-5:7,uuid2:3` and, from 8.4, tags inside a uuid's entry:
+    /// `uuid:1-5:tag:1-3` (intervals after a tag belong to `uuid:tag`).
+    pub fn parse(text: &str) -> Result<Self> {
+        let mut set = MysqlGtidSet::default();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let bad = || {
+                Error::source(format!("{part:?} is not a MySQL GTID set"))
+                    .remedy("write MySQL GTID sets like 3E11FA47-71CA-11E1-9E33-C80AA9429562:1-5")
+            };
+            let mut pieces = part.split(':');
+            let uuid = pieces.next().ok_or_else(bad)?;
+            uuid::Uuid::parse_str(uuid).map_err(|_| bad())?;
+            let uuid = uuid.to_ascii_lowercase();
+            let mut source = uuid.clone();
+            let mut intervals = 0;
+            for piece in pieces {
+                if !piece.starts_with(|c: char| c.is_ascii_digit()) {
+                    if piece.is_empty() {
+                        return Err(bad());
+                    }
+                    source = format!("{uuid}:{}", piece.to_ascii_lowercase());
+                    continue;
+                }
+                let (a, b) = match piece.split_once('-') {
+                    Some((a, b)) => (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?),
+                    None => {
+                        let n = piece.parse().map_err(|_| bad())?;
+                        (n, n)
+                    }
+                };
+                if a > b || a == 0 {
+                    return Err(bad());
+                }
+                set.add_interval(&source, a, b);
+                intervals += 1;
+            }
+            if intervals == 0 {
+                return Err(bad());
+            }
+        }
+        Ok(set)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sources.is_empty()
+    }
+
+    /// Every transaction of `other` is in this set.
+    pub fn covers(&self, other: &MysqlGtidSet) -> bool {
+        other.sources.iter().all(|(source, intervals)| {
+            let mine = self.sources.get(source);
+            intervals
+                .iter()
+                .all(|(a, b)| mine.is_some_and(|m| m.iter().any(|(x, y)| x <= a && b <= y)))
+        })
+    }
+}
+
+impl fmt::Display for MysqlGtidSet {
+    /// One entry per server uuid, its untagged intervals first, then each tag with its intervals.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut current_uuid: Option<&str> = None;
+        for (source, intervals) in &self.sources {
+            let (uuid, tag) = match source.split_once(':') {
+                Some((u, t)) => (u, Some(t)),
+                None => (source.as_str(), None),
+            };
+            if current_uuid != Some(uuid) {
+                if current_uuid.is_some() {
+                    f.write_str(",")?;
+                }
+                f.write_str(uuid)?;
+                current_uuid = Some(uuid);
+            }
+            if let Some(tag) = tag {
+                write!(f, ":{tag}")?;
+            }
+            for (a, b) in intervals {
+                if a == b {
+                    write!(f, ":{a}")?;
+                } else {
+                    write!(f, ":{a}-{b}")?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Where a reader of one server's binlog stands: the next event starts at `file:pos`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BinlogPosition {
@@ -83,11 +200,22 @@ pub struct BinlogPosition {
     pub pos: u64,
     /// MariaDB's GTID state after the transaction ending here (None on servers without GTIDs).
     pub gtid: Option<MariaGtidState>,
+    /// MySQL's executed GTID set after the transaction ending here, when known.
+    pub mysql_gtids: Option<MysqlGtidSet>,
 }
 
 impl BinlogPosition {
+    /// The stored GTID text: MariaDB's state or MySQL's set.
+    fn gtid_text(&self) -> Option<String> {
+        match (&self.gtid, &self.mysql_gtids) {
+            (Some(g), _) => Some(g.to_string()),
+            (None, Some(m)) if !m.is_empty() => Some(m.to_string()),
+            _ => None,
+        }
+    }
+
     pub fn to_position(&self) -> Position {
-        let gtid = self.gtid.as_ref().map(|g| g.to_string());
+        let gtid = self.gtid_text();
         let json = match &gtid {
             Some(g) => json!({"file": self.file, "pos": self.pos, "gtid_set": g}),
             None => json!({"file": self.file, "pos": self.pos}),
@@ -103,15 +231,20 @@ impl BinlogPosition {
         };
         let file = json.get("file").and_then(|v| v.as_str()).ok_or_else(bad)?;
         let pos = json.get("pos").and_then(|v| v.as_u64()).ok_or_else(bad)?;
-        let gtid = match json.get("gtid_set") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(serde_json::Value::String(s)) => Some(MariaGtidState::parse(s)?),
+        let (gtid, mysql_gtids) = match json.get("gtid_set") {
+            None | Some(serde_json::Value::Null) => (None, None),
+            // MySQL sets name a server UUID (with ':'), MariaDB states are domain-server-seq.
+            Some(serde_json::Value::String(s)) if s.contains(':') => {
+                (None, Some(MysqlGtidSet::parse(s)?))
+            }
+            Some(serde_json::Value::String(s)) => (Some(MariaGtidState::parse(s)?), None),
             Some(_) => return Err(bad()),
         };
         Ok(BinlogPosition {
             file: file.to_string(),
             pos,
             gtid,
+            mysql_gtids,
         })
     }
 }
@@ -119,12 +252,10 @@ impl BinlogPosition {
 impl fmt::Display for BinlogPosition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.file, self.pos)?;
-        if let Some(g) = &self.gtid {
-            if !g.is_empty() {
-                write!(f, " gtid:{g}")?;
-            }
+        match self.gtid_text() {
+            Some(g) if !g.is_empty() => write!(f, " gtid:{g}"),
+            _ => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -153,6 +284,7 @@ mod tests {
             file: "mariadb-bin.000002".into(),
             pos: 1234,
             gtid: Some(MariaGtidState::parse("0-1-5").unwrap()),
+            mysql_gtids: None,
         };
         let stored = p.to_position();
         assert_eq!(stored.to_string(), "mariadb-bin.000002:1234 gtid:0-1-5");
