@@ -38,6 +38,7 @@ bind-address=127.0.0.1
 socket=$SOCK
 pid-file=$WORK/mysqld.pid
 log-error=$WORK/mysqld.err
+tmpdir=$WORK/tmp
 log-bin=$WORK/data/mariadb-bin
 binlog-format=ROW
 binlog-row-image=FULL
@@ -47,6 +48,7 @@ user=$(id -un)
 skip-name-resolve
 innodb-buffer-pool-size=64M
 CNF
+mkdir -p "$WORK/tmp"
 mariadb-install-db --defaults-file="$WORK/my.cnf" --user="$(id -un)" \
   --auth-root-authentication-method=normal --skip-test-db >/dev/null
 /usr/sbin/mariadbd --defaults-file="$WORK/my.cnf" >/dev/null 2>&1 &

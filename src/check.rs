@@ -87,6 +87,46 @@ impl fmt::Display for Item {
     }
 }
 
+/// The PASS/FAIL item for outbox table `table` whose columns are `columns` (empty: no such table):
+/// it must have every column the route reads.
+pub fn routed_columns_item(
+    subject: &str,
+    config: &Config,
+    table: &str,
+    columns: &[String],
+    schema_kind: &str,
+) -> Item {
+    if columns.is_empty() {
+        return Item::fail(
+            subject,
+            format!("outbox table {table} does not exist (or the user cannot see it)"),
+            format!("create it (see `outboxd schema --kind {schema_kind}`) or fix source.tables; GRANT SELECT on it"),
+        );
+    }
+    let route = &config.route;
+    let mut wanted: Vec<&str> = vec![&route.by, &route.key, &route.payload, &route.id];
+    wanted.extend(route.headers.values().map(String::as_str));
+    let missing: Vec<&str> = wanted
+        .into_iter()
+        .filter(|w| !columns.iter().any(|c| c == w))
+        .collect();
+    if missing.is_empty() {
+        Item::pass(
+            subject,
+            format!("outbox table {table} has the routed columns"),
+        )
+    } else {
+        Item::fail(
+            subject,
+            format!(
+                "outbox table {table} lacks the routed column(s) {}",
+                missing.join(", ")
+            ),
+            "add the columns, or point [route] at the table's own column names",
+        )
+    }
+}
+
 pub struct Report {
     pub items: Vec<Item>,
 }

@@ -11,44 +11,22 @@ use rig::{consume, wait_until};
 fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_in_order() {
     let mut env = setup("mixed", "");
     env.outboxd.start();
-    let mut script = String::new();
-    let mut n = 0;
-    // 100 single-row transactions.
-    for _ in 0..100 {
-        script.push_str(&format!("BEGIN;{}COMMIT;\n", insert_sql(n)));
-        n += 1;
-    }
-    // 5 transactions of 100 rows.
-    for _ in 0..5 {
-        script.push_str("BEGIN;");
-        for _ in 0..100 {
-            script.push_str(&insert_sql(n));
-            n += 1;
-        }
-        script.push_str("COMMIT;\n");
-    }
-    // 100 transactions of 4 rows that also write latin1 text and binary values to another table,
-    // plus updates and deletes of outbox rows (ignored), interleaved with other-table-only transactions.
-    for i in 0..100 {
-        script.push_str("BEGIN;");
-        script.push_str(&format!(
-            "INSERT INTO app.legacy (name, raw, blob_col) VALUES (CONVERT(_utf8mb4'caf\u{e9} {i}' USING latin1), UNHEX('ff00fe01ff00fe01ff00fe01ff00fe{i:02x}'), UNHEX('c3280a'));"
-        ));
-        for _ in 0..4 {
-            script.push_str(&insert_sql(n));
-            n += 1;
-        }
-        script.push_str(&format!(
-            "UPDATE app.outbox SET type = 'Touched' WHERE id = UNHEX('{:032x}');",
-            n - 1
-        ));
-        script.push_str("COMMIT;\n");
-        script.push_str(&format!(
-            "UPDATE app.legacy SET name = 'x{i}' WHERE id = {};\n",
-            i + 1
-        ));
-    }
-    assert_eq!(n, 1000);
+    // Other-table writes hold latin1 text and binary values; outbox updates are ignored.
+    let script = mixed_transactions(&MixedSql {
+        insert: insert_sql,
+        other_in_txn: |i| {
+            format!(
+                "INSERT INTO app.legacy (name, raw, blob_col) VALUES (CONVERT(_utf8mb4'caf\u{e9} {i}' USING latin1), UNHEX('ff00fe01ff00fe01ff00fe01ff00fe{i:02x}'), UNHEX('c3280a'));"
+            )
+        },
+        touch: |n| format!("UPDATE app.outbox SET type = 'Touched' WHERE id = UNHEX('{n:032x}');"),
+        other_alone: |i| {
+            format!(
+                "UPDATE app.legacy SET name = 'x{i}' WHERE id = {};\n",
+                i + 1
+            )
+        },
+    });
     env.db.sql_socket(&script);
 
     let records = consume_all(&env, 1000);

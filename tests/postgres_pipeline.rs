@@ -5,8 +5,8 @@ mod rig;
 use std::time::Duration;
 
 use rig::scenario::{
-    check_per_key_order, check_per_key_order_by, check_records_by, consume_events, event, n_of,
-    uuid_of, LIMIT,
+    check_per_key_order, check_per_key_order_by, check_records_by, consume_events, event,
+    mixed_transactions, n_of, uuid_of, MixedSql, LIMIT,
 };
 use rig::{consume, create_topic, wait_until, Broker, Outboxd, Postgres};
 
@@ -104,38 +104,19 @@ fn checkpoint_lsn(env: &PgEnv) -> u64 {
 fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_with_jsonb_as_json_text() {
     let mut env = setup("mixed", "");
     env.outboxd.start();
-    let mut script = String::new();
-    let mut n = 0;
-    for _ in 0..100 {
-        script.push_str(&format!("BEGIN;{}COMMIT;\n", insert_sql(n)));
-        n += 1;
-    }
-    for _ in 0..5 {
-        script.push_str("BEGIN;");
-        for _ in 0..100 {
-            script.push_str(&insert_sql(n));
-            n += 1;
-        }
-        script.push_str("COMMIT;\n");
-    }
-    for i in 0..100 {
-        script.push_str(&format!(
-            "BEGIN; INSERT INTO public.other (note, raw) VALUES ('caf\u{e9} {i}', '\\xff00fe'::bytea);"
-        ));
-        for _ in 0..4 {
-            script.push_str(&insert_sql(n));
-            n += 1;
-        }
-        script.push_str(&format!(
-            "UPDATE public.outbox SET type = 'Touched' WHERE id = '{}'; COMMIT;\n",
-            uuid_of(n - 1)
-        ));
-        script.push_str(&format!(
-            "UPDATE public.other SET note = 'x' WHERE id = {};\n",
-            i + 1
-        ));
-    }
-    assert_eq!(n, 1000);
+    let script = mixed_transactions(&MixedSql {
+        insert: insert_sql,
+        other_in_txn: |i| {
+            format!("INSERT INTO public.other (note, raw) VALUES ('caf\u{e9} {i}', '\\xff00fe'::bytea);")
+        },
+        touch: |n| {
+            format!(
+                "UPDATE public.outbox SET type = 'Touched' WHERE id = '{}';",
+                uuid_of(n)
+            )
+        },
+        other_alone: |i| format!("UPDATE public.other SET note = 'x' WHERE id = {};\n", i + 1),
+    });
     env.pg.sql("app", &script);
     let records = consume_events(&env.broker.bootstrap(), 1000);
     let duplicates = check_records_by(&records, 0..1000, pg_payload);

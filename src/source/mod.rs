@@ -57,6 +57,17 @@ pub enum Change {
     Exhausted,
 }
 
+impl Change {
+    /// The change that closes a transaction: `Commit` if it carried outbox rows, else `Idle`.
+    pub fn closing(boundary: Boundary, had_rows: bool) -> Change {
+        if had_rows {
+            Change::Commit(boundary)
+        } else {
+            Change::Idle(boundary)
+        }
+    }
+}
+
 /// A transaction boundary: where a resumed stream would start, and when that transaction committed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Boundary {

@@ -28,6 +28,7 @@ impl MariaDb {
         let cnf = format!(
             "[mysqld]\ndatadir={d}/data\nport={port}\nbind-address=127.0.0.1\nsocket={d}/mysqld.sock\n\
              pid-file={d}/mysqld.pid\nlog-error={d}/error.log\nlog-bin={d}/data/mariadb-bin\n\
+             tmpdir={d}/tmp\n\
              binlog-format=ROW\nbinlog-row-image=FULL\nserver-id=1\nuser=root\nskip-name-resolve\n\
              innodb-buffer-pool-size=64M\nmax-allowed-packet=64M\ninnodb-flush-log-at-trx-commit=2\n\
              sync-binlog=0\ninnodb-log-file-size=48M\n{extra}\n",
@@ -35,6 +36,8 @@ impl MariaDb {
             extra = extra.join("\n"),
         );
         std::fs::write(root.join("my.cnf"), cnf).unwrap();
+        // A private tmpdir: servers bootstrapping side by side otherwise collide on temp table names.
+        std::fs::create_dir(root.join("tmp")).unwrap();
         let out = Command::new("mariadb-install-db")
             .arg(format!("--defaults-file={}", root.join("my.cnf").display()))
             .args([
@@ -46,8 +49,10 @@ impl MariaDb {
             .expect("mariadb-install-db (apt-get install mariadb-server; .ci/run does it)");
         assert!(
             out.status.success(),
-            "mariadb-install-db failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+            "mariadb-install-db failed: {}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(root.join("error.log")).unwrap_or_default()
         );
         let mut db = MariaDb {
             dir,

@@ -228,3 +228,47 @@ pub fn check_per_key_order_by(records: &[Consumed], rank: impl Fn(u64) -> u64) {
         }
     }
 }
+
+/// The statements each database writes for [`mixed_transactions`].
+pub struct MixedSql {
+    /// INSERT of outbox row `n`.
+    pub insert: fn(u64) -> String,
+    /// A write to a non-outbox table inside transaction `i` (odd types and character sets).
+    pub other_in_txn: fn(u64) -> String,
+    /// An UPDATE of outbox row `n` (must be ignored).
+    pub touch: fn(u64) -> String,
+    /// A transaction of its own on the non-outbox table.
+    pub other_alone: fn(u64) -> String,
+}
+
+/// 1,000 outbox rows: 100 one-row transactions, 5 of 100 rows, and 100 of 4 rows that also write
+/// another table and update an outbox row, interleaved with other-table-only transactions.
+pub fn mixed_transactions(sql: &MixedSql) -> String {
+    let mut script = String::new();
+    let mut n = 0;
+    for _ in 0..100 {
+        script.push_str(&format!("BEGIN;{}COMMIT;\n", (sql.insert)(n)));
+        n += 1;
+    }
+    for _ in 0..5 {
+        script.push_str("BEGIN;");
+        for _ in 0..100 {
+            script.push_str(&(sql.insert)(n));
+            n += 1;
+        }
+        script.push_str("COMMIT;\n");
+    }
+    for i in 0..100 {
+        script.push_str("BEGIN;");
+        script.push_str(&(sql.other_in_txn)(i));
+        for _ in 0..4 {
+            script.push_str(&(sql.insert)(n));
+            n += 1;
+        }
+        script.push_str(&(sql.touch)(n - 1));
+        script.push_str("COMMIT;\n");
+        script.push_str(&(sql.other_alone)(i));
+    }
+    assert_eq!(n, 1000);
+    script
+}

@@ -344,11 +344,7 @@ impl Decoder {
                 std::time::UNIX_EPOCH + std::time::Duration::from_secs(timestamp as u64),
             ),
         };
-        out.push_back(if self.txn_rows > 0 {
-            Change::Commit(boundary)
-        } else {
-            Change::Idle(boundary)
-        });
+        out.push_back(Change::closing(boundary, self.txn_rows > 0));
         self.in_txn = false;
         self.txn_rows = 0;
         self.txn_origin = None;

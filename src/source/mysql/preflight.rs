@@ -323,9 +323,6 @@ async fn check_tables(
     config: &Config,
     items: &mut Vec<Item>,
 ) -> mysql_async::Result<()> {
-    let route = &config.route;
-    let mut wanted: Vec<&str> = vec![&route.by, &route.key, &route.payload, &route.id];
-    wanted.extend(route.headers.values().map(String::as_str));
     for table in &config.source.tables {
         let (schema, name) = table.split_once('.').unwrap_or(("", table));
         let columns: Vec<String> = conn
@@ -334,34 +331,9 @@ async fn check_tables(
                 (schema, name),
             )
             .await?;
-        if columns.is_empty() {
-            items.push(Item::fail(
-                SUBJECT,
-                format!("outbox table {table} does not exist (or the user cannot see it)"),
-                "create it (see `outboxd schema --kind mysql`) or fix source.tables; GRANT SELECT on it",
-            ));
-            continue;
-        }
-        let missing: Vec<&str> = wanted
-            .iter()
-            .copied()
-            .filter(|w| !columns.iter().any(|c| c == w))
-            .collect();
-        if missing.is_empty() {
-            items.push(Item::pass(
-                SUBJECT,
-                format!("outbox table {table} has the routed columns"),
-            ));
-        } else {
-            items.push(Item::fail(
-                SUBJECT,
-                format!(
-                    "outbox table {table} lacks the routed column(s) {}",
-                    missing.join(", ")
-                ),
-                "add the columns, or point [route] at the table's own column names",
-            ));
-        }
+        items.push(crate::check::routed_columns_item(
+            SUBJECT, config, table, &columns, "mysql",
+        ));
     }
     Ok(())
 }

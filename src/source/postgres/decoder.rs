@@ -256,11 +256,7 @@ impl Decoder {
             position: position(end_lsn),
             committed_at,
         };
-        out.push_back(if self.txn_rows > 0 {
-            Change::Commit(boundary)
-        } else {
-            Change::Idle(boundary)
-        });
+        out.push_back(Change::closing(boundary, self.txn_rows > 0));
         self.in_txn = false;
         self.txn_rows = 0;
         self.txn_origin = None;

@@ -168,9 +168,6 @@ async fn check(
         )
         .await?
         .is_some();
-    let route = &config.route;
-    let mut wanted: Vec<&str> = vec![&route.by, &route.key, &route.payload, &route.id];
-    wanted.extend(route.headers.values().map(String::as_str));
     for table in &config.source.tables {
         let (schema, name) = table.split_once('.').unwrap_or(("public", table));
         let columns: Vec<String> = client
@@ -182,33 +179,11 @@ async fn check(
             .iter()
             .map(|r| r.get(0))
             .collect();
-        if columns.is_empty() {
-            items.push(Item::fail(
-                SUBJECT,
-                format!("outbox table {table} does not exist (or the user cannot see it)"),
-                "create it (see `outboxd schema --kind postgres`) or fix source.tables",
-            ));
+        let item = crate::check::routed_columns_item(SUBJECT, config, table, &columns, "postgres");
+        let missing_table = columns.is_empty();
+        items.push(item);
+        if missing_table {
             continue;
-        }
-        let missing: Vec<&str> = wanted
-            .iter()
-            .copied()
-            .filter(|w| !columns.iter().any(|c| c == w))
-            .collect();
-        if missing.is_empty() {
-            items.push(Item::pass(
-                SUBJECT,
-                format!("outbox table {table} has the routed columns"),
-            ));
-        } else {
-            items.push(Item::fail(
-                SUBJECT,
-                format!(
-                    "outbox table {table} lacks the routed column(s) {}",
-                    missing.join(", ")
-                ),
-                "add the columns, or point [route] at the table's own column names",
-            ));
         }
         if !exists {
             items.push(Item::pass(SUBJECT, format!("publication {publication} will be created for {table} at start (needs table ownership)")));
