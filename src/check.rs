@@ -190,7 +190,11 @@ pub async fn run(config: &Config) -> Report {
     };
     match config.source.kind {
         SourceKind::Mysql => {
-            items.extend(crate::source::mysql::preflight(config, checkpoint.as_ref()).await)
+            for url in crate::config::source_urls(&config.source.url) {
+                let mut one = config.clone();
+                one.source.url = url;
+                items.extend(crate::source::mysql::preflight(&one, checkpoint.as_ref()).await)
+            }
         }
         SourceKind::Postgres => {
             items.extend(crate::source::postgres::preflight(config, checkpoint.as_ref()).await)

@@ -258,11 +258,19 @@ impl Config {
                 },
             );
         }
-        if url::Url::parse(&self.source.url).is_err() {
+        let urls = source_urls(&self.source.url);
+        if urls.iter().any(|u| url::Url::parse(u).is_err()) {
             return bad(
                 "source.url",
                 format!("{} is not a valid URL", redact_url(&self.source.url)),
                 "percent-encode special characters in the user and password",
+            );
+        }
+        if urls.len() > 1 && self.source.kind != SourceKind::Mysql {
+            return bad(
+                "source.url",
+                "several hosts are supported for MySQL/MariaDB sources only".into(),
+                "list one host",
             );
         }
         if self.source.password.is_some() && self.source.password_file.is_some() {
@@ -467,16 +475,59 @@ fn parse_env_value(raw: &str) -> toml::Value {
     }
 }
 
-/// `scheme://user:secret@host/db` -> `scheme://user:***@host/db`; anything unparsable is hidden whole.
+/// One URL per host of `source.url`: `mysql://cdc@r1:3306,r2:3306/app` lists two servers of one
+/// replication topology (tried in order; outboxd moves on when one fails and resumes by GTID).
+pub fn source_urls(raw: &str) -> Vec<String> {
+    let Some((scheme, rest)) = raw.split_once("://") else {
+        return vec![raw.to_string()];
+    };
+    let (userinfo, rest) = match rest.rsplit_once('@') {
+        Some((u, r)) if !r.contains('@') => (Some(u), r),
+        _ => (None, rest),
+    };
+    let split = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (hosts, tail) = rest.split_at(split);
+    hosts
+        .split(',')
+        .map(|host| match userinfo {
+            Some(u) => format!("{scheme}://{u}@{host}{tail}"),
+            None => format!("{scheme}://{host}{tail}"),
+        })
+        .collect()
+}
+
+/// `scheme://user:secret@host/db` -> `scheme://user:***@host/db` (each host of a list); anything
+/// unparsable is hidden whole.
 pub fn redact_url(raw: &str) -> String {
-    match url::Url::parse(raw) {
-        Ok(mut u) => {
-            if u.password().is_some() {
-                let _ = u.set_password(Some("***"));
+    let urls = source_urls(raw);
+    let mut hosts = Vec::with_capacity(urls.len());
+    let mut first = None;
+    for one in &urls {
+        match url::Url::parse(one) {
+            Ok(mut u) => {
+                if u.password().is_some() {
+                    let _ = u.set_password(Some("***"));
+                }
+                hosts.push(match u.port() {
+                    Some(p) => format!("{}:{p}", u.host_str().unwrap_or("")),
+                    None => u.host_str().unwrap_or("").to_string(),
+                });
+                first.get_or_insert(u);
             }
-            u.to_string()
+            Err(_) => return "<unparsable url>".to_string(),
         }
-        Err(_) => "<unparsable url>".to_string(),
+    }
+    match first {
+        Some(u) if urls.len() > 1 => {
+            let shown = u.to_string();
+            let host = match u.port() {
+                Some(p) => format!("{}:{p}", u.host_str().unwrap_or("")),
+                None => u.host_str().unwrap_or("").to_string(),
+            };
+            shown.replacen(&host, &hosts.join(","), 1)
+        }
+        Some(u) => u.to_string(),
+        None => "<unparsable url>".to_string(),
     }
 }
 
@@ -673,5 +724,30 @@ listen = ""
         let err = parse(&text, &[]).unwrap_err().to_string();
         assert!(!err.contains("hunter2"), "{err}");
         assert_eq!(redact_url("mysql://u:p@h:1/db"), "mysql://u:***@h:1/db");
+        assert_eq!(
+            redact_url("mysql://u:p@r1:3306,r2:3307/db"),
+            "mysql://u:***@r1:3306,r2:3307/db"
+        );
+    }
+
+    #[test]
+    fn a_url_may_list_several_hosts() {
+        assert_eq!(
+            source_urls("mysql://cdc:pw@r1:3306,r2/app?x=1"),
+            vec![
+                "mysql://cdc:pw@r1:3306/app?x=1",
+                "mysql://cdc:pw@r2/app?x=1"
+            ]
+        );
+        assert_eq!(source_urls("mysql://h:1/db"), vec!["mysql://h:1/db"]);
+        let text = MINIMAL.replace("127.0.0.1:3306", "r1:3306,r2:3306");
+        assert!(parse(&text, &[]).is_ok());
+        let pg = MINIMAL
+            .replace("mysql://cdc@127.0.0.1:3306", "postgres://cdc@a:1,b:2")
+            .replace("kind = \"mysql\"", "kind = \"postgres\"");
+        assert!(parse(&pg, &[])
+            .unwrap_err()
+            .to_string()
+            .contains("several hosts"));
     }
 }

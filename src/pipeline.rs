@@ -146,8 +146,19 @@ async fn drive(
         KafkaSink::max_message_bytes(&config.kafka),
     );
     let mut backoff = new_backoff();
+    // Several hosts (replicas of one topology): one per session, the next after a failure.
+    let urls = crate::config::source_urls(&config.source.url);
+    let mut host = 0;
     loop {
         let started = Instant::now();
+        let mut session_config;
+        let config = if urls.len() > 1 {
+            session_config = config.clone();
+            session_config.source.url = urls[host].clone();
+            &session_config
+        } else {
+            config
+        };
         match run_session(
             config,
             &store,
@@ -166,6 +177,10 @@ async fn drive(
                 }
                 let delay = backoff.next().unwrap_or(Duration::from_secs(30));
                 metrics.reconnect();
+                if urls.len() > 1 {
+                    host = (host + 1) % urls.len();
+                    tracing::warn!(next = %crate::config::redact_url(&urls[host]), "moving to the next source host");
+                }
                 tracing::warn!(error = %e, retry_in = ?delay, "session ended; reconnecting from the last checkpoint");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}

@@ -60,8 +60,10 @@ impl MariaDb {
             child: None,
         };
         db.boot();
+        // Not binlogged: a replica built from this rig must hold no GTIDs of its own, or a reader
+        // moving between replicas by GTID would ask for transactions only one of them has.
         db.sql_socket(&format!(
-            "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1'; GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION; \
+            "SET SESSION sql_log_bin = 0; CREATE USER IF NOT EXISTS 'root'@'127.0.0.1'; GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION; \
              CREATE USER 'cdc'@'127.0.0.1' IDENTIFIED BY '{CDC_PASSWORD}'; \
              GRANT REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR, SELECT ON *.* TO 'cdc'@'127.0.0.1';"
         ));
@@ -129,6 +131,37 @@ impl MariaDb {
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
             let _ = child.wait();
         }
+    }
+
+    /// A GTID replica of `primary` (`server-id` = `server_id`), replicating from the primary's
+    /// current position. `extra` goes into its `[mysqld]`.
+    pub fn start_replica(primary: &MariaDb, server_id: u32, extra: &[&str]) -> MariaDb {
+        let id = format!("server-id={server_id}");
+        let mut lines = vec![id.as_str()];
+        lines.extend_from_slice(extra);
+        let replica = MariaDb::start(&lines);
+        let gtid = primary
+            .sql_socket("SELECT @@gtid_binlog_pos;")
+            .trim()
+            .to_string();
+        replica.sql_socket(&format!(
+            "SET GLOBAL gtid_slave_pos = '{gtid}';
+             CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={}, MASTER_USER='cdc',
+               MASTER_PASSWORD='{CDC_PASSWORD}', MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1;
+             START SLAVE;",
+            primary.port
+        ));
+        replica
+    }
+
+    /// Waits until this replica applied everything `primary` has committed so far.
+    pub fn catch_up(&self, primary: &MariaDb) {
+        let gtid = primary
+            .sql_socket("SELECT @@gtid_binlog_pos;")
+            .trim()
+            .to_string();
+        let waited = self.sql_socket(&format!("SELECT MASTER_GTID_WAIT('{gtid}', 120);"));
+        assert_eq!(waited.trim(), "0", "replica did not catch up with {gtid}");
     }
 
     /// SIGSTOP: the server keeps its sockets open but says nothing (a hung server or a dead path).

@@ -39,6 +39,16 @@ impl Outboxd {
         }
     }
 
+    /// Replaces the config (same name and checkpoint dir) for the next start.
+    pub fn rewrite_config(&self, config_body: &str) {
+        let config = format!(
+            "name = \"{}\"\n{config_body}\n[checkpoint]\ndir = \"{}\"\ninterval_ms = 20\n",
+            self.name,
+            self.dir.path().join("checkpoints").display()
+        );
+        std::fs::write(self.config_path(), config).unwrap();
+    }
+
     pub fn config_path(&self) -> PathBuf {
         self.dir.path().join("outboxd.toml")
     }

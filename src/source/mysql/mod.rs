@@ -502,7 +502,12 @@ async fn current_end(conn: &mut Conn, info: &ServerInfo) -> mysql_async::Result<
 }
 
 fn connect_opts(config: &Config) -> Result<Opts> {
-    let opts = Opts::from_url(&config.source.url).map_err(|e| {
+    // With several hosts, the pipeline picks one per session; other callers use the first.
+    let url = crate::config::source_urls(&config.source.url)
+        .into_iter()
+        .next()
+        .unwrap_or_default();
+    let opts = Opts::from_url(&url).map_err(|e| {
         Error::config(format!(
             "source.url {}: {e}",
             redact_url(&config.source.url)

@@ -1,0 +1,164 @@
+//! Replica-first: outboxd reading MariaDB replicas, moving between them by GTID.
+
+mod rig;
+
+use rig::scenario::{check_records, config_body, consume_events, insert_rows, LIMIT, SCHEMA};
+use rig::{create_topic, wait_until, Broker, MariaDb, Outboxd};
+
+struct Topology {
+    primary: MariaDb,
+    r1: MariaDb,
+    r2: MariaDb,
+    broker: Broker,
+}
+
+/// A primary and two replicas that log what they replicate, the outbox schema created on the primary.
+fn topology() -> Topology {
+    let primary = MariaDb::start(&[]);
+    let r1 = MariaDb::start_replica(&primary, 2, &["log-slave-updates=ON"]);
+    let r2 = MariaDb::start_replica(&primary, 3, &["log-slave-updates=ON"]);
+    primary.sql_socket(SCHEMA);
+    r1.catch_up(&primary);
+    r2.catch_up(&primary);
+    let broker = Broker::start();
+    for topic in ["outbox.event.order", "outbox.event.customer"] {
+        create_topic(&broker.bootstrap(), topic, 3);
+    }
+    Topology {
+        primary,
+        r1,
+        r2,
+        broker,
+    }
+}
+
+fn url(hosts: &[&MariaDb]) -> String {
+    let list: Vec<String> = hosts
+        .iter()
+        .map(|h| format!("127.0.0.1:{}", h.port))
+        .collect();
+    format!("mysql://cdc@{}/app", list.join(","))
+}
+
+#[test]
+fn rows_written_on_the_primary_arrive_once_through_a_replica_and_survive_losing_it() {
+    let mut t = topology();
+    let mut outboxd = Outboxd::new(
+        "replicas",
+        &config_body(&url(&[&t.r1, &t.r2]), &t.broker.bootstrap(), "", ""),
+    );
+    outboxd.start();
+    insert_rows(&t.primary, 0, 200, 4);
+    let records = consume_events(&t.broker.bootstrap(), 200);
+    assert_eq!(
+        check_records(&records, 0..200),
+        0,
+        "a clean run through a replica is exactly once"
+    );
+
+    // Lose R1 while the primary keeps writing: outboxd moves to R2 and resumes by GTID.
+    let socket = t.primary.socket_path();
+    let writer = std::thread::spawn(move || {
+        for batch in 0..20u64 {
+            let mut script = String::new();
+            for n in 200 + batch * 20..220 + batch * 20 {
+                script.push_str(&format!("BEGIN;{}COMMIT;", rig::scenario::insert_sql(n)));
+            }
+            rig::mariadb::sql_at(&socket, &script);
+        }
+    });
+    wait_until("rows beyond 300 to be forwarded", LIMIT, || {
+        consume_events(&t.broker.bootstrap(), 0).len() >= 300
+    });
+    t.r1.stop();
+    writer.join().unwrap();
+    t.r2.catch_up(&t.primary);
+    let records = consume_events(&t.broker.bootstrap(), 600);
+    let duplicates = check_records(&records, 0..600);
+    println!("replica loss: {duplicates} duplicates over 600 rows");
+    assert!(
+        outboxd.log().contains("moving to the next source host"),
+        "{}",
+        outboxd.log()
+    );
+    assert!(
+        outboxd.log().contains("resuming by GTID"),
+        "{}",
+        outboxd.log()
+    );
+    outboxd.stop();
+}
+
+#[test]
+fn a_checkpoint_written_on_one_replica_resumes_on_another_by_gtid() {
+    let t = topology();
+    let mut outboxd = Outboxd::new(
+        "moved",
+        &config_body(&url(&[&t.r1]), &t.broker.bootstrap(), "", ""),
+    );
+    outboxd.start();
+    insert_rows(&t.primary, 0, 100, 5);
+    assert_eq!(consume_events(&t.broker.bootstrap(), 100).len(), 100);
+    outboxd.stop();
+    insert_rows(&t.primary, 100, 200, 5);
+    t.r2.catch_up(&t.primary);
+    outboxd.rewrite_config(&config_body(&url(&[&t.r2]), &t.broker.bootstrap(), "", ""));
+    outboxd.start();
+    let records = consume_events(&t.broker.bootstrap(), 200);
+    assert_eq!(check_records(&records, 0..200), 0, "{}", outboxd.log());
+    assert!(
+        outboxd.log().contains("resuming by GTID"),
+        "{}",
+        outboxd.log()
+    );
+    outboxd.stop();
+    assert_eq!(
+        outboxd.checkpoint()["source"]["server_id"],
+        3,
+        "the checkpoint now names R2"
+    );
+}
+
+#[test]
+fn a_frozen_replica_is_left_for_the_next_one_and_nothing_is_lost() {
+    let mut t = topology();
+    let mut outboxd = Outboxd::new(
+        "frozen",
+        &config_body(&url(&[&t.r1, &t.r2]), &t.broker.bootstrap(), "", ""),
+    );
+    outboxd.start();
+    insert_rows(&t.primary, 0, 50, 5);
+    assert_eq!(consume_events(&t.broker.bootstrap(), 50).len(), 50);
+    t.r1.freeze();
+    insert_rows(&t.primary, 50, 100, 5);
+    t.r2.catch_up(&t.primary);
+    let records = consume_events(&t.broker.bootstrap(), 100);
+    check_records(&records, 0..100);
+    assert!(
+        outboxd.log().contains("no binlog event or heartbeat"),
+        "{}",
+        outboxd.log()
+    );
+    t.r1.thaw();
+    outboxd.stop();
+}
+
+#[test]
+fn run_refuses_a_replica_that_does_not_log_replicated_rows() {
+    let primary = MariaDb::start(&[]);
+    let replica = MariaDb::start_replica(&primary, 2, &[]);
+    primary.sql_socket(SCHEMA);
+    replica.catch_up(&primary);
+    let broker = Broker::start();
+    let outboxd = Outboxd::new(
+        "noupdates",
+        &config_body(&url(&[&replica]), &broker.bootstrap(), "", ""),
+    );
+    let out = outboxd.command(&["run"]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("log_slave_updates = OFF") && stderr.contains("log_slave_updates=ON"),
+        "{stderr}"
+    );
+}
