@@ -121,7 +121,7 @@ fn a_checkpoint_written_on_one_replica_resumes_on_another_by_gtid() {
 
 #[test]
 fn a_frozen_replica_is_left_for_the_next_one_and_nothing_is_lost() {
-    let mut t = topology();
+    let t = topology();
     let mut outboxd = Outboxd::new(
         "frozen",
         &config_body(&url(&[&t.r1, &t.r2]), &t.broker.bootstrap(), "", ""),
