@@ -140,7 +140,7 @@ impl Default for RouteConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
     pub brokers: String,
@@ -152,6 +152,28 @@ pub struct KafkaConfig {
     /// Passed to librdkafka verbatim.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    /// librdkafka properties may hold credentials (`sasl.password`, `ssl.key.password`, …).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let properties: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(k, v)| {
+                let secret = ["password", "secret", "key", "token", "credential"]
+                    .iter()
+                    .any(|s| k.contains(s));
+                (k.as_str(), if secret { "***" } else { v.as_str() })
+            })
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("dead_letter_topic", &self.dead_letter_topic)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("properties", &properties)
+            .finish()
+    }
 }
 
 fn default_max_in_flight() -> usize {
@@ -304,6 +326,18 @@ impl Config {
                 "pick a number unique among the server's replicas, e.g. 4242",
             );
         }
+        if self
+            .source
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.mode != TlsMode::Disable)
+        {
+            return bad(
+                "source.tls",
+                "TLS to the database is not supported yet".into(),
+                "set source.tls = { mode = \"disable\" } (or remove it) and reach the server over a trusted network or a local TLS tunnel",
+            );
+        }
         if self.source.heartbeat_interval_ms < 100 {
             return bad(
                 "source.heartbeat_interval_ms",
@@ -352,6 +386,8 @@ impl Config {
                 "acks" | "request.required.acks" => value != "all" && value != "-1",
                 "bootstrap.servers" | "metadata.broker.list" => true,
                 "transactional.id" => true,
+                // Without success reports no ack ever arrives and the checkpoint never moves.
+                "delivery.report.only.error" => value != "false",
                 _ => false,
             };
             if refuse {
@@ -423,6 +459,24 @@ impl Config {
     }
 }
 
+/// Top-level sections an `OUTBOXD_` variable may address; other `OUTBOXD_*` variables (a platform's
+/// service links, the test rig's own) are not configuration and are left alone.
+const TOP_LEVEL: [&str; 6] = ["name", "source", "route", "kafka", "checkpoint", "http"];
+/// Keys whose values are numbers, booleans or lists: their override is read as a TOML literal.
+const TYPED_KEYS: [&str; 9] = [
+    "server_id",
+    "heartbeat_interval_ms",
+    "max_in_flight",
+    "interval_ms",
+    "tables",
+    "message_prefixes",
+    "headers",
+    "tls",
+    "properties",
+];
+/// Sections whose keys are free names (header names, librdkafka properties): kept as written.
+const MAP_SECTIONS: [&str; 2] = ["headers", "properties"];
+
 fn apply_env_overrides(
     doc: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
@@ -430,20 +484,42 @@ fn apply_env_overrides(
     let mut vars: Vec<(String, String)> = env
         .into_iter()
         .filter(|(k, _)| k.starts_with(ENV_PREFIX) && k != CONFIG_ENV)
+        .filter(|(k, _)| {
+            let first = k[ENV_PREFIX.len()..].split("__").next().unwrap_or("");
+            TOP_LEVEL.contains(&first.to_ascii_lowercase().as_str())
+        })
         .collect();
     vars.sort();
     for (key, raw) in vars {
-        let path: Vec<String> = key[ENV_PREFIX.len()..]
-            .split("__")
-            .map(|s| s.to_ascii_lowercase())
-            .collect();
+        let mut path: Vec<String> = Vec::new();
+        for segment in key[ENV_PREFIX.len()..].split("__") {
+            let in_map = path
+                .last()
+                .is_some_and(|p| MAP_SECTIONS.contains(&p.as_str()));
+            path.push(if in_map {
+                segment.to_string()
+            } else {
+                segment.to_ascii_lowercase()
+            });
+        }
         if path.iter().any(|p| p.is_empty()) {
             return Err(Error::config(format!(
                 "environment variable {key} has an empty key segment"
             ))
             .remedy("separate levels with exactly two underscores, e.g. OUTBOXD_KAFKA__BROKERS"));
         }
-        let value = parse_env_value(&raw);
+        // Strings (passwords included) are taken verbatim, never parsed: "0123" stays "0123",
+        // quotes stay quotes. Only keys that hold numbers or lists are read as TOML literals.
+        let last = &path[path.len() - 1];
+        let typed = TYPED_KEYS.contains(&last.as_str())
+            && !path[..path.len() - 1]
+                .iter()
+                .any(|p| MAP_SECTIONS.contains(&p.as_str()));
+        let value = if typed {
+            parse_env_value(&raw)
+        } else {
+            toml::Value::String(raw)
+        };
         let mut table = &mut *doc;
         for segment in &path[..path.len() - 1] {
             let entry = table
@@ -459,7 +535,7 @@ fn apply_env_overrides(
                 }
             };
         }
-        table.insert(path[path.len() - 1].clone(), value);
+        table.insert(last.clone(), value);
     }
     Ok(())
 }
@@ -582,7 +658,7 @@ url = "postgres://cdc@127.0.0.1:5432/app"
 password_file = "/run/secrets/db"
 tables = ["public.outbox", "billing.outbox"]
 server_id = 4242
-tls = { mode = "verify-full", ca = "/etc/outboxd/ca.pem" }
+tls = { mode = "disable", ca = "/etc/outboxd/ca.pem" }
 slot = "s1"
 publication = "p1"
 message_prefixes = ["outbox"]
@@ -608,7 +684,12 @@ listen = ""
 "#;
         let c = parse(text, &[]).unwrap();
         assert_eq!(c.source.kind, SourceKind::Postgres);
-        assert_eq!(c.source.tls.as_ref().unwrap().mode, TlsMode::VerifyFull);
+        assert_eq!(c.source.tls.as_ref().unwrap().mode, TlsMode::Disable);
+        let tls = text.replace("mode = \"disable\"", "mode = \"verify-full\"");
+        assert!(parse(&tls, &[])
+            .unwrap_err()
+            .to_string()
+            .contains("source.tls"));
         assert_eq!(c.route.headers["eventType"], "type");
         assert_eq!(c.kafka.properties["compression.type"], "zstd");
         assert_eq!(
@@ -651,6 +732,28 @@ listen = ""
         assert_eq!(c.source_password().unwrap().as_deref(), Some("s3cr:et@"));
         assert_eq!(c.checkpoint.interval_ms, 9);
         assert!(!format!("{:?}", c.source).contains("s3cr"));
+    }
+
+    #[test]
+    fn env_strings_stay_verbatim_and_foreign_variables_are_ignored() {
+        let c = parse(
+            MINIMAL,
+            &[
+                ("OUTBOXD_SOURCE__PASSWORD", "123456"),
+                ("OUTBOXD_KAFKA__PROPERTIES__sasl.password", "\"quoted\""),
+                ("OUTBOXD_KAFKA__PROPERTIES__linger.ms", "5"),
+                ("OUTBOXD_ROUTE__HEADERS__eventType", "type"),
+                ("OUTBOXD_NAME", "007"),
+                ("OUTBOXD_TEST_BROKER", "/somewhere"),
+                ("OUTBOXD_ORDERS_SERVICE_HOST", "10.0.0.1"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.source_password().unwrap().as_deref(), Some("123456"));
+        assert_eq!(c.kafka.properties["sasl.password"], "\"quoted\"");
+        assert_eq!(c.kafka.properties["linger.ms"], "5");
+        assert_eq!(c.route.headers["eventType"], "type");
+        assert_eq!(c.name, "007");
     }
 
     #[test]
@@ -714,6 +817,22 @@ listen = ""
             .collect::<Vec<_>>()
             .join("\n");
         parse(&embedded, &[]).unwrap();
+    }
+
+    #[test]
+    fn kafka_secrets_are_not_in_debug_output() {
+        let text = format!(
+            "{MINIMAL}[kafka.properties]\n\"sasl.password\" = \"hunter2\"\n\"linger.ms\" = \"5\"\n"
+        );
+        let c = parse(&text, &[]).unwrap();
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains("hunter2") && shown.contains("linger.ms"),
+            "{shown}"
+        );
+        let text =
+            format!("{MINIMAL}[kafka.properties]\n\"delivery.report.only.error\" = \"true\"\n");
+        assert!(parse(&text, &[]).is_err());
     }
 
     #[test]

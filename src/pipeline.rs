@@ -239,11 +239,12 @@ async fn run_session(
                     .transient()
                 })??
         }
+        // After a failed session, continue from the scratch checkpoint rather than from the top.
         Input::Files { paths, from } => {
             Source::BinlogFiles(crate::source::mysql::BinlogFileSource::open(
                 paths.clone(),
                 config.source.tables.iter().cloned(),
-                from.as_ref(),
+                resume.as_ref().map(|(_, p)| p).or(from.as_ref()),
             )?)
         }
     };
@@ -281,6 +282,10 @@ async fn run_session(
                 break Ok(SessionEnd::Shutdown);
             }
         }
+        // While stopping, no wait may outlast the drain deadline (a broker outage must not hold a
+        // shutdown past the orchestrator's grace period).
+        let deadline =
+            tokio::time::Instant::from_std(stopping.unwrap_or_else(Instant::now) + DRAIN_TIMEOUT);
         let change = tokio::select! {
             biased;
             _ = shutdown.wait_for(|stop| *stop), if stopping.is_none() => {
@@ -290,17 +295,26 @@ async fn run_session(
             }
             e = tracker.failed() => break Err(e),
             change = rx.recv() => change,
+            _ = tokio::time::sleep_until(deadline), if stopping.is_some() => {
+                tracing::warn!("the open transaction did not finish within the drain deadline; it is sent again on restart");
+                break Ok(SessionEnd::Shutdown);
+            }
         };
         match change {
             None => {
-                break Err(Error::source("the binlog reader stopped").transient());
+                let error = Error::source("the source reader stopped");
+                // A file replay that broke cannot be cured by reading the files again.
+                break Err(match input {
+                    Input::Live => error.transient(),
+                    Input::Files { .. } => error,
+                });
             }
             Some(Err(e)) => break Err(e),
             Some(Ok(Change::Row(row))) => {
                 open_rows = true;
                 let record = match router.route(&row) {
                     Ok(record) => record,
-                    Err(why) => match dead_letter(config, &row, &why) {
+                    Err(why) => match dead_letter(config, router, &row, &why) {
                         Ok(record) => {
                             metrics.dead_letter(why.reason);
                             record
@@ -311,6 +325,9 @@ async fn run_session(
                 let sent = tokio::select! {
                     sent = sink.send(&record) => sent,
                     e = tracker.failed() => Err(e),
+                    _ = tokio::time::sleep_until(deadline), if stopping.is_some() => {
+                        break Ok(SessionEnd::Shutdown);
+                    }
                 };
                 if let Err(e) = sent {
                     break Err(e);
@@ -428,7 +445,7 @@ async fn write_checkpoints(
 }
 
 /// The dead-letter record for an unroutable row, or the error that stops the pipeline without one.
-fn dead_letter(config: &Config, row: &Row, why: &Unroutable) -> Result<Record> {
+fn dead_letter(config: &Config, router: &Router, row: &Row, why: &Unroutable) -> Result<Record> {
     let Some(topic) = &config.kafka.dead_letter_topic else {
         return Err(Error::unroutable(format!(
             "row of {} at {} cannot be routed ({}): {}",
@@ -439,26 +456,5 @@ fn dead_letter(config: &Config, row: &Row, why: &Unroutable) -> Result<Record> {
         ));
     };
     tracing::warn!(table = %row.table, position = %row.origin, reason = why.reason, detail = %why.detail, topic = %topic, "unroutable row sent to the dead-letter topic");
-    let body: serde_json::Map<String, serde_json::Value> = row
-        .names
-        .iter()
-        .zip(&row.values)
-        .map(|(n, v)| (n.to_string(), v.to_json()))
-        .collect();
-    Ok(Record {
-        topic: topic.clone(),
-        key: None,
-        value: Some(serde_json::Value::Object(body).to_string().into_bytes()),
-        headers: vec![
-            (
-                "outboxd.error".into(),
-                Some(format!("{}: {}", why.reason, why.detail).into_bytes()),
-            ),
-            (
-                "outboxd.position".into(),
-                Some(row.origin.as_bytes().to_vec()),
-            ),
-            ("outboxd.table".into(), Some(row.table.as_bytes().to_vec())),
-        ],
-    })
+    Ok(router.dead_letter(row, why, topic))
 }

@@ -112,6 +112,51 @@ impl Router {
     }
 }
 
+impl Router {
+    /// The dead-letter record for `row`: the row as JSON, with `outboxd.error`, `outboxd.position` and
+    /// `outboxd.table` headers. It must fit where the row did not: values too big for the producer's
+    /// limit are replaced by their size, so a record too large for Kafka cannot loop forever.
+    pub fn dead_letter(&self, row: &Row, why: &Unroutable, topic: &str) -> Record {
+        let budget = self.max_message_bytes / 2;
+        let mut body: serde_json::Map<String, serde_json::Value> = row
+            .names
+            .iter()
+            .zip(&row.values)
+            .map(|(n, v)| (n.to_string(), v.to_json()))
+            .collect();
+        if serde_json::to_vec(&body).map_or(0, |b| b.len()) > budget {
+            for value in body.values_mut() {
+                if let serde_json::Value::String(s) = value {
+                    if s.len() > 1024 {
+                        *value = serde_json::json!({ "omitted_bytes": s.len() });
+                    }
+                }
+            }
+        }
+        let mut error = format!("{}: {}", why.reason, why.detail);
+        if error.len() > 2048 {
+            let cut = (0..=2048)
+                .rev()
+                .find(|i| error.is_char_boundary(*i))
+                .unwrap_or(0);
+            error.truncate(cut);
+        }
+        Record {
+            topic: topic.to_string(),
+            key: None,
+            value: Some(serde_json::Value::Object(body).to_string().into_bytes()),
+            headers: vec![
+                ("outboxd.error".into(), Some(error.into_bytes())),
+                (
+                    "outboxd.position".into(),
+                    Some(row.origin.as_bytes().to_vec()),
+                ),
+                ("outboxd.table".into(), Some(row.table.as_bytes().to_vec())),
+            ],
+        }
+    }
+}
+
 fn column<'r>(row: &'r Row, name: &str) -> Result<&'r Value, Unroutable> {
     row.get(name).ok_or_else(|| Unroutable {
         reason: "missing_column",
@@ -246,6 +291,21 @@ mod tests {
         let mut c = debezium_row();
         c[0].1 = Value::Null;
         assert_eq!(reason(c), "null_id");
+    }
+
+    #[test]
+    fn a_dead_letter_for_a_too_large_row_fits_the_limit() {
+        let router = Router::new(RouteConfig::default(), 10_000);
+        let mut cols = debezium_row();
+        cols[4].1 = Value::Text("x".repeat(50_000));
+        let row = row(&cols);
+        let why = router.route(&row).unwrap_err();
+        assert_eq!(why.reason, "too_large");
+        let dead = router.dead_letter(&row, &why, "dlq");
+        assert!(dead.size() < 10_000, "{}", dead.size());
+        let body: serde_json::Value = serde_json::from_slice(dead.value.as_ref().unwrap()).unwrap();
+        assert_eq!(body["payload"]["omitted_bytes"], 50_000);
+        assert_eq!(body["aggregatetype"], "order");
     }
 
     #[test]

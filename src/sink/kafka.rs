@@ -62,7 +62,7 @@ fn delivery_error(e: &KafkaError, topic: &str) -> Error {
     };
     let error = Error::sink(format!("delivery to topic {topic} failed: {e}"));
     match code {
-        Some(C::MessageSizeTooLarge | C::InvalidRecord) => error.remedy(format!(
+        Some(C::MessageSizeTooLarge | C::InvalidRecord | C::InvalidMessageSize) => error.remedy(format!(
             "the broker refuses a record this large: raise the topic's max.message.bytes (and the broker's message.max.bytes) for {topic}, then restart; nothing was skipped"
         )),
         Some(C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed) => error.remedy(format!(
@@ -167,13 +167,7 @@ impl KafkaSink {
                     base = back;
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
-                Err((e, _)) => {
-                    return Err(Error::sink(format!(
-                        "cannot enqueue a record for topic {}: {e}",
-                        record.topic
-                    ))
-                    .transient())
-                }
+                Err((e, _)) => return Err(delivery_error(&e, &record.topic)),
             }
         }
     }

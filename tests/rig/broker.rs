@@ -61,6 +61,18 @@ impl Broker {
         }
     }
 
+    /// SIGSTOP: the broker keeps its sockets but answers nothing (an outage as clients see it,
+    /// without losing the records it holds in memory).
+    pub fn freeze(&self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    }
+
+    pub fn thaw(&self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    }
+
     pub fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
@@ -68,6 +80,7 @@ impl Broker {
 
 impl Drop for Broker {
     fn drop(&mut self) {
+        self.thaw();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -78,11 +78,16 @@ impl Outboxd {
 
     /// Starts `outboxd run` and waits until its checkpoint file exists (the start position is fixed).
     pub fn start(&mut self) {
+        self.start_with(&[]);
+    }
+
+    /// [`Outboxd::start`] with extra `run` arguments (e.g. `--skip-checks`).
+    pub fn start_with(&mut self, extra: &[&str]) {
         assert!(self.child.is_none(), "already running");
         self.runs += 1;
         let log = std::fs::File::create(self.log_path()).unwrap();
         let child = self
-            .command(&["run"])
+            .command(&[&["run"][..], extra].concat())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -102,6 +107,13 @@ impl Outboxd {
                 super::file_contains(&log_path, "stream opened")
             },
         );
+    }
+
+    /// Whether the started process is still running.
+    pub fn child_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
     }
 
     pub fn pid(&self) -> Pid {

@@ -130,22 +130,24 @@ impl BinlogFileSource {
                 self.exhausted = true;
                 continue;
             };
-            let step = self
-                .decoder
-                .on_event(&event, &mut self.buffer)
-                .map_err(|e| {
-                    let (path, at) = &self.last_event;
-                    Error::source(format!(
-                        "{} (event at offset {at}): {}",
-                        path.display(),
-                        e.message()
-                    ))
-                    .remedy(
-                        e.remedy_text()
-                            .unwrap_or("replay stops here rather than skip events")
-                            .to_string(),
-                    )
-                })?;
+            // Row decoding is third-party code fed untrusted bytes: a panic there is an error too.
+            let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.decoder.on_event(&event, &mut self.buffer)
+            }))
+            .unwrap_or_else(|_| Err(Error::source("malformed event (the decoder gave up)")));
+            let step = decoded.map_err(|e| {
+                let (path, at) = &self.last_event;
+                Error::source(format!(
+                    "{} (event at offset {at}): {}",
+                    path.display(),
+                    e.message()
+                ))
+                .remedy(
+                    e.remedy_text()
+                        .unwrap_or("replay stops here rather than skip events")
+                        .to_string(),
+                )
+            })?;
             match step {
                 Step::Continue => {}
                 Step::NeedColumns {

@@ -186,7 +186,13 @@ impl Decoder {
                     .read_data()
                     .map_err(|e| self.corrupt(event_start, &e.to_string()))?;
                 if let Some(EventData::QueryEvent(q)) = data {
-                    self.on_query(&q.query(), event_start, header.timestamp(), out);
+                    self.on_query(
+                        &q.query(),
+                        &q.schema(),
+                        event_start,
+                        header.timestamp(),
+                        out,
+                    )?;
                 }
             }
             // Only long statements get compressed: never BEGIN/COMMIT, so DDL (a boundary) or, inside a
@@ -221,24 +227,41 @@ impl Decoder {
     fn on_query(
         &mut self,
         query: &str,
+        schema: &str,
         event_start: u64,
         timestamp: u32,
         out: &mut VecDeque<Change>,
-    ) {
+    ) -> Result<()> {
         let head: String = query
             .trim_start()
             .chars()
-            .take(12)
+            .take(16)
             .collect::<String>()
             .to_ascii_uppercase();
-        if head.starts_with("BEGIN") || head.starts_with("XA START") {
+        let closes = head.starts_with("COMMIT")
+            || (head.starts_with("ROLLBACK") && !head.starts_with("ROLLBACK TO"))
+            || head.starts_with("XA COMMIT")
+            || head.starts_with("XA ROLLBACK");
+        if head.starts_with("BEGIN") || head.starts_with("XA START") || head.starts_with("XA BEGIN")
+        {
             self.in_txn = true;
             if self.txn_origin.is_none() {
                 self.txn_origin = Some(format!("{}:{event_start}", self.file).into());
             }
-        } else if head.starts_with("COMMIT") || head.starts_with("ROLLBACK") || !self.in_txn {
+        } else if closes || !self.in_txn {
             self.close(timestamp, out);
+        } else if let Some(table) = insert_target(query, schema) {
+            // An outbox INSERT written as a statement (a session with binlog_format=STATEMENT or
+            // MIXED) carries no row image: stop rather than lose it.
+            if self.watched.contains(&table) {
+                return Err(Error::source(format!(
+                    "the outbox INSERT into {table} at {}:{event_start} was logged as a statement, not as a row",
+                    self.file
+                ))
+                .remedy("the writing session used binlog_format=STATEMENT or MIXED: set binlog_format=ROW globally and for every session writing the outbox, then re-send that transaction's rows"));
+            }
         }
+        Ok(())
     }
 
     fn on_rows(
@@ -395,6 +418,32 @@ fn checksum_ok(event: &Event) -> bool {
     }
 }
 
+/// `schema.table` an `INSERT`/`REPLACE` statement writes to (unqualified names take `schema`).
+fn insert_target(query: &str, schema: &str) -> Option<String> {
+    let mut words = query.split_whitespace();
+    let verb = words.next()?.to_ascii_uppercase();
+    if verb != "INSERT" && verb != "REPLACE" {
+        return None;
+    }
+    let target = words.find(|w| {
+        !matches!(
+            w.to_ascii_uppercase().as_str(),
+            "LOW_PRIORITY" | "DELAYED" | "HIGH_PRIORITY" | "IGNORE" | "INTO"
+        )
+    })?;
+    let name: String = target
+        .split('(')
+        .next()?
+        .chars()
+        .filter(|c| *c != '`')
+        .collect();
+    Some(if name.contains('.') {
+        name
+    } else {
+        format!("{schema}.{name}")
+    })
+}
+
 /// Same column count, types and type metadata: the cached column names still apply.
 fn same_shape(a: &TableMapEvent<'_>, b: &TableMapEvent<'_>) -> bool {
     let n = a.columns_count();
@@ -403,4 +452,26 @@ fn same_shape(a: &TableMapEvent<'_>, b: &TableMapEvent<'_>) -> bool {
             a.get_raw_column_type(i).ok() == b.get_raw_column_type(i).ok()
                 && a.get_column_metadata(i) == b.get_column_metadata(i)
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::insert_target;
+
+    #[test]
+    fn finds_the_table_a_statement_inserts_into() {
+        assert_eq!(
+            insert_target("INSERT INTO outbox (a) VALUES (1)", "app").as_deref(),
+            Some("app.outbox")
+        );
+        assert_eq!(
+            insert_target("insert ignore into `app`.`outbox`(a) values (1)", "x").as_deref(),
+            Some("app.outbox")
+        );
+        assert_eq!(
+            insert_target("REPLACE LOW_PRIORITY app.outbox SET a=1", "x").as_deref(),
+            Some("app.outbox")
+        );
+        assert_eq!(insert_target("UPDATE app.outbox SET a=1", "x"), None);
+    }
 }

@@ -10,13 +10,22 @@ use std::io;
 
 use mysql_common::binlog::jsonb::{JsonDom, JsonNumber, JsonScalar, Value};
 
+/// MySQL refuses documents nested deeper than 100; deeper input is damaged, not data.
+const MAX_DEPTH: usize = 100;
+
 pub fn to_text(value: Value<'_>) -> io::Result<String> {
     let mut out = String::new();
-    write_value(&mut out, value)?;
+    write_value(&mut out, value, 0)?;
     Ok(out)
 }
 
-fn write_value(out: &mut String, value: Value<'_>) -> io::Result<()> {
+fn write_value(out: &mut String, value: Value<'_>, depth: usize) -> io::Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "JSON nested deeper than MySQL allows",
+        ));
+    }
     match value {
         Value::Null => out.push_str("null"),
         Value::Bool(b) => out.push_str(if b { "true" } else { "false" }),
@@ -33,10 +42,10 @@ fn write_value(out: &mut String, value: Value<'_>) -> io::Result<()> {
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
             write_string(out, text);
         }
-        Value::SmallArray(a) => write_array(out, a.iter())?,
-        Value::LargeArray(a) => write_array(out, a.iter())?,
-        Value::SmallObject(o) => write_object(out, o.iter())?,
-        Value::LargeObject(o) => write_object(out, o.iter())?,
+        Value::SmallArray(a) => write_array(out, a.iter(), depth)?,
+        Value::LargeArray(a) => write_array(out, a.iter(), depth)?,
+        Value::SmallObject(o) => write_object(out, o.iter(), depth)?,
+        Value::LargeObject(o) => write_object(out, o.iter(), depth)?,
         opaque @ Value::Opaque(_) => match opaque.parse()? {
             JsonDom::Scalar(JsonScalar::Number(JsonNumber::Decimal(d))) => {
                 write!(out, "{d}").expect("string")
@@ -55,13 +64,14 @@ fn write_value(out: &mut String, value: Value<'_>) -> io::Result<()> {
 fn write_array<'a>(
     out: &mut String,
     items: impl Iterator<Item = io::Result<Value<'a>>>,
+    depth: usize,
 ) -> io::Result<()> {
     out.push('[');
     for (i, item) in items.enumerate() {
         if i > 0 {
             out.push_str(", ");
         }
-        write_value(out, item?)?;
+        write_value(out, item?, depth + 1)?;
     }
     out.push(']');
     Ok(())
@@ -70,6 +80,7 @@ fn write_array<'a>(
 fn write_object<'a>(
     out: &mut String,
     entries: impl Iterator<Item = io::Result<(mysql_common::binlog::jsonb::ObjectKey<'a>, Value<'a>)>>,
+    depth: usize,
 ) -> io::Result<()> {
     out.push('{');
     for (i, entry) in entries.enumerate() {
@@ -81,7 +92,7 @@ fn write_object<'a>(
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         write_string(out, key);
         out.push_str(": ");
-        write_value(out, value)?;
+        write_value(out, value, depth + 1)?;
     }
     out.push('}');
     Ok(())

@@ -96,7 +96,9 @@ pub fn reached(current: &Position, target: &Position) -> bool {
         &current.mysql_gtids,
         &target.mysql_gtids,
     ) {
-        (Some(c), Some(t), _, _) if !t.is_empty() => c.covers(t),
+        // A state built from the events seen (a replay from FILE:POS) may lack quiet domains: then
+        // only the file position can tell.
+        (Some(c), Some(t), _, _) if !t.is_empty() && c.has_domains_of(t) => c.covers(t),
         (_, _, Some(c), Some(t)) if !t.is_empty() => c.covers(t),
         _ => (current.file.as_str(), current.pos) >= (target.file.as_str(), target.pos),
     }
@@ -116,6 +118,13 @@ pub async fn current_end_position(config: &Config) -> Result<Position> {
     let _ = conn.disconnect().await;
     Ok(end.to_position())
 }
+
+/// Server errors a reconnect cures: too many connections (1040), shutdown in progress (1053, 1077-
+/// 1080), network trouble seen by the server (1152, 1158-1161), connection killed (1927), and
+/// MariaDB's idle-connection timeout (4031).
+const TRANSIENT_SERVER_ERRORS: [u16; 13] = [
+    1040, 1053, 1077, 1078, 1079, 1080, 1152, 1158, 1159, 1160, 1161, 1927, 4031,
+];
 
 /// A live binlog session.
 pub struct MysqlSource {
@@ -534,6 +543,11 @@ fn map_err(e: mysql_async::Error, config: &Config) -> Error {
             Error::source(format!("{server}: missing privilege: {}", se.message)).remedy(
                 "GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO the outboxd user (MariaDB also BINLOG MONITOR, SLAVE MONITOR)",
             )
+        }
+        mysql_async::Error::Server(se) if TRANSIENT_SERVER_ERRORS.contains(&se.code) => {
+            Error::source(format!("{server}: server error {}: {}", se.code, se.message))
+                .remedy("outboxd retries; the server is restarting, overloaded or dropped the connection")
+                .transient()
         }
         mysql_async::Error::Server(se) => {
             Error::source(format!("{server}: server error {}: {}", se.code, se.message))

@@ -52,6 +52,11 @@ impl MariaGtidState {
         self.domains.is_empty()
     }
 
+    /// Whether this state knows every replication domain `other` names.
+    pub fn has_domains_of(&self, other: &MariaGtidState) -> bool {
+        other.domains.keys().all(|d| self.domains.contains_key(d))
+    }
+
     /// Every domain of `other` is at or past its sequence number here.
     pub fn covers(&self, other: &MariaGtidState) -> bool {
         other.domains.iter().all(|(domain, (_, seq))| {

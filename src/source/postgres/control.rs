@@ -71,6 +71,13 @@ pub struct Control {
     shown: String,
 }
 
+/// SQLSTATEs a reconnect can cure: connection exceptions (08), insufficient resources such as too
+/// many connections (53), operator intervention such as shutdown or recovery (57), serialization and
+/// deadlock failures (40), and a slot still held by a previous connection (55006).
+pub fn transient_sqlstate(code: &str) -> bool {
+    matches!(code.get(..2), Some("08" | "53" | "57" | "40")) || code == "55006"
+}
+
 /// The server's own message and SQLSTATE when there is one (tokio-postgres prints just "db error").
 fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
@@ -129,10 +136,9 @@ impl Control {
 
     fn failed(&self, what: &str, e: tokio_postgres::Error) -> Error {
         let error = Error::source(format!("{} ({what}): {}", self.shown, describe(&e)));
-        if e.code().is_some() {
-            error
-        } else {
-            error.transient()
+        match e.code() {
+            Some(code) if !transient_sqlstate(code.code()) => error,
+            _ => error.transient(),
         }
     }
 
@@ -278,5 +284,18 @@ impl Control {
 
     pub fn client(&self) -> &Client {
         &self.client
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn restarts_and_overload_are_transient_but_auth_is_not() {
+        for code in ["57P03", "57P01", "53300", "08006", "40001", "55006"] {
+            assert!(super::transient_sqlstate(code), "{code}");
+        }
+        for code in ["28P01", "3D000", "42501", "42704"] {
+            assert!(!super::transient_sqlstate(code), "{code}");
+        }
     }
 }

@@ -58,6 +58,8 @@ pub struct PostgresSource {
     durable_open: bool,
     heartbeat: Option<tokio::time::Interval>,
     read_timeout: Duration,
+    /// When the stream last said anything; silence past `read_timeout` ends the session.
+    last_message: tokio::time::Instant,
 }
 
 impl PostgresSource {
@@ -73,7 +75,18 @@ impl PostgresSource {
         control
             .ensure_publication(&source.publication, &source.tables)
             .await?;
-        let slot_lsn = control.ensure_slot(&source.slot).await?;
+        let slot_lsn = match resume {
+            // With a checkpoint, a missing slot means the changes since it are gone with the slot:
+            // creating a new one would silently skip them.
+            Some(_) => control.slot_confirmed(&source.slot).await?.ok_or_else(|| {
+                Error::source(format!(
+                    "replication slot {} does not exist, but a checkpoint does: the changes since the checkpoint went with the slot (dropped, or a failover to a server without it)",
+                    source.slot
+                ))
+                .remedy("if losing those changes is acceptable, run `outboxd checkpoint reset` (outboxd then creates the slot at the current end); otherwise restore the slot before starting")
+            })?,
+            None => control.ensure_slot(&source.slot).await?,
+        };
         let start = match resume {
             Some((stored, position)) => {
                 if stored.kind != SourceKind::Postgres {
@@ -82,6 +95,13 @@ impl PostgresSource {
                         stored.kind.as_str()
                     ))
                     .remedy("point checkpoint.dir or name at this source's checkpoint"));
+                }
+                if let Some(slot) = stored.slot.as_deref().filter(|s| *s != source.slot) {
+                    return Err(Error::checkpoint(format!(
+                        "the checkpoint was written for replication slot {slot}, but source.slot is {}",
+                        source.slot
+                    ))
+                    .remedy("set source.slot back, or `outboxd checkpoint reset` to start the new slot at the current end"));
                 }
                 let lsn = lsn_of(position)?;
                 if slot_lsn > lsn {
@@ -169,6 +189,7 @@ impl PostgresSource {
             durable_open: true,
             heartbeat: Some(ticker),
             read_timeout: heartbeat * 3,
+            last_message: tokio::time::Instant::now(),
         })
     }
 
@@ -202,6 +223,20 @@ impl PostgresSource {
                         Err(_) => self.durable_open = false,
                     }
                 }
+                event = self.client.recv() => {
+                    let event = match event {
+                        Ok(Some(event)) => event,
+                        Ok(None) => {
+                            return Err(Error::source("the server ended the replication stream")
+                                .remedy("outboxd reconnects by itself")
+                                .transient())
+                        }
+                        Err(e) => return Err(stream_error(e, "the replication stream")),
+                    };
+                    self.last_message = tokio::time::Instant::now();
+                    self.metrics.source_event();
+                    self.decoder.on_event(event, &mut self.buffer)?;
+                }
                 _ = tick(&mut self.heartbeat) => {
                     let emitted = tokio::time::timeout(Duration::from_secs(5), self.control.emit_heartbeat()).await;
                     match emitted {
@@ -214,26 +249,16 @@ impl PostgresSource {
                         Err(_) => tracing::warn!("emitting the heartbeat message timed out"),
                     }
                 }
-                event = tokio::time::timeout(self.read_timeout, self.client.recv()) => {
-                    let event = match event {
-                        Err(_) => {
-                            return Err(Error::source(format!(
-                                "no replication message or heartbeat for {:?}; the stream is treated as dead",
-                                self.read_timeout
-                            ))
-                            .remedy("outboxd reconnects by itself; if this repeats, check the network path to the server")
-                            .transient())
-                        }
-                        Ok(Ok(Some(event))) => event,
-                        Ok(Ok(None)) => {
-                            return Err(Error::source("the server ended the replication stream")
-                                .remedy("outboxd reconnects by itself")
-                                .transient())
-                        }
-                        Ok(Err(e)) => return Err(stream_error(e, "the replication stream")),
-                    };
-                    self.metrics.source_event();
-                    self.decoder.on_event(event, &mut self.buffer)?;
+                // A deadline that only a message moves: heartbeats we emit do not count until they
+                // come back through the stream. Checked after `recv`, so buffered
+                // messages are taken first (after back-pressure held the reader).
+                _ = tokio::time::sleep_until(self.last_message + self.read_timeout) => {
+                    return Err(Error::source(format!(
+                        "no replication message or heartbeat for {:?}; the stream is treated as dead",
+                        self.read_timeout
+                    ))
+                    .remedy("outboxd reconnects by itself; if this repeats, check the network path to the server")
+                    .transient())
                 }
             }
         }
@@ -270,14 +295,26 @@ fn stream_error(e: PgWireError, server: &str) -> Error {
     }
     if e.is_tls() {
         return Error::config(format!("{server}: TLS failed: {text}"))
-            .remedy("check source.tls (mode, ca); TLS needs a build with --features postgres-tls");
+            .remedy("TLS to the database is not supported yet; set source.tls.mode = \"disable\"");
     }
     if e.is_message_too_large() {
         return Error::source(format!("{server}: {text}"))
             .remedy("a single change exceeds 512 MiB; outboxd stops rather than skip it");
     }
-    // Server errors (e.g. 55006: the slot is still active for a previous connection) and I/O end the
-    // session; a reconnect from the checkpoint cures them.
+    // I/O and server errors a reconnect cures (55006: the slot is still held by a previous
+    // connection; 57P01: shutdown; 08: connection trouble) end the session; others (a missing
+    // publication, a dropped slot, permissions) stop outboxd with the server's own message.
+    if e.is_server() {
+        let code = text
+            .rsplit_once("SQLSTATE ")
+            .map(|(_, c)| c.trim_end_matches(')').to_string())
+            .unwrap_or_default();
+        if !control::transient_sqlstate(&code) {
+            return Error::source(format!("{server}: {text}")).remedy(
+                "fix what the server reports (slot, publication, privileges), then restart outboxd",
+            );
+        }
+    }
     Error::source(format!("{server}: {text}"))
         .remedy("outboxd reconnects by itself")
         .transient()
@@ -294,11 +331,9 @@ fn tls_config(config: &Config) -> Result<TlsConfig> {
         TlsMode::VerifyCa => SslMode::VerifyCa,
         TlsMode::VerifyFull => SslMode::VerifyFull,
     };
-    if mode != SslMode::Disable && !cfg!(feature = "postgres-tls") {
-        return Err(Error::config(
-            "source.tls is set, but this outboxd was built without Postgres TLS",
-        )
-        .remedy("build with `cargo build --release --features postgres-tls`, or set source.tls.mode = \"disable\""));
+    if mode != SslMode::Disable {
+        return Err(Error::config("source.tls: TLS to the database is not supported yet")
+            .remedy("set source.tls.mode = \"disable\" and reach the server over a trusted network or a local TLS tunnel"));
     }
     Ok(TlsConfig {
         mode,
