@@ -342,3 +342,111 @@ fn an_outbox_insert_logged_as_a_statement_stops_the_pipeline_instead_of_vanishin
         "{log}"
     );
 }
+
+/// A small tmpfs mounted over a directory for the test's duration (unmounted on drop, also on panic).
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &std::path::Path, size: &str) -> SmallDisk {
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "this test mounts a small tmpfs (as root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallDisk(dir.to_path_buf())
+    }
+
+    /// Fills the disk until it refuses more bytes.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.0.join("filler")).unwrap();
+        let block = vec![0u8; 1024];
+        while f.write_all(&block).is_ok() {}
+        let _ = f.sync_all();
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.0.join("filler")).unwrap();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_stops_the_pipeline_with_the_reason_and_leaves_the_checkpoint_whole() {
+    let mut env = setup("diskfull", "");
+    let disk = SmallDisk::mount(&env.outboxd.dir_path().join("checkpoints"), "256k");
+    env.outboxd.start();
+    insert_rows(&env.db, 0, 10, 1);
+    assert_eq!(consume_all(&env, 10).len(), 10);
+    let covered = env
+        .db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    wait_until("the checkpoint to cover the first rows", LIMIT, || {
+        env.outboxd.checkpoint()["position"]["gtid_set"] == covered.as_str()
+    });
+    let before = std::fs::read(env.outboxd.checkpoint_path()).unwrap();
+    disk.fill();
+    insert_rows(&env.db, 10, 20, 1);
+    let status = env.outboxd.wait_exit(LIMIT);
+    assert!(!status.success());
+    let log = env.outboxd.log();
+    assert!(
+        log.contains("No space left") && log.contains("previous checkpoint is intact"),
+        "{log}"
+    );
+    assert_eq!(
+        std::fs::read(env.outboxd.checkpoint_path()).unwrap(),
+        before,
+        "the checkpoint is whole and unchanged"
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(env.outboxd.dir_path().join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // Space back: the restart resumes from the intact checkpoint and nothing is lost.
+    disk.free();
+    env.outboxd.start();
+    let records = consume_all(&env, 20);
+    check_records(&records, 0..20);
+    env.outboxd.stop();
+}
+
+#[test]
+fn a_killed_binlog_dump_thread_is_reconnected_and_nothing_is_lost() {
+    let mut env = setup("killdump", "");
+    env.outboxd.start();
+    insert_rows(&env.db, 0, 50, 5);
+    assert_eq!(consume_all(&env, 50).len(), 50);
+    // Cut the replication connection without touching the server.
+    let ids = env.db.sql_socket(
+        "SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%';",
+    );
+    let ids: Vec<&str> = ids.lines().filter(|l| !l.is_empty()).collect();
+    assert!(!ids.is_empty(), "no dump thread found");
+    for id in ids {
+        env.db.sql_socket(&format!("KILL {id};"));
+    }
+    insert_rows(&env.db, 50, 100, 5);
+    let records = consume_all(&env, 100);
+    check_records(&records, 0..100);
+    assert!(
+        env.outboxd.log().contains("reconnecting"),
+        "{}",
+        env.outboxd.log()
+    );
+    env.outboxd.stop();
+}
