@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-test-deps.sh
-cargo test --locked -j 2 "$@"
+# `failpoints` compiles the fault-injection points into this test build (never into releases).
+cargo test --locked -j 2 --features failpoints "$@"

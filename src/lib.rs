@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod dry_run;
 pub mod error;
+pub mod fault;
 pub mod http;
 pub mod metrics;
 pub mod pipeline;

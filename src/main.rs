@@ -95,6 +95,8 @@ enum CheckpointAction {
 }
 
 fn main() -> ExitCode {
+    // Fault-injection points for the reliability tests; inert unless built with `failpoints`.
+    let _faults = fail::FailScenario::setup();
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match run(cli) {

@@ -30,6 +30,8 @@ use crate::source::{Change, Position, Row, Source, SourceIdentity};
 
 /// How long a graceful shutdown waits for the open transaction and the in-flight acks.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a session that lost its source waits for the acks of what it already produced.
+const SOURCE_ERROR_DRAIN: Duration = Duration::from_secs(5);
 /// Changes buffered between the reader task and the producer loop.
 const CHANNEL_DEPTH: usize = 1024;
 
@@ -356,8 +358,18 @@ async fn run_session(
     };
     reader.abort();
     let _ = reader.await;
-    if matches!(result, Ok(SessionEnd::Shutdown)) {
-        match tokio::time::timeout(DRAIN_TIMEOUT, tracker.drained()).await {
+    // Records already handed to Kafka are worth waiting for: every ack that lands before the final
+    // write shrinks what the next session sends again. Not after a delivery failure (the producer is
+    // the problem), and only briefly when the source broke.
+    let drain_for = match &result {
+        Ok(SessionEnd::Shutdown) => Some(DRAIN_TIMEOUT),
+        Err(e) if e.kind() != crate::error::Kind::Sink && tracker.failure().is_none() => {
+            Some(SOURCE_ERROR_DRAIN)
+        }
+        Err(_) => None,
+    };
+    if let Some(limit) = drain_for {
+        match tokio::time::timeout(limit, tracker.drained()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(error = %e, "a delivery failed while draining"),
             Err(_) => tracing::warn!(
@@ -426,6 +438,7 @@ async fn write_checkpoints(
             _ = stop.wait_for(|s| *s) => return Ok(()),
         }
         if let Some(position) = tracker.take_safe() {
+            crate::fault::crash_point(crate::fault::AFTER_ACK_BEFORE_CHECKPOINT);
             let store = store.clone();
             let identity = identity.clone();
             let durable_position = position.clone();

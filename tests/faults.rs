@@ -52,8 +52,16 @@ fn crash_loop_of_ten_kill_9s_under_load_loses_nothing() {
         env.outboxd.kill9();
         env.outboxd.start();
     }
+    let recovery = Instant::now();
     writer.join().unwrap();
     let records = consume_events(&env.broker.bootstrap(), total as usize);
+    report(
+        "crash loop",
+        "10 x kill -9 under load (1/7/50/200-row transactions)",
+        total,
+        &records,
+        recovery,
+    );
     let duplicates = check_records(&records, 0..total);
     println!(
         "crash loop: {} records for {total} rows, {duplicates} duplicates over 10 kill -9",
@@ -86,8 +94,16 @@ fn a_broker_outage_under_load_loses_nothing_and_outboxd_rides_it_out() {
         Instant::now() >= until
     });
     env.broker.thaw();
+    let recovery = Instant::now();
     insert_rows(&env.db, 1200, 1300, 10);
     let records = consume_all(&env, 1300);
+    report(
+        "broker outage",
+        "broker frozen (SIGSTOP) 30 s under load",
+        1300,
+        &records,
+        recovery,
+    );
     let duplicates = check_records(&records, 0..1300);
     println!("broker outage: {duplicates} duplicates over 1300 rows");
     check_per_key_order(&records);
@@ -419,8 +435,16 @@ fn a_full_disk_stops_the_pipeline_with_the_reason_and_leaves_the_checkpoint_whol
     assert!(leftovers.is_empty(), "{leftovers:?}");
     // Space back: the restart resumes from the intact checkpoint and nothing is lost.
     disk.free();
+    let recovery = Instant::now();
     env.outboxd.start();
     let records = consume_all(&env, 20);
+    report(
+        "disk full",
+        "checkpoint disk filled; outboxd stops; space freed; restart",
+        20,
+        &records,
+        recovery,
+    );
     check_records(&records, 0..20);
     env.outboxd.stop();
 }
@@ -440,8 +464,16 @@ fn a_killed_binlog_dump_thread_is_reconnected_and_nothing_is_lost() {
     for id in ids {
         env.db.sql_socket(&format!("KILL {id};"));
     }
+    let recovery = Instant::now();
     insert_rows(&env.db, 50, 100, 5);
     let records = consume_all(&env, 100);
+    report(
+        "connection cut",
+        "binlog dump thread KILLed on the server",
+        100,
+        &records,
+        recovery,
+    );
     check_records(&records, 0..100);
     assert!(
         env.outboxd.log().contains("reconnecting"),

@@ -176,8 +176,16 @@ fn a_server_restart_mid_stream_loses_nothing() {
     env.outboxd.start();
     insert_rows(&env.db, 0, 300, 3);
     env.db.restart();
+    let recovery = std::time::Instant::now();
     insert_rows(&env.db, 300, 600, 3);
     let records = consume_all(&env, 600);
+    report(
+        "mariadb restart",
+        "mariadbd stopped and started mid-stream",
+        600,
+        &records,
+        recovery,
+    );
     check_records(&records, 0..600);
     check_per_key_order(&records);
     assert!(
@@ -329,8 +337,16 @@ fn a_frozen_server_is_noticed_by_missing_heartbeats_and_nothing_is_lost() {
         env.outboxd.log().contains("no binlog event or heartbeat")
     });
     env.db.thaw();
+    let recovery = std::time::Instant::now();
     insert_rows(&env.db, 50, 100, 5);
     let records = consume_all(&env, 100);
+    report(
+        "frozen server",
+        "mariadbd SIGSTOPped past 3 heartbeats, then SIGCONT",
+        100,
+        &records,
+        recovery,
+    );
     check_records(&records, 0..100);
     env.outboxd.stop();
 }

@@ -283,9 +283,17 @@ fn a_postgres_restart_mid_stream_and_a_kill_9_lose_nothing() {
     });
     env.outboxd.kill9();
     insert_rows(&env.pg, 600, 900, 3);
+    let recovery = std::time::Instant::now();
     env.outboxd.start();
     insert_rows(&env.pg, 900, 1000, 5);
     let records = consume_events(&env.broker.bootstrap(), 1000);
+    rig::scenario::report(
+        "postgres restart + kill -9",
+        "pg_ctl restart mid-stream, then kill -9 of outboxd",
+        1000,
+        &records,
+        recovery,
+    );
     let duplicates = check_records_by(&records, 0..1000, pg_payload);
     println!("postgres restart + kill -9: {duplicates} duplicates over 1000 rows");
     check_per_key_order(&records);

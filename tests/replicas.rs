@@ -71,9 +71,17 @@ fn rows_written_on_the_primary_arrive_once_through_a_replica_and_survive_losing_
         consume_events(&t.broker.bootstrap(), 0).len() >= 300
     });
     t.r1.stop();
+    let recovery = std::time::Instant::now();
     writer.join().unwrap();
     t.r2.catch_up(&t.primary);
     let records = consume_events(&t.broker.bootstrap(), 600);
+    rig::scenario::report(
+        "replica lost",
+        "replica R1 stopped mid-load; outboxd moves to R2 by GTID",
+        600,
+        &records,
+        recovery,
+    );
     let duplicates = check_records(&records, 0..600);
     println!("replica loss: {duplicates} duplicates over 600 rows");
     assert!(

@@ -75,7 +75,23 @@ impl Store {
             }
         }
         store._lock = Some(lock);
+        store.remove_stale_temp_files();
         Ok(store)
+    }
+
+    /// Temp files of a write a crash interrupted (before its rename): the checkpoint itself is whole,
+    /// these are litter. Only the lock holder may remove them.
+    fn remove_stale_temp_files(&self) {
+        let prefix = format!(".{}.", self.name);
+        if let Ok(entries) = std::fs::read_dir(&self.dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&prefix) && name.ends_with(".tmp") {
+                    tracing::info!(file = %name, "removing the temp file of an interrupted checkpoint write");
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
     }
 
     /// Opens the store for reading (`checkpoint show`), without the lock.
@@ -297,6 +313,7 @@ fn write_atomically(dir: &Path, path: &Path, checkpoint: &Checkpoint) -> Result<
         .map_err(|e| fail("create a temp file for", e))?;
     tmp.write_all(&body).map_err(|e| fail("write", e))?;
     tmp.as_file().sync_all().map_err(|e| fail("fsync", e))?;
+    crate::fault::crash_point(crate::fault::DURING_CHECKPOINT_RENAME);
     tmp.persist(path)
         .map_err(|e| fail("rename into place", e.error))?;
     File::open(dir)

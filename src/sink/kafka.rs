@@ -161,6 +161,7 @@ impl KafkaSink {
             match producer.send(base) {
                 Ok(()) => {
                     self.metrics.produced();
+                    crate::fault::crash_point(crate::fault::AFTER_PRODUCE_BEFORE_ACK);
                     return Ok(ticket);
                 }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {

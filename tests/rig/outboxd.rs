@@ -72,7 +72,8 @@ impl Outboxd {
             .args(args)
             .env("OUTBOXD_SOURCE__PASSWORD", CDC_PASSWORD)
             .env("RUST_LOG", "info,outboxd=debug")
-            .env_remove("OUTBOXD_CONFIG");
+            .env_remove("OUTBOXD_CONFIG")
+            .env_remove("FAILPOINTS");
         cmd
     }
 
@@ -83,11 +84,17 @@ impl Outboxd {
 
     /// [`Outboxd::start`] with extra `run` arguments (e.g. `--skip-checks`).
     pub fn start_with(&mut self, extra: &[&str]) {
+        self.start_with_env(extra, &[]);
+    }
+
+    /// [`Outboxd::start_with`] with extra environment variables (e.g. `FAILPOINTS`).
+    pub fn start_with_env(&mut self, extra: &[&str], env: &[(&str, &str)]) {
         assert!(self.child.is_none(), "already running");
         self.runs += 1;
         let log = std::fs::File::create(self.log_path()).unwrap();
         let child = self
             .command(&[&["run"][..], extra].concat())
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -272,3 +272,26 @@ pub fn mixed_transactions(sql: &MixedSql) -> String {
     assert_eq!(n, 1000);
     script
 }
+
+/// Prints one line of the reliability table (collected by `scripts/reliability.sh` into RELIABILITY.md):
+/// scenario, what was done, rows committed, records received, lost, duplicates, and the time from the
+/// fault's end (or the restart) until every row had arrived.
+pub fn report(
+    scenario: &str,
+    action: &str,
+    sent: u64,
+    records: &[Consumed],
+    recovery_started: std::time::Instant,
+) {
+    let mut seen: HashMap<u64, usize> = HashMap::new();
+    for r in records {
+        *seen.entry(n_of(r)).or_default() += 1;
+    }
+    let lost = (0..sent).filter(|n| !seen.contains_key(n)).count();
+    let duplicates: usize = seen.values().map(|c| c - 1).sum();
+    println!(
+        "RELIABILITY|{scenario}|{action}|{sent}|{}|{lost}|{duplicates}|{:.1}",
+        records.len(),
+        recovery_started.elapsed().as_secs_f64()
+    );
+}

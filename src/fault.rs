@@ -1,0 +1,21 @@
+//! Named fault-injection points for the reliability tests (the `fail` crate). They compile to nothing
+//! unless the `failpoints` feature is on (test builds only); with it, `FAILPOINTS="name=return"` (or
+//! `"3*off->return"`: the fourth time) makes the process abort right there, exactly like `kill -9`
+//! at the worst moment, which a test cannot time from outside.
+
+/// After a record was handed to the producer, before Kafka acknowledged it.
+pub const AFTER_PRODUCE_BEFORE_ACK: &str = "after_produce_before_ack";
+/// After acknowledgements made a new position safe, before the checkpoint write started.
+pub const AFTER_ACK_BEFORE_CHECKPOINT: &str = "after_ack_before_checkpoint";
+/// After the new checkpoint was written and synced to its temp file, before the rename.
+pub const DURING_CHECKPOINT_RENAME: &str = "during_checkpoint_rename";
+
+/// Aborts the process here when the fail point `name` is active.
+pub fn crash_point(name: &str) {
+    // Without the `failpoints` feature the macro expands to nothing.
+    let _ = name;
+    fail::fail_point!(name, |_| {
+        eprintln!("fail point {name}: aborting");
+        std::process::abort()
+    });
+}

@@ -1,0 +1,64 @@
+//! Crashes at the three moments a test cannot time from outside, injected through fail points
+//! (`--features failpoints`; `scripts/test.sh` enables it): the process aborts like `kill -9`, is
+//! started again, and every committed row must arrive.
+
+mod rig;
+
+use std::time::Instant;
+
+use outboxd::fault::{
+    AFTER_ACK_BEFORE_CHECKPOINT, AFTER_PRODUCE_BEFORE_ACK, DURING_CHECKPOINT_RENAME,
+};
+use rig::scenario::*;
+
+fn crash_at(point: &str, schedule: &str) {
+    let name = point.replace('_', "-");
+    let mut env = setup(&name, "max_in_flight = 50");
+    env.outboxd
+        .start_with_env(&[], &[("FAILPOINTS", &format!("{point}={schedule}"))]);
+    insert_rows(&env.db, 0, 300, 3);
+    let status = env.outboxd.wait_exit(LIMIT);
+    assert!(!status.success(), "the fail point {point} did not fire");
+    assert!(
+        env.outboxd.log().contains(&format!("fail point {point}")),
+        "{}",
+        env.outboxd.log()
+    );
+    // The checkpoint survived whole, and the restart cleans what the crash left.
+    env.outboxd.checkpoint();
+    let restarted = Instant::now();
+    env.outboxd.start();
+    let records = consume_all(&env, 300);
+    let duplicates = check_records(&records, 0..300);
+    report(
+        point,
+        &format!("abort at {point} ({schedule})"),
+        300,
+        &records,
+        restarted,
+    );
+    assert!(duplicates <= 50 + 3 + 300, "{duplicates}");
+    check_per_key_order(&records);
+    let leftovers: Vec<_> = std::fs::read_dir(env.outboxd.dir_path().join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    env.outboxd.stop();
+}
+
+#[test]
+fn a_crash_after_produce_before_ack_loses_nothing() {
+    crash_at(AFTER_PRODUCE_BEFORE_ACK, "120*off->return");
+}
+
+#[test]
+fn a_crash_after_ack_before_the_checkpoint_write_loses_nothing() {
+    crash_at(AFTER_ACK_BEFORE_CHECKPOINT, "3*off->return");
+}
+
+#[test]
+fn a_crash_during_the_checkpoint_rename_loses_nothing_and_leaves_a_whole_checkpoint() {
+    crash_at(DURING_CHECKPOINT_RENAME, "1*off->return");
+}
