@@ -25,7 +25,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use rig::scenario::{config_body, SCHEMA};
-use rig::{create_topic, wait_until, Broker, MariaDb, Outboxd};
+use rig::{create_topic, wait_until, Broker, MariaDb, Outboxd, Postgres};
 
 const KEYS: u64 = 1000;
 const TOPIC: &str = "outbox.event.order";
@@ -176,6 +176,42 @@ fn main() {
         });
     }
 
+    // One huge transaction: memory must not grow with it (rows are streamed, never buffered).
+    let huge = if quick { 100_000u64 } else { 1_000_000 };
+    db.sql_socket(&format!(
+        "INSERT INTO app.outbox (id,aggregatetype,aggregateid,type,payload) \
+         SELECT UNHEX(LPAD(HEX(seq + 100000000), 32, '0')), 'huge', CONCAT('key-', seq % {KEYS}), 'Created', REPEAT('x', 250) \
+         FROM app.seq_1_to_{huge};"
+    ));
+    let target = db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    let start = Instant::now();
+    outboxd.start();
+    let pid = outboxd.pid().as_raw();
+    let mut stats = process_stats(pid);
+    wait_until(
+        "outboxd to pass the huge transaction",
+        Duration::from_secs(1800),
+        || {
+            stats = process_stats(pid);
+            outboxd.checkpoint()["position"]["gtid_set"] == target.as_str()
+        },
+    );
+    let seconds = start.elapsed().as_secs_f64();
+    outboxd.stop();
+    rows.push(Row {
+        what: format!("outboxd, one {huge}-row transaction"),
+        events: huge,
+        seconds,
+        bytes: huge * 300,
+        extra: format!(
+            "peak RSS {:.0} MB (flat: rows are streamed)",
+            stats.peak_rss_mb
+        ),
+    });
+
     // Raw source limit: the server's own tool reading the same binlog (10-row transactions).
     let (_, file) = &binlogs[1];
     let start = Instant::now();
@@ -262,6 +298,8 @@ fn main() {
         extra: format!("{queries} queries"),
     });
 
+    rows.extend(postgres_rows(&broker, n, record_bytes));
+
     // Latency at offered rates (outboxd running, 1-row transactions).
     let mut latency_rows = Vec::new();
     outboxd.start();
@@ -288,10 +326,15 @@ fn main() {
     }
     let outboxd10 = rows[1].rate();
     println!(
-        "\nratios (10-row transactions): outboxd / raw source = {:.2}, outboxd / raw broker = {:.2}, outboxd / polling relay = {:.1}",
-        outboxd10 / rows[3].rate(),
+        "\nratios (MariaDB, 10-row transactions): outboxd / raw source = {:.2}, outboxd / raw broker = {:.2}, outboxd / polling relay = {:.1}",
         outboxd10 / rows[4].rate(),
-        outboxd10 / rows[5].rate()
+        outboxd10 / rows[5].rate(),
+        outboxd10 / rows[6].rate()
+    );
+    println!(
+        "ratios (Postgres, 10-row transactions): outboxd / raw source = {:.2}, outboxd / raw broker = {:.2}",
+        rows[7].rate() / rows[8].rate(),
+        rows[7].rate() / rows[5].rate()
     );
     println!("\n| offered rate (events/s) | records | p50 ms | p99 ms | max ms |");
     println!("|---:|---:|---:|---:|---:|");
@@ -431,5 +474,137 @@ async fn latency_at(
         pct(0.99),
         latencies.last().copied().unwrap_or(f64::NAN),
         latencies.len(),
+    )
+}
+
+/// The same drain against PostgreSQL 15 (pgoutput), and `pg_recvlogical` reading the same WAL.
+fn postgres_rows(broker: &Broker, n: u64, record_bytes: u64) -> Vec<Row> {
+    let pg = Postgres::start(&[]);
+    pg.sql("postgres", "CREATE DATABASE app;");
+    pg.sql(
+        "app",
+        "CREATE ROLE cdc WITH LOGIN REPLICATION;
+         CREATE TABLE public.outbox (id uuid PRIMARY KEY, aggregatetype text, aggregateid text, type text, payload jsonb);
+         ALTER TABLE public.outbox OWNER TO cdc; GRANT CREATE ON DATABASE app TO cdc;",
+    );
+    let topic = "outbox.event.pgbench";
+    create_topic(&broker.bootstrap(), topic, 6);
+    let body = format!(
+        "[source]\nkind = \"postgres\"\nurl = \"{}\"\ntables = [\"public.outbox\"]\nheartbeat_interval_ms = 1000\n\
+         [kafka]\nbrokers = \"{}\"\n[http]\nlisten = \"\"\n",
+        pg.url("cdc", "app"),
+        broker.bootstrap()
+    );
+    let mut outboxd = Outboxd::new("pgbench", &body);
+    outboxd.start();
+    outboxd.stop();
+    pg.sql(
+        "app",
+        "SELECT pg_create_logical_replication_slot('raw', 'test_decoding');",
+    );
+    let mut script = String::new();
+    let mut m = 0;
+    while m < n {
+        let values: Vec<String> = (m..(m + 10).min(n))
+            .map(|k| {
+                format!(
+                    "('{}','pgbench','key-{}','Created','{}')",
+                    uuid_of(k),
+                    k % KEYS,
+                    payload(k, 0)
+                )
+            })
+            .collect();
+        script.push_str(&format!(
+            "BEGIN;INSERT INTO public.outbox (id,aggregatetype,aggregateid,type,payload) VALUES {};COMMIT;\n",
+            values.join(",")
+        ));
+        m += 10;
+    }
+    pg.sql("app", &script);
+    let end = pg
+        .sql("app", "SELECT pg_current_wal_lsn();")
+        .trim()
+        .to_string();
+
+    let start = Instant::now();
+    outboxd.start();
+    let pid = outboxd.pid().as_raw();
+    let mut stats = process_stats(pid);
+    let probe: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()
+        .unwrap();
+    wait_until(
+        "outboxd to drain the Postgres backlog",
+        Duration::from_secs(1800),
+        || {
+            stats = process_stats(pid);
+            let acked: i64 = (0..6)
+                .map(|p| {
+                    probe
+                        .fetch_watermarks(topic, p, Duration::from_secs(5))
+                        .map(|w| w.1)
+                        .unwrap_or(0)
+                })
+                .sum();
+            acked as u64 >= n
+        },
+    );
+    let seconds = start.elapsed().as_secs_f64();
+    outboxd.stop();
+
+    let start = Instant::now();
+    let status = Command::new(format!("{}/pg_recvlogical", rig::postgres::BIN))
+        .args([
+            "-U",
+            "postgres",
+            "-d",
+            "app",
+            "--slot",
+            "raw",
+            "--start",
+            "-f",
+            "/dev/null",
+        ])
+        .arg("-h")
+        .arg(pg.dir())
+        .args(["-p", &pg.port.to_string(), "--endpos", &end, "--no-loop"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let raw_seconds = start.elapsed().as_secs_f64();
+    vec![
+        Row {
+            what: "outboxd, Postgres backlog drain, 10-row transactions".into(),
+            events: n,
+            seconds,
+            bytes: n * record_bytes,
+            extra: format!(
+                "{:.1} CPU s, peak RSS {:.0} MB (acked = topic high watermarks)",
+                stats.cpu_seconds, stats.peak_rss_mb
+            ),
+        },
+        Row {
+            what: "raw source: pg_recvlogical (test_decoding), same WAL".into(),
+            events: n,
+            seconds: raw_seconds,
+            bytes: n * record_bytes,
+            extra: "decodes every row to text, writes to /dev/null".into(),
+        },
+    ]
+}
+
+fn uuid_of(n: u64) -> String {
+    let hex = format!("{n:032x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
     )
 }

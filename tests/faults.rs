@@ -482,3 +482,26 @@ fn a_killed_binlog_dump_thread_is_reconnected_and_nothing_is_lost() {
     );
     env.outboxd.stop();
 }
+
+#[test]
+fn an_unwritable_checkpoint_dir_is_named_with_the_fix() {
+    let env = setup("readonly", "");
+    // Root ignores file modes, so make the directory truly read-only: a read-only mount.
+    let dir = env.outboxd.dir_path().join("checkpoints");
+    let out = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "ro,size=64k", "tmpfs"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _unmount = SmallDisk(dir.clone());
+    let out = env.outboxd.command(&["run"]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&dir.display().to_string()), "{stderr}");
+    assert!(stderr.contains("writable"), "{stderr}");
+}
