@@ -13,7 +13,6 @@
 //! It prints a Markdown table for BENCHMARKS.md. Numbers are not asserted anywhere.
 
 #[path = "../tests/rig/mod.rs"]
-#[allow(dead_code, unused_imports)]
 mod rig;
 
 use std::process::{Command, Stdio};
