@@ -10,6 +10,7 @@
 //!   COMMIT), written fairly: batched, acks=all, same producer settings;
 //! - commit→consume latency at fixed offered rates (commit time stamped into the payload by the loader,
 //!   receive time taken by a consumer; an upper bound of commit→ack).
+//!
 //! It prints a Markdown table for BENCHMARKS.md. Numbers are not asserted anywhere.
 
 #[path = "../tests/rig/mod.rs"]
