@@ -24,7 +24,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use rig::scenario::{config_body, SCHEMA};
+use rig::scenario::{config_body, uuid_of, SCHEMA};
 use rig::{create_topic, wait_until, Broker, MariaDb, Outboxd, Postgres};
 
 const KEYS: u64 = 1000;
@@ -98,6 +98,30 @@ fn process_stats(pid: i32) -> ProcessStats {
     }
 }
 
+/// Starts outboxd, waits until `done(outboxd)` holds, stops it: (seconds, process stats at the end).
+fn timed_run(
+    outboxd: &mut Outboxd,
+    what: &str,
+    mut done: impl FnMut(&Outboxd) -> bool,
+) -> (f64, ProcessStats) {
+    let start = Instant::now();
+    outboxd.start();
+    let pid = outboxd.pid().as_raw();
+    let mut stats = process_stats(pid);
+    wait_until(what, Duration::from_secs(1800), || {
+        stats = process_stats(pid);
+        done(outboxd)
+    });
+    let seconds = start.elapsed().as_secs_f64();
+    outboxd.stop();
+    (seconds, stats)
+}
+
+/// `done` for [`timed_run`]: the checkpoint reached MariaDB GTID state `target`.
+fn at_gtid(target: &str) -> impl FnMut(&Outboxd) -> bool + '_ {
+    move |o| o.checkpoint()["position"]["gtid_set"] == target
+}
+
 struct Row {
     what: String,
     events: u64,
@@ -150,20 +174,11 @@ fn main() {
             .sql_socket("SELECT @@gtid_binlog_pos;")
             .trim()
             .to_string();
-        let start = Instant::now();
-        outboxd.start();
-        let pid = outboxd.pid().as_raw();
-        let mut stats = process_stats(pid);
-        wait_until(
+        let (seconds, stats) = timed_run(
+            &mut outboxd,
             "outboxd to drain the backlog",
-            Duration::from_secs(1800),
-            || {
-                stats = process_stats(pid);
-                outboxd.checkpoint()["position"]["gtid_set"] == target.as_str()
-            },
+            at_gtid(&target),
         );
-        let seconds = start.elapsed().as_secs_f64();
-        outboxd.stop();
         rows.push(Row {
             what: format!("outboxd, backlog drain, {per_txn}-row transactions"),
             events: n,
@@ -187,20 +202,11 @@ fn main() {
         .sql_socket("SELECT @@gtid_binlog_pos;")
         .trim()
         .to_string();
-    let start = Instant::now();
-    outboxd.start();
-    let pid = outboxd.pid().as_raw();
-    let mut stats = process_stats(pid);
-    wait_until(
+    let (seconds, stats) = timed_run(
+        &mut outboxd,
         "outboxd to pass the huge transaction",
-        Duration::from_secs(1800),
-        || {
-            stats = process_stats(pid);
-            outboxd.checkpoint()["position"]["gtid_set"] == target.as_str()
-        },
+        at_gtid(&target),
     );
-    let seconds = start.elapsed().as_secs_f64();
-    outboxd.stop();
     rows.push(Row {
         what: format!("outboxd, one {huge}-row transaction"),
         events: huge,
@@ -527,19 +533,14 @@ fn postgres_rows(broker: &Broker, n: u64, record_bytes: u64) -> Vec<Row> {
         .trim()
         .to_string();
 
-    let start = Instant::now();
-    outboxd.start();
-    let pid = outboxd.pid().as_raw();
-    let mut stats = process_stats(pid);
     let probe: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", broker.bootstrap())
         .create()
         .unwrap();
-    wait_until(
+    let (seconds, stats) = timed_run(
+        &mut outboxd,
         "outboxd to drain the Postgres backlog",
-        Duration::from_secs(1800),
-        || {
-            stats = process_stats(pid);
+        |_| {
             let acked: i64 = (0..6)
                 .map(|p| {
                     probe
@@ -551,8 +552,6 @@ fn postgres_rows(broker: &Broker, n: u64, record_bytes: u64) -> Vec<Row> {
             acked as u64 >= n
         },
     );
-    let seconds = start.elapsed().as_secs_f64();
-    outboxd.stop();
 
     let start = Instant::now();
     let status = Command::new(format!("{}/pg_recvlogical", rig::postgres::BIN))
@@ -595,16 +594,4 @@ fn postgres_rows(broker: &Broker, n: u64, record_bytes: u64) -> Vec<Row> {
             extra: "decodes every row to text, writes to /dev/null".into(),
         },
     ]
-}
-
-fn uuid_of(n: u64) -> String {
-    let hex = format!("{n:032x}");
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
 }
