@@ -139,12 +139,17 @@ impl Metrics {
     }
 
     pub fn forwarded(&self, topic: &str) {
-        self.forwarded_total.fetch_add(1, Ordering::Relaxed);
+        self.forwarded_n(topic, 1);
+    }
+
+    /// `count` more records acknowledged on `topic`.
+    pub fn forwarded_n(&self, topic: &str, count: u64) {
+        self.forwarded_total.fetch_add(count, Ordering::Relaxed);
         self.forwarded
             .get_or_create(&TopicLabel {
                 topic: topic.to_string(),
             })
-            .inc();
+            .inc_by(count);
     }
 
     pub fn dead_letter(&self, reason: &str) {

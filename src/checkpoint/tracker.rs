@@ -66,7 +66,11 @@ impl State {
 #[derive(Default)]
 pub struct Tracker {
     state: Mutex<State>,
-    changed: Notify,
+    /// Woken when a failure is recorded (the main loop waits on it for every change it handles,
+    /// so acks must not wake it).
+    failed: Notify,
+    /// Woken when nothing is in flight any more, or on failure (a draining shutdown waits on it).
+    idle: Notify,
 }
 
 impl Tracker {
@@ -91,8 +95,6 @@ impl Tracker {
             _ => s.boundaries.push_back((tag, position)),
         }
         s.advance();
-        drop(s);
-        self.changed.notify_waiters();
     }
 
     /// Kafka acknowledged `ticket`.
@@ -104,8 +106,11 @@ impl Tracker {
             }
         }
         s.advance();
+        let idle = s.acked.is_empty();
         drop(s);
-        self.changed.notify_waiters();
+        if idle {
+            self.idle.notify_waiters();
+        }
     }
 
     /// A delivery failed: the session must end. The first failure is kept.
@@ -113,7 +118,8 @@ impl Tracker {
         let mut s = self.state.lock().expect("tracker lock");
         s.failure.get_or_insert(error);
         drop(s);
-        self.changed.notify_waiters();
+        self.failed.notify_waiters();
+        self.idle.notify_waiters();
     }
 
     pub fn failure(&self) -> Option<Error> {
@@ -134,7 +140,7 @@ impl Tracker {
     /// Waits until every issued ticket is acknowledged, or a failure is recorded.
     pub async fn drained(&self) -> Result<(), Error> {
         loop {
-            let notified = self.changed.notified();
+            let notified = self.idle.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             {
@@ -153,7 +159,7 @@ impl Tracker {
     /// Waits until a failure is recorded.
     pub async fn failed(&self) -> Error {
         loop {
-            let notified = self.changed.notified();
+            let notified = self.failed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             if let Some(e) = self.failure() {

@@ -30,6 +30,51 @@ struct AckContext {
     tracker: Arc<Tracker>,
     window: Arc<Semaphore>,
     metrics: Arc<Metrics>,
+    /// Acks counted per topic here and handed to the metrics in batches: a per-ack label lookup
+    /// (and its String) would sit on the hottest path.
+    acked: std::sync::Mutex<(std::collections::HashMap<String, u64>, u64)>,
+    /// The window's size: all permits back means nothing is in flight (flush the counts then).
+    window_size: usize,
+}
+
+impl Drop for AckContext {
+    fn drop(&mut self) {
+        if let Ok(mut acked) = self.acked.lock() {
+            let mut taken = std::mem::take(&mut *acked);
+            self.flush_acks(&mut taken);
+        }
+    }
+}
+
+/// Acks per topic are flushed to the metrics every this many acknowledgements (and on drop).
+const ACK_METRICS_BATCH: u64 = 256;
+
+impl AckContext {
+    fn count_ack(&self, topic: &str) {
+        let mut acked = self.acked.lock().expect("ack counts");
+        match acked.0.get_mut(topic) {
+            Some(n) => *n += 1,
+            None => {
+                acked.0.insert(topic.to_string(), 1);
+            }
+        }
+        acked.1 += 1;
+        // The delivery callback returned this ack's permit already.
+        let idle = self.window.available_permits() >= self.window_size;
+        if acked.1 >= ACK_METRICS_BATCH || idle {
+            self.flush_acks(&mut acked);
+        }
+    }
+
+    fn flush_acks(&self, acked: &mut (std::collections::HashMap<String, u64>, u64)) {
+        for (topic, n) in acked.0.iter_mut() {
+            if *n > 0 {
+                self.metrics.forwarded_n(topic, *n);
+                *n = 0;
+            }
+        }
+        acked.1 = 0;
+    }
 }
 
 impl ClientContext for AckContext {}
@@ -43,7 +88,7 @@ impl ProducerContext for AckContext {
         match result {
             Ok(message) => {
                 self.tracker.ack(Ticket::from_raw(*ticket));
-                self.metrics.forwarded(message.topic());
+                self.count_ack(message.topic());
             }
             Err((e, message)) => {
                 self.metrics.delivery_error();
@@ -109,6 +154,8 @@ impl KafkaSink {
             tracker: tracker.clone(),
             window: window.clone(),
             metrics: metrics.clone(),
+            acked: Default::default(),
+            window_size: config.max_in_flight,
         };
         let producer: ThreadedProducer<AckContext> =
             client.create_with_context(context).map_err(|e| {
