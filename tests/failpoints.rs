@@ -39,11 +39,7 @@ fn crash_at(point: &str, schedule: &str) {
     );
     assert!(duplicates <= 50 + 3 + 300, "{duplicates}");
     check_per_key_order(&records);
-    let leftovers: Vec<_> = std::fs::read_dir(env.outboxd.dir_path().join("checkpoints"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.ends_with(".tmp"))
-        .collect();
+    let leftovers = leftover_temp_files(&env.outboxd.dir_path().join("checkpoints"));
     assert!(leftovers.is_empty(), "{leftovers:?}");
     env.outboxd.stop();
 }

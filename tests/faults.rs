@@ -14,30 +14,8 @@ fn crash_loop_of_ten_kill_9s_under_load_loses_nothing() {
     let mut env = setup("crashloop", &format!("max_in_flight = {max_in_flight}"));
     env.outboxd.start();
     let total = 100_000u64;
-    let socket = env.db.socket_path();
-    let writer = std::thread::spawn(move || {
-        // Varied transaction sizes: 1, 7, 50, 200 rows.
-        let sizes = [1u64, 7, 50, 200];
-        let mut n = 0;
-        let mut i = 0;
-        while n < total {
-            let mut script = String::new();
-            for _ in 0..20 {
-                if n >= total {
-                    break;
-                }
-                let size = sizes[i % sizes.len()];
-                i += 1;
-                script.push_str("BEGIN;");
-                for m in n..(n + size).min(total) {
-                    script.push_str(&insert_sql(m));
-                }
-                script.push_str("COMMIT;\n");
-                n = (n + size).min(total);
-            }
-            rig::mariadb::sql_at(&socket, &script);
-        }
-    });
+    // Varied transaction sizes: 1, 7, 50, 200 rows.
+    let writer = spawn_writer(env.db.socket_path(), total, &[1, 7, 50, 200], 20);
     // Ten kills at pseudo-random moments (a fixed seed keeps runs comparable).
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     for _ in 0..10 {
@@ -427,11 +405,7 @@ fn a_full_disk_stops_the_pipeline_with_the_reason_and_leaves_the_checkpoint_whol
         before,
         "the checkpoint is whole and unchanged"
     );
-    let leftovers: Vec<_> = std::fs::read_dir(env.outboxd.dir_path().join("checkpoints"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.ends_with(".tmp"))
-        .collect();
+    let leftovers = leftover_temp_files(&env.outboxd.dir_path().join("checkpoints"));
     assert!(leftovers.is_empty(), "{leftovers:?}");
     // Space back: the restart resumes from the intact checkpoint and nothing is lost.
     disk.free();

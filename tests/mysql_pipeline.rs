@@ -93,24 +93,7 @@ fn kill_9_under_load_loses_nothing_and_duplicates_stay_within_the_window() {
     let mut env = setup("kill9", &format!("max_in_flight = {max_in_flight}"));
     env.outboxd.start();
     let total = 1500u64;
-    let db_dir = env.db.dir().to_path_buf();
-    let writer = {
-        std::thread::spawn(move || {
-            let socket = db_dir.join("mysqld.sock");
-            let mut n = 0;
-            let mut size = 1;
-            while n < total {
-                let mut script = String::from("BEGIN;");
-                for m in n..(n + size).min(total) {
-                    script.push_str(&insert_sql(m));
-                }
-                script.push_str("COMMIT;");
-                rig::mariadb::sql_at(&socket, &script);
-                n += size;
-                size = size % largest_txn + 1;
-            }
-        })
-    };
+    let writer = spawn_writer(env.db.socket_path(), total, &[1, 2, 3, 4, 5], 1);
     // Kill once a good part of the load has been forwarded, while it is still running.
     wait_until("some rows forwarded", LIMIT, || {
         consume(

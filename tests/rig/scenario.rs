@@ -295,3 +295,42 @@ pub fn report(
         recovery_started.elapsed().as_secs_f64()
     );
 }
+
+/// Commits rows `0..total` from a background thread through `socket`, in transactions whose sizes cycle
+/// through `sizes`, `per_call` transactions per client call: a steady load while a test breaks things.
+pub fn spawn_writer(
+    socket: std::path::PathBuf,
+    total: u64,
+    sizes: &'static [u64],
+    per_call: usize,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let (mut n, mut i) = (0u64, 0usize);
+        while n < total {
+            let mut script = String::new();
+            for _ in 0..per_call {
+                if n >= total {
+                    break;
+                }
+                let end = (n + sizes[i % sizes.len()]).min(total);
+                i += 1;
+                script.push_str("BEGIN;");
+                for m in n..end {
+                    script.push_str(&insert_sql(m));
+                }
+                script.push_str("COMMIT;\n");
+                n = end;
+            }
+            super::mariadb::sql_at(&socket, &script);
+        }
+    })
+}
+
+/// Temp files a checkpoint write left in `dir` (there must be none).
+pub fn leftover_temp_files(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect()
+}
