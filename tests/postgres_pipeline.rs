@@ -339,3 +339,41 @@ fn check_reports_a_postgres_setup() {
         assert!(text.contains(needle), "{needle} missing:\n{text}");
     }
 }
+
+#[test]
+fn a_frozen_walsender_is_noticed_by_the_missing_heartbeats_and_nothing_is_lost() {
+    let mut env = setup("frozen", "");
+    env.outboxd.start();
+    insert_rows(&env.pg, 0, 50, 5);
+    assert_eq!(consume_events(&env.broker.bootstrap(), 50).len(), 50);
+    // Freeze the server process that streams to outboxd: its socket stays open, it just goes silent.
+    let pid: i32 = env
+        .pg
+        .sql(
+            "app",
+            "SELECT pid FROM pg_stat_replication WHERE application_name = 'outboxd';",
+        )
+        .trim()
+        .parse()
+        .unwrap();
+    let walsender = nix::unistd::Pid::from_raw(pid);
+    nix::sys::signal::kill(walsender, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    wait_until("outboxd to notice the silent stream", LIMIT, || {
+        env.outboxd
+            .log()
+            .contains("no replication message or heartbeat")
+    });
+    nix::sys::signal::kill(walsender, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let recovery = std::time::Instant::now();
+    insert_rows(&env.pg, 50, 100, 5);
+    let records = consume_events(&env.broker.bootstrap(), 100);
+    rig::scenario::report(
+        "frozen walsender",
+        "Postgres walsender SIGSTOPped past 3 heartbeats, then SIGCONT",
+        100,
+        &records,
+        recovery,
+    );
+    check_records_by(&records, 0..100, pg_payload);
+    env.outboxd.stop();
+}
