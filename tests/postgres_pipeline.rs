@@ -69,17 +69,10 @@ fn insert_sql(n: u64) -> String {
 }
 
 fn insert_rows(pg: &Postgres, from: u64, to: u64, per_txn: u64) {
-    let mut script = String::new();
-    let mut n = from;
-    while n < to {
-        script.push_str("BEGIN;");
-        for m in n..(n + per_txn).min(to) {
-            script.push_str(&insert_sql(m));
-        }
-        script.push_str("COMMIT;\n");
-        n += per_txn;
-    }
-    pg.sql("app", &script);
+    pg.sql(
+        "app",
+        &rig::scenario::transactions(from, to, per_txn, insert_sql),
+    );
 }
 
 fn lsn(text: &str) -> u64 {
@@ -211,54 +204,31 @@ fn a_quiet_outbox_on_a_busy_database_still_advances_the_slot() {
 fn the_slot_is_never_confirmed_ahead_of_the_durable_checkpoint() {
     let mut env = setup("confirm", "");
     env.outboxd.start();
-    let writer = {
-        let pg_dir = env.pg.dir().to_path_buf();
-        let port = env.pg.port;
-        std::thread::spawn(move || {
+    std::thread::scope(|scope| {
+        let pg = &env.pg;
+        let writer = scope.spawn(move || {
             for batch in 0..40u64 {
-                let mut script = String::new();
-                for n in batch * 10..batch * 10 + 10 {
-                    script.push_str(&format!("BEGIN;{}COMMIT;", insert_sql(n)));
-                }
-                let out = std::process::Command::new("/usr/lib/postgresql/15/bin/psql")
-                    .args([
-                        "-X",
-                        "-q",
-                        "-v",
-                        "ON_ERROR_STOP=1",
-                        "-U",
-                        "postgres",
-                        "-d",
-                        "app",
-                    ])
-                    .arg("-h")
-                    .arg(&pg_dir)
-                    .args(["-p", &port.to_string(), "-c", &script])
-                    .output()
-                    .unwrap();
-                assert!(
-                    out.status.success(),
-                    "{}",
-                    String::from_utf8_lossy(&out.stderr)
+                pg.sql(
+                    "app",
+                    &rig::scenario::transactions(batch * 10, batch * 10 + 10, 1, insert_sql),
                 );
             }
-        })
-    };
-    let mut samples = 0;
-    while !writer.is_finished() || samples < 20 {
-        // The slot first, then the checkpoint: the checkpoint only grows, so a violation cannot hide.
-        let confirmed = slot_confirmed(&env, "confirm");
-        let durable = checkpoint_lsn(&env);
-        assert!(
-            confirmed <= durable,
-            "slot confirmed {confirmed:X} ahead of checkpoint {durable:X}"
-        );
-        samples += 1;
-        if samples > 2_000 {
-            break;
+        });
+        let mut samples = 0;
+        while !writer.is_finished() || samples < 20 {
+            // The slot first, then the checkpoint: the checkpoint only grows, so a violation cannot hide.
+            let confirmed = slot_confirmed(&env, "confirm");
+            let durable = checkpoint_lsn(&env);
+            assert!(
+                confirmed <= durable,
+                "slot confirmed {confirmed:X} ahead of checkpoint {durable:X}"
+            );
+            samples += 1;
+            if samples > 2_000 {
+                break;
+            }
         }
-    }
-    writer.join().unwrap();
+    });
     let records = consume_events(&env.broker.bootstrap(), 400);
     check_records_by(&records, 0..400, pg_payload);
     env.outboxd.stop();

@@ -85,19 +85,24 @@ pub fn insert_sql(n: u64) -> String {
     )
 }
 
-/// Commits rows `from..to` in transactions of `per_txn` rows.
-pub fn insert_rows(db: &MariaDb, from: u64, to: u64, per_txn: u64) {
+/// A script committing rows `from..to` in transactions of `per_txn` rows, each row written by `insert`.
+pub fn transactions(from: u64, to: u64, per_txn: u64, insert: impl Fn(u64) -> String) -> String {
     let mut script = String::new();
     let mut n = from;
     while n < to {
         script.push_str("BEGIN;");
         for m in n..(n + per_txn).min(to) {
-            script.push_str(&insert_sql(m));
+            script.push_str(&insert(m));
         }
         script.push_str("COMMIT;\n");
         n += per_txn;
     }
-    db.sql_socket(&script);
+    script
+}
+
+/// Commits rows `from..to` in transactions of `per_txn` rows.
+pub fn insert_rows(db: &MariaDb, from: u64, to: u64, per_txn: u64) {
+    db.sql_socket(&transactions(from, to, per_txn, insert_sql));
 }
 
 pub fn consume_all(env: &Env, expected: usize) -> Vec<Consumed> {

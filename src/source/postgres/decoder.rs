@@ -305,6 +305,10 @@ mod tests {
     use bytes::Bytes;
     use pgwire_replication::Lsn;
 
+    const RELATION_OUTBOX: &[u8] =
+        include_bytes!("../../../tests/data/pgoutput/relation_outbox.bin");
+    const INSERT_OUTBOX: &[u8] = include_bytes!("../../../tests/data/pgoutput/insert_outbox.bin");
+
     fn xlog(bytes: &'static [u8]) -> ReplicationEvent {
         ReplicationEvent::XLogData {
             wal_start: Lsn(0),
@@ -331,20 +335,8 @@ mod tests {
             &mut out,
         )
         .unwrap();
-        d.on_event(
-            xlog(include_bytes!(
-                "../../../tests/data/pgoutput/relation_outbox.bin"
-            )),
-            &mut out,
-        )
-        .unwrap();
-        d.on_event(
-            xlog(include_bytes!(
-                "../../../tests/data/pgoutput/insert_outbox.bin"
-            )),
-            &mut out,
-        )
-        .unwrap();
+        d.on_event(xlog(RELATION_OUTBOX), &mut out).unwrap();
+        d.on_event(xlog(INSERT_OUTBOX), &mut out).unwrap();
         d.on_event(
             ReplicationEvent::Commit {
                 lsn: Lsn(0x1531B08),
@@ -375,20 +367,8 @@ mod tests {
     fn other_tables_and_unknown_prefixes_are_skipped_and_keepalives_move_the_boundary() {
         let mut d = Decoder::new(0, ["public.other".to_string()], Vec::<String>::new());
         let mut out = VecDeque::new();
-        d.on_event(
-            xlog(include_bytes!(
-                "../../../tests/data/pgoutput/relation_outbox.bin"
-            )),
-            &mut out,
-        )
-        .unwrap();
-        d.on_event(
-            xlog(include_bytes!(
-                "../../../tests/data/pgoutput/insert_outbox.bin"
-            )),
-            &mut out,
-        )
-        .unwrap();
+        d.on_event(xlog(RELATION_OUTBOX), &mut out).unwrap();
+        d.on_event(xlog(INSERT_OUTBOX), &mut out).unwrap();
         d.on_event(
             ReplicationEvent::Message {
                 transactional: false,
