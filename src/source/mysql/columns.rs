@@ -59,13 +59,33 @@ pub struct SchemaColumn {
     pub column_type: String,
 }
 
+/// How column `i`'s value is laid out in a row image: its binlog type and table-map metadata.
+#[derive(Debug, Clone)]
+pub struct ColumnLayout {
+    pub ty: ColumnType,
+    pub meta: Box<[u8]>,
+}
+
 /// A table map of an outbox table, with names and kinds for each of its columns.
 #[derive(Debug)]
 pub struct TableColumns {
     pub table: Arc<str>,
     pub names: Arc<[Arc<str>]>,
     pub kinds: Vec<ColumnKind>,
+    /// Read once from the table map: looking a column's metadata up walks all columns before it.
+    pub layout: Vec<ColumnLayout>,
     pub tme: TableMapEvent<'static>,
+}
+
+fn layout_of(tme: &TableMapEvent<'_>) -> io::Result<Vec<ColumnLayout>> {
+    (0..tme.columns_count() as usize)
+        .map(|i| {
+            Ok(ColumnLayout {
+                ty: column_type(tme, i)?,
+                meta: tme.get_column_metadata(i).unwrap_or(&[]).into(),
+            })
+        })
+        .collect()
 }
 
 impl TableColumns {
@@ -121,6 +141,7 @@ impl TableColumns {
                 table,
                 names: names.into(),
                 kinds,
+                layout: layout_of(&tme)?,
                 tme,
             },
             named,
@@ -156,10 +177,12 @@ impl TableColumns {
                 }
             })
             .collect();
+        let layout = layout_of(&tme).map_err(|e| format!("the table map of {table}: {e}"))?;
         Ok(TableColumns {
             table,
             names: names.into(),
             kinds,
+            layout,
             tme,
         })
     }
@@ -176,14 +199,15 @@ fn column_type(tme: &TableMapEvent<'_>, i: usize) -> io::Result<ColumnType> {
 /// Converts one decoded binlog value of column `i` into our [`Value`].
 pub fn convert(columns: &TableColumns, i: usize, value: BinlogValue<'_>) -> Value {
     let kind = &columns.kinds[i];
-    let ty = column_type(&columns.tme, i).unwrap_or(ColumnType::MYSQL_TYPE_BLOB);
+    let layout = &columns.layout[i];
+    let ty = layout.ty;
     match value {
         BinlogValue::Value(MyValue::Bytes(mut b))
             if ty == ColumnType::MYSQL_TYPE_STRING && kind.charset == Charset::Binary =>
         {
             // BINARY(N) values are logged without their trailing zero padding; put it back so a
             // BINARY(16) id stays 16 bytes (and renders as a UUID).
-            if let Some(len) = fixed_string_len(columns.tme.get_column_metadata(i)) {
+            if let Some(len) = fixed_string_len(Some(&layout.meta)) {
                 if b.len() < len {
                     b.resize(len, 0);
                 }

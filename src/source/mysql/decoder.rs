@@ -15,7 +15,7 @@ use mysql_common::binlog::consts::BinlogChecksumAlg;
 use mysql_common::binlog::events::{Event, EventData, RowsEventData, TableMapEvent};
 use mysql_common::proto::MySerialize;
 
-use super::columns::{self, TableColumns};
+use super::columns::TableColumns;
 use super::event_types as et;
 use super::position::{BinlogPosition, MariaGtidState, MysqlGtidSet};
 use crate::error::{Error, Result};
@@ -314,32 +314,24 @@ impl Decoder {
             .txn_origin
             .get_or_insert_with(|| format!("{}:{event_start}", self.file).into())
             .clone();
-        let rows_iter = match &rows {
-            RowsEventData::WriteRowsEvent(_) | RowsEventData::WriteRowsEventV1(_) => {
-                rows.rows(&columns.tme)
-            }
+        let (present, data) = match &rows {
+            RowsEventData::WriteRowsEvent(e) => (e.columns_after_image(), e.rows_data()),
+            RowsEventData::WriteRowsEventV1(e) => (e.columns_after_image(), e.rows_data()),
             _ => return Ok(()),
         };
-        for row in rows_iter {
-            let (_, after) = row.map_err(|e| {
-                self.corrupt(event_start, &format!("row of {}: {e}", columns.table))
-            })?;
-            let Some(mut after) = after else { continue };
-            let mut values = Vec::with_capacity(columns.names.len());
-            for i in 0..columns.names.len() {
-                values.push(match after.take(i) {
-                    Some(v) => columns::convert(&columns, i, v),
-                    None => crate::source::Value::Null,
-                });
-            }
-            self.txn_rows += 1;
+        let present: Vec<bool> = present.iter().map(|bit| *bit).collect();
+        let mut rows_read = 0;
+        super::row_image::read_after_images(&columns, &present, data, |values| {
+            rows_read += 1;
             out.push_back(Change::Row(Row {
                 table: columns.table.clone(),
                 names: columns.names.clone(),
                 values,
                 origin: origin.clone(),
             }));
-        }
+        })
+        .map_err(|e| self.corrupt(event_start, &format!("row of {}: {e}", columns.table)))?;
+        self.txn_rows += rows_read;
         Ok(())
     }
 

@@ -20,6 +20,7 @@ mod event_types;
 mod json_text;
 mod position;
 mod preflight;
+mod row_image;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
