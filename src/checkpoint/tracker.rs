@@ -8,6 +8,7 @@
 //! so a busy database with a quiet outbox does not grow the queue.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use tokio::sync::Notify;
@@ -66,6 +67,8 @@ impl State {
 #[derive(Default)]
 pub struct Tracker {
     state: Mutex<State>,
+    /// Set with the first failure: the main loop checks it for every change without taking the lock.
+    has_failed: AtomicBool,
     /// Woken when a failure is recorded (the main loop waits on it for every change it handles,
     /// so acks must not wake it).
     failed: Notify,
@@ -117,13 +120,22 @@ impl Tracker {
     pub fn fail(&self, error: Error) {
         let mut s = self.state.lock().expect("tracker lock");
         s.failure.get_or_insert(error);
+        self.has_failed.store(true, Ordering::Release);
         drop(s);
         self.failed.notify_waiters();
         self.idle.notify_waiters();
     }
 
     pub fn failure(&self) -> Option<Error> {
+        if !self.has_failed() {
+            return None;
+        }
         self.state.lock().expect("tracker lock").failure.clone()
+    }
+
+    /// Whether a failure was recorded (no lock taken).
+    pub fn has_failed(&self) -> bool {
+        self.has_failed.load(Ordering::Acquire)
     }
 
     /// Takes the newest safe position not taken before.

@@ -198,6 +198,19 @@ impl fmt::Display for MysqlGtidSet {
     }
 }
 
+impl crate::source::PositionData for BinlogPosition {
+    fn to_json(&self) -> serde_json::Value {
+        match self.gtid_text() {
+            Some(g) => json!({"file": self.file, "pos": self.pos, "gtid_set": g}),
+            None => json!({"file": self.file, "pos": self.pos}),
+        }
+    }
+
+    fn to_text(&self) -> String {
+        self.to_string()
+    }
+}
+
 /// Where a reader of one server's binlog stands: the next event starts at `file:pos`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BinlogPosition {
@@ -220,12 +233,7 @@ impl BinlogPosition {
     }
 
     pub fn to_position(&self) -> Position {
-        let gtid = self.gtid_text();
-        let json = match &gtid {
-            Some(g) => json!({"file": self.file, "pos": self.pos, "gtid_set": g}),
-            None => json!({"file": self.file, "pos": self.pos}),
-        };
-        Position::new(json, self.to_string())
+        Position::lazy(self.clone())
     }
 
     pub fn from_position(position: &Position) -> Result<Self> {

@@ -42,10 +42,20 @@ pub struct Decoder {
 }
 
 pub fn position(lsn: u64) -> Position {
-    Position::new(
-        serde_json::json!({ "lsn": lsn_to_string(lsn) }),
-        lsn_to_string(lsn),
-    )
+    Position::lazy(CommitLsn(lsn))
+}
+
+/// A WAL position, rendered as `X/Y` only when it is stored or shown.
+struct CommitLsn(u64);
+
+impl crate::source::PositionData for CommitLsn {
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({ "lsn": lsn_to_string(self.0) })
+    }
+
+    fn to_text(&self) -> String {
+        lsn_to_string(self.0)
+    }
 }
 
 /// The LSN inside a position made by [`position`].
