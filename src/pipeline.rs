@@ -222,39 +222,7 @@ async fn run_session(
     let resume = stored.as_ref().map(|c| (c.source.clone(), c.position()));
     // The resumed position is durable already; the writer publishes every newer one.
     let (durable_tx, durable_rx) = watch::channel(resume.as_ref().map(|(_, p)| p.clone()));
-    let source = match input {
-        Input::Live => {
-            let connect = Source::connect(
-                config,
-                resume.as_ref().map(|(i, p)| (i, p)),
-                metrics.clone(),
-                durable_rx,
-            );
-            tokio::time::timeout(connect_timeout(config), connect)
-                .await
-                .map_err(|_| {
-                    Error::source(format!(
-                        "connecting to the source took longer than {:?}",
-                        connect_timeout(config)
-                    ))
-                    .remedy("outboxd retries; check that the server is up and answering")
-                    .transient()
-                })??
-        }
-        // After a failed session, continue from the scratch checkpoint rather than from the top.
-        Input::Files { paths, from } => {
-            Source::BinlogFiles(crate::source::mysql::BinlogFileSource::open(
-                paths.clone(),
-                config.source.tables.iter().cloned(),
-                resume.as_ref().map(|(_, p)| p).or(from.as_ref()),
-            )?)
-        }
-    };
-    let identity = source.identity().clone();
-    if stored.is_none() {
-        // Record where we start, so a restart before the first transaction does not move the start.
-        store.write(&identity, &source.start())?;
-    }
+    // The producer is created first so that it gets ready while the source connects.
     let tracker = Arc::new(Tracker::new());
     let sink = KafkaSink::new(
         &config.name,
@@ -262,6 +230,23 @@ async fn run_session(
         tracker.clone(),
         metrics.clone(),
     )?;
+    let opened = async {
+        let source = open_source(config, input, resume.as_ref(), metrics, durable_rx).await?;
+        let identity = source.identity().clone();
+        if stored.is_none() {
+            // Record where we start, so a restart before the first transaction does not move the start.
+            store.write(&identity, &source.start())?;
+        }
+        Ok::<_, Error>((source, identity))
+    };
+    let (opened, ()) = tokio::join!(opened, sink.warm_up());
+    let (source, identity) = match opened {
+        Ok(opened) => opened,
+        Err(e) => {
+            sink.close().await;
+            return Err(e);
+        }
+    };
 
     let (tx, mut rx) = mpsc::channel(CHANNEL_DEPTH);
     let reader = tokio::spawn(read_changes(source, tx, metrics.clone()));
@@ -425,6 +410,44 @@ async fn run_session(
     written?;
     final_write?;
     result
+}
+
+/// Connects to the configured server (resuming after `resume`), or opens the binlog files.
+async fn open_source(
+    config: &Config,
+    input: &Input,
+    resume: Option<&(SourceIdentity, Position)>,
+    metrics: &Arc<Metrics>,
+    durable_rx: watch::Receiver<Option<Position>>,
+) -> Result<Source> {
+    Ok(match input {
+        Input::Live => {
+            let connect = Source::connect(
+                config,
+                resume.map(|(i, p)| (i, p)),
+                metrics.clone(),
+                durable_rx,
+            );
+            tokio::time::timeout(connect_timeout(config), connect)
+                .await
+                .map_err(|_| {
+                    Error::source(format!(
+                        "connecting to the source took longer than {:?}",
+                        connect_timeout(config)
+                    ))
+                    .remedy("outboxd retries; check that the server is up and answering")
+                    .transient()
+                })??
+        }
+        // After a failed session, continue from the scratch checkpoint rather than from the top.
+        Input::Files { paths, from } => {
+            Source::BinlogFiles(crate::source::mysql::BinlogFileSource::open(
+                paths.clone(),
+                config.source.tables.iter().cloned(),
+                resume.map(|(_, p)| p).or(from.as_ref()),
+            )?)
+        }
+    })
 }
 
 /// The reader task: pulls changes until the source fails or the channel closes.
