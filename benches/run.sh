@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
-# The benchmark: ./benches/run.sh [--quick]. Installs what is missing (like the tests), builds in release,
-# starts a private MariaDB and broker, and prints the tables BENCHMARKS.md is made of.
-# --quick: 20k rows per measurement and 5 s per offered rate (the full run: 200k rows, 20 s).
+# The benchmark: ./benches/run.sh [--quick] [--only SECTIONS] [--profile DIR]. Installs what is missing
+# (like the tests), builds in release, starts private servers and prints the tables BENCHMARKS.md is
+# made of; the full run also draws benches/latency-vs-rate.png.
+# --quick: 20k rows per measurement, 5 s per offered rate, a 100 MiB restart backlog (full: 200k rows,
+#          20 s, 1 GiB).
+# --only drain,huge,raw,relay,postgres,latency,restart: run only these sections.
+# --profile DIR: record every timed outboxd run with `perf record --call-graph dwarf` into DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-test-deps.sh >/dev/null
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+# The plot's labels are drawn with DejaVu Sans.
+if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends fonts-dejavu-core >/dev/null
+fi
 cargo bench --locked --bench throughput -- "$@"

@@ -73,6 +73,32 @@ fn load_script(from: u64, to: u64, per_txn: u64) -> String {
 struct ProcessStats {
     cpu_seconds: f64,
     peak_rss_mb: f64,
+    /// Process start to "stream opened" in its log (connect, preflight, dump request); part of the
+    /// timed run.
+    open_seconds: f64,
+    /// CPU seconds the servers (database, broker) spent during the run: they share the two cores.
+    peers_cpu: String,
+}
+
+/// The server processes sharing the machine with outboxd: (name, pid).
+static PEERS: std::sync::Mutex<Vec<(&'static str, i32)>> = std::sync::Mutex::new(Vec::new());
+
+fn peer_cpu() -> Vec<(&'static str, f64)> {
+    PEERS
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(name, pid)| (*name, process_stats(*pid).cpu_seconds))
+        .collect()
+}
+
+fn peer_cpu_since(before: &[(&'static str, f64)]) -> String {
+    peer_cpu()
+        .iter()
+        .zip(before)
+        .map(|((name, after), (_, before))| format!("{name} {:.1}", after - before))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn process_stats(pid: i32) -> ProcessStats {
@@ -95,6 +121,8 @@ fn process_stats(pid: i32) -> ProcessStats {
     ProcessStats {
         cpu_seconds: ticks / 100.0,
         peak_rss_mb: hwm_kb / 1024.0,
+        open_seconds: 0.0,
+        peers_cpu: String::new(),
     }
 }
 
@@ -104,16 +132,42 @@ fn timed_run(
     what: &str,
     mut done: impl FnMut(&Outboxd) -> bool,
 ) -> (f64, ProcessStats) {
+    let peers_before = peer_cpu();
     let start = Instant::now();
     outboxd.start();
+    let open_seconds = start.elapsed().as_secs_f64();
     let pid = outboxd.pid().as_raw();
+    let perf = profile_dir().map(|dir| {
+        let label: String = what
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let data = format!("{dir}/{label}-{pid}.perf.data");
+        eprintln!("profiling outboxd (pid {pid}) into {data}");
+        Command::new("perf")
+            .args(["record", "-F", "997", "--call-graph", "dwarf,16384"])
+            .args(["-o", &data, "-p", &pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("perf is installed (--profile)")
+    });
     let mut stats = process_stats(pid);
     wait_until(what, Duration::from_secs(1800), || {
         stats = process_stats(pid);
         done(outboxd)
     });
     let seconds = start.elapsed().as_secs_f64();
+    if let Some(mut perf) = perf {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(perf.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        );
+        let _ = perf.wait();
+    }
+    stats.peers_cpu = peer_cpu_since(&peers_before);
     outboxd.stop();
+    stats.open_seconds = open_seconds;
     (seconds, stats)
 }
 
@@ -122,7 +176,44 @@ fn at_gtid(target: &str) -> impl FnMut(&Outboxd) -> bool + '_ {
     move |o| o.checkpoint()["position"]["gtid_set"] == target
 }
 
+/// Command-line switches of the benchmark (after `--`).
+struct Args {
+    quick: bool,
+    /// `--profile DIR`: every timed outboxd run is recorded by `perf record -g` into DIR.
+    profile: Option<String>,
+    /// `--only a,b`: run only these sections (drain, huge, raw, relay, postgres, latency, restart).
+    only: Option<Vec<String>>,
+}
+
+impl Args {
+    fn parse() -> Args {
+        let args: Vec<String> = std::env::args().collect();
+        let value = |flag: &str| {
+            args.iter()
+                .position(|a| a == flag)
+                .and_then(|i| args.get(i + 1).cloned())
+        };
+        Args {
+            quick: args.iter().any(|a| a == "--quick"),
+            profile: value("--profile"),
+            only: value("--only").map(|v| v.split(',').map(str::to_string).collect()),
+        }
+    }
+
+    fn wants(&self, section: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|s| s == section))
+    }
+}
+
+fn profile_dir() -> Option<String> {
+    Args::parse().profile
+}
+
+/// One line of the throughput table; `key` finds it again for the ratios.
 struct Row {
+    key: &'static str,
     what: String,
     events: u64,
     seconds: f64,
@@ -137,20 +228,26 @@ impl Row {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args = Args::parse();
+    let quick = args.quick;
     let n: u64 = if quick { 20_000 } else { 200_000 };
     let record_bytes = payload(0, 0).len() as u64 + 40;
     let db = MariaDb::start(&["binlog-row-metadata=FULL"]);
     db.sql_socket(SCHEMA);
     let broker = Broker::start();
     create_topic(&broker.bootstrap(), TOPIC, 6);
+    PEERS
+        .lock()
+        .unwrap()
+        .extend([("MariaDB", db.pid()), ("broker", broker.pid())]);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     let mut rows: Vec<Row> = Vec::new();
 
-    // outboxd, backlog drain, per transaction size.
+    // outboxd, backlog drain, per transaction size. The rows are loaded even when the drain itself is
+    // not measured: the raw source and the relay read them too.
     let mut outboxd = Outboxd::new(
         "bench",
         &config_body(&db.cdc_url(), &broker.bootstrap(), "", ""),
@@ -159,7 +256,7 @@ fn main() {
     outboxd.stop();
     let mut loaded = 0;
     let mut binlogs = Vec::new();
-    for per_txn in [1u64, 10, 100] {
+    for (per_txn, key) in [(1u64, "drain1"), (10, "drain10"), (100, "drain100")] {
         db.sql_socket("FLUSH BINARY LOGS;");
         let file = db
             .sql_socket("SHOW MASTER STATUS;")
@@ -170,152 +267,129 @@ fn main() {
         db.sql_socket(&load_script(loaded, loaded + n, per_txn));
         loaded += n;
         binlogs.push((per_txn, file));
-        let target = db
-            .sql_socket("SELECT @@gtid_binlog_pos;")
-            .trim()
-            .to_string();
-        let (seconds, stats) = timed_run(
-            &mut outboxd,
-            "outboxd to drain the backlog",
-            at_gtid(&target),
-        );
+        if !args.wants("drain") {
+            continue;
+        }
+        let target = gtid_pos(&db);
+        // The same backlog drained REPEATS times (the checkpoint put back before each run).
+        let checkpoint = std::fs::read(outboxd.checkpoint_path()).unwrap();
+        let runs: Vec<(f64, ProcessStats)> = (0..REPEATS)
+            .map(|_| {
+                std::fs::write(outboxd.checkpoint_path(), &checkpoint).unwrap();
+                timed_run(
+                    &mut outboxd,
+                    "outboxd to drain the backlog",
+                    at_gtid(&target),
+                )
+            })
+            .collect();
+        let (seconds, stats, spread) = median(runs, n);
         rows.push(Row {
-            what: format!("outboxd, backlog drain, {per_txn}-row transactions"),
+            key,
+            what: format!("outboxd, MariaDB backlog drain, {per_txn}-row transactions"),
             events: n,
             seconds,
             bytes: n * record_bytes,
             extra: format!(
-                "{:.1} CPU s, peak RSS {:.0} MB",
-                stats.cpu_seconds, stats.peak_rss_mb
+                "{spread}; {:.1} CPU s ({} CPU s), peak RSS {:.0} MB, {:.2} s of it to open the stream",
+                stats.cpu_seconds, stats.peers_cpu, stats.peak_rss_mb, stats.open_seconds
             ),
         });
     }
 
     // One huge transaction: memory must not grow with it (rows are streamed, never buffered).
-    let huge = if quick { 100_000u64 } else { 1_000_000 };
-    db.sql_socket(&format!(
-        "INSERT INTO app.outbox (id,aggregatetype,aggregateid,type,payload) \
-         SELECT UNHEX(LPAD(HEX(seq + 100000000), 32, '0')), 'huge', CONCAT('key-', seq % {KEYS}), 'Created', REPEAT('x', 250) \
-         FROM app.seq_1_to_{huge};"
-    ));
-    let target = db
-        .sql_socket("SELECT @@gtid_binlog_pos;")
-        .trim()
-        .to_string();
-    let (seconds, stats) = timed_run(
-        &mut outboxd,
-        "outboxd to pass the huge transaction",
-        at_gtid(&target),
-    );
-    rows.push(Row {
-        what: format!("outboxd, one {huge}-row transaction"),
-        events: huge,
-        seconds,
-        bytes: huge * 300,
-        extra: format!(
-            "peak RSS {:.0} MB (flat: rows are streamed)",
-            stats.peak_rss_mb
-        ),
-    });
+    if args.wants("huge") {
+        let huge = if quick { 100_000u64 } else { 1_000_000 };
+        db.sql_socket(&format!(
+            "INSERT INTO app.outbox (id,aggregatetype,aggregateid,type,payload) \
+             SELECT UNHEX(LPAD(HEX(seq + 100000000), 32, '0')), 'huge', CONCAT('key-', seq % {KEYS}), 'Created', REPEAT('x', 250) \
+             FROM app.seq_1_to_{huge};"
+        ));
+        let target = gtid_pos(&db);
+        let (seconds, stats) = timed_run(
+            &mut outboxd,
+            "outboxd to pass the huge transaction",
+            at_gtid(&target),
+        );
+        rows.push(Row {
+            key: "huge",
+            what: format!("outboxd, one {huge}-row transaction"),
+            events: huge,
+            seconds,
+            bytes: huge * 300,
+            extra: format!(
+                "peak RSS {:.0} MB (flat: rows are streamed)",
+                stats.peak_rss_mb
+            ),
+        });
+    }
 
-    // Raw source limit: the server's own tool reading the same binlog (10-row transactions).
-    let (_, file) = &binlogs[1];
-    let start = Instant::now();
-    let status = Command::new("mariadb-binlog")
-        .args([
-            "--read-from-remote-server",
-            "--host=127.0.0.1",
-            "--user=root",
-        ])
-        .arg(format!("--port={}", db.port))
-        .args(["--base64-output=decode-rows", "-v", file])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    rows.push(Row {
-        what: "raw source: mariadb-binlog -v, same binlog (10-row transactions)".into(),
-        events: n,
-        seconds: start.elapsed().as_secs_f64(),
-        bytes: n * record_bytes,
-        extra: "decodes every row to text, writes to /dev/null".into(),
-    });
-
-    // Raw broker limit: librdkafka alone, same records, acks=all, idempotent.
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("queue.buffering.max.messages", "200000")
-        .create()
-        .unwrap();
-    let start = Instant::now();
-    rt.block_on(async {
-        let mut pending = Vec::with_capacity(10_000);
-        for m in 0..n {
-            let key = format!("key-{}", m % KEYS);
-            let value = payload(m, 0);
-            loop {
-                let record = FutureRecord::to("raw.broker").key(&key).payload(&value);
-                match producer.send_result(record) {
-                    Ok(f) => {
-                        pending.push(f);
-                        break;
-                    }
-                    Err(_) => {
-                        for f in pending.drain(..) {
-                            f.await.unwrap().unwrap();
-                        }
-                    }
-                }
-            }
-            if pending.len() >= 10_000 {
-                for f in pending.drain(..) {
-                    f.await.unwrap().unwrap();
-                }
-            }
-        }
-        for f in pending.drain(..) {
-            f.await.unwrap().unwrap();
-        }
-    });
-    rows.push(Row {
-        what: "raw broker: librdkafka producer alone, acks=all".into(),
-        events: n,
-        seconds: start.elapsed().as_secs_f64(),
-        bytes: n * record_bytes,
-        extra: "same record size and keys".into(),
-    });
+    if args.wants("raw") {
+        rows.push(median_row(
+            (0..REPEATS)
+                .map(|_| raw_source(&db, &binlogs[1].1, n, record_bytes))
+                .collect(),
+        ));
+        rows.push(median_row(
+            (0..REPEATS)
+                .map(|_| rt.block_on(raw_broker(&broker, n, record_bytes)))
+                .collect(),
+        ));
+    }
 
     // Polling relay over the rows of the 10-row load (deleting them as it goes).
-    db.sql_socket(&format!(
-        "DELETE FROM app.outbox WHERE id < UNHEX('{:032x}') OR id >= UNHEX('{:032x}');",
-        n,
-        2 * n
-    ));
-    let (relayed, queries, seconds) = rt.block_on(polling_relay(&db, &broker));
-    rows.push(Row {
-        what: "polling relay: SELECT … LIMIT 500 FOR UPDATE SKIP LOCKED, produce, DELETE, COMMIT"
-            .into(),
-        events: relayed,
-        seconds,
-        bytes: relayed * record_bytes,
-        extra: format!("{queries} queries"),
-    });
-
-    rows.extend(postgres_rows(&broker, n, record_bytes));
-
-    // Latency at offered rates (outboxd running, 1-row transactions).
-    let mut latency_rows = Vec::new();
-    outboxd.start();
-    for rate in [1_000u64, 5_000] {
-        let seconds = if quick { 5 } else { 20 };
-        let (p50, p99, max, count) = rt.block_on(latency_at(&db, &broker, rate, seconds, loaded));
-        loaded += rate * seconds;
-        latency_rows.push((rate, p50, p99, max, count));
+    if args.wants("relay") {
+        db.sql_socket(&format!(
+            "DELETE FROM app.outbox WHERE id < UNHEX('{:032x}') OR id >= UNHEX('{:032x}');",
+            n,
+            2 * n
+        ));
+        let (relayed, queries, seconds) = rt.block_on(polling_relay(&db, &broker));
+        rows.push(Row {
+            key: "relay",
+            what:
+                "polling relay: SELECT … LIMIT 500 FOR UPDATE SKIP LOCKED, produce, DELETE, COMMIT"
+                    .into(),
+            events: relayed,
+            seconds,
+            bytes: relayed * record_bytes,
+            extra: format!("{queries} queries"),
+        });
     }
-    outboxd.stop();
+
+    if args.wants("postgres") {
+        rows.extend(postgres_rows(&broker, n, record_bytes));
+    }
+
+    // Latency at offered rates (outboxd running and caught up, 1-row transactions).
+    let mut latency_rows = Vec::new();
+    // The test broker keeps every record in memory and slows down as it fills, which a real
+    // Kafka does not: the latency and restart sections each get a fresh one.
+    let fresh_broker = |outboxd: &mut Outboxd| {
+        let fresh = Broker::start();
+        create_topic(&fresh.bootstrap(), TOPIC, 6);
+        outboxd.rewrite_config(&config_body(&db.cdc_url(), &fresh.bootstrap(), "", ""));
+        fresh
+    };
+    if args.wants("latency") {
+        let broker = fresh_broker(&mut outboxd);
+        let caught_up = gtid_pos(&db);
+        outboxd.start();
+        wait_until("outboxd to catch up", Duration::from_secs(600), || {
+            at_gtid(&caught_up)(&outboxd)
+        });
+        for rate in RATES {
+            let seconds = if quick { 5 } else { 20 };
+            latency_rows.push(rt.block_on(latency_at(&db, &broker, rate, seconds, loaded)));
+            loaded += rate * seconds;
+        }
+        outboxd.stop();
+    }
+
+    let restart = args.wants("restart").then(|| {
+        let broker = fresh_broker(&mut outboxd);
+        restart_to_first_event(&db, &broker, &mut outboxd, quick)
+    });
 
     println!("\n| measurement | events | seconds | events/s | MB/s | notes |");
     println!("|---|---:|---:|---:|---:|---|");
@@ -330,22 +404,168 @@ fn main() {
             r.extra
         );
     }
-    let outboxd10 = rows[1].rate();
+    let rate = |key: &str| rows.iter().find(|r| r.key == key).map(Row::rate);
+    let ratio = |a: &str, b: &str| match (rate(a), rate(b)) {
+        (Some(a), Some(b)) => format!("{:.2}", a / b),
+        _ => "(not run)".into(),
+    };
     println!(
-        "\nratios (MariaDB, 10-row transactions): outboxd / raw source = {:.2}, outboxd / raw broker = {:.2}, outboxd / polling relay = {:.1}",
-        outboxd10 / rows[4].rate(),
-        outboxd10 / rows[5].rate(),
-        outboxd10 / rows[6].rate()
+        "\nratios (MariaDB, 10-row transactions): outboxd / raw source = {}, outboxd / raw broker = {}, outboxd / polling relay = {}",
+        ratio("drain10", "raw-source"),
+        ratio("drain10", "raw-broker"),
+        ratio("drain10", "relay"),
     );
     println!(
-        "ratios (Postgres, 10-row transactions): outboxd / raw source = {:.2}, outboxd / raw broker = {:.2}",
-        rows[7].rate() / rows[8].rate(),
-        rows[7].rate() / rows[5].rate()
+        "ratios (Postgres, 10-row transactions): outboxd / raw source = {}, outboxd / raw broker = {}",
+        ratio("pg-drain", "pg-raw-source"),
+        ratio("pg-drain", "raw-broker"),
     );
-    println!("\n| offered rate (events/s) | records | p50 ms | p99 ms | max ms |");
-    println!("|---:|---:|---:|---:|---:|");
-    for (rate, p50, p99, max, count) in latency_rows {
-        println!("| {rate} | {count} | {p50:.1} | {p99:.1} | {max:.1} |");
+    if !latency_rows.is_empty() {
+        println!("\n| offered rate (events/s) | achieved | records | p50 ms | p99 ms | max ms |");
+        println!("|---:|---:|---:|---:|---:|---:|");
+        for l in &latency_rows {
+            println!(
+                "| {} | {:.0} | {} | {:.1} | {:.1} | {:.1} |",
+                l.rate, l.achieved, l.count, l.p50, l.p99, l.max
+            );
+        }
+        // The full run's plot is the one BENCHMARKS.md shows; a quick run's goes to target/.
+        let plot = if quick {
+            "target/latency-vs-rate-quick.png"
+        } else {
+            "benches/latency-vs-rate.png"
+        };
+        plot_latency(plot, &latency_rows);
+        println!("\n(plot: {plot})");
+    }
+    if let Some(restart) = restart {
+        println!("\n{restart}");
+    }
+}
+
+/// Throughput measurements are taken this many times; the table shows the median run.
+const REPEATS: usize = 3;
+
+/// The median run by time, and the range of rates over all runs (as text).
+fn median<T>(mut runs: Vec<(f64, T)>, events: u64) -> (f64, T, String) {
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let fastest = events as f64 / runs[0].0;
+    let slowest = events as f64 / runs[runs.len() - 1].0;
+    let spread = format!(
+        "median of {}, range {:.0}k–{:.0}k/s",
+        runs.len(),
+        slowest / 1000.0,
+        fastest / 1000.0
+    );
+    let (seconds, stats) = runs.swap_remove(runs.len() / 2);
+    (seconds, stats, spread)
+}
+
+/// The median of repeated measurements, its notes prefixed with the range.
+fn median_row(rows: Vec<Row>) -> Row {
+    let events = rows[0].events;
+    let (_, mut row, spread) = median(rows.into_iter().map(|r| (r.seconds, r)).collect(), events);
+    row.extra = format!("{spread}; {}", row.extra);
+    row
+}
+
+/// The offered rates of the latency measurement (events/s, 1-row transactions).
+const RATES: [u64; 3] = [1_000, 5_000, 20_000];
+
+fn gtid_pos(db: &MariaDb) -> String {
+    db.sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string()
+}
+
+/// The raw source limit: the server's own tool reading the same binlog (10-row transactions).
+fn raw_source(db: &MariaDb, file: &str, n: u64, record_bytes: u64) -> Row {
+    let start = Instant::now();
+    let status = Command::new("mariadb-binlog")
+        .args([
+            "--read-from-remote-server",
+            "--host=127.0.0.1",
+            "--user=root",
+        ])
+        .arg(format!("--port={}", db.port))
+        .args(["--base64-output=decode-rows", "-v", file])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    Row {
+        key: "raw-source",
+        what: "raw source: mariadb-binlog -v, same binlog (10-row transactions)".into(),
+        events: n,
+        seconds: start.elapsed().as_secs_f64(),
+        bytes: n * record_bytes,
+        extra: "decodes every row to text, writes to /dev/null".into(),
+    }
+}
+
+/// The raw broker limit: librdkafka alone, same records, acks=all, idempotent.
+async fn raw_broker(broker: &Broker, n: u64, record_bytes: u64) -> Row {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("queue.buffering.max.messages", "200000")
+        .create()
+        .unwrap();
+    let peers_before = peer_cpu();
+    let self_before = process_stats(std::process::id() as i32).cpu_seconds;
+    let start = Instant::now();
+    // The same warm-up outboxd does (KafkaSink::warm_up): without it the idempotent producer's first
+    // record waits half a second for its producer id.
+    {
+        use rdkafka::producer::Producer;
+        for _ in 0..2 {
+            producer
+                .client()
+                .fetch_metadata(None, Duration::from_secs(1))
+                .unwrap();
+        }
+    }
+    let mut pending = Vec::with_capacity(10_000);
+    for m in 0..n {
+        let key = format!("key-{}", m % KEYS);
+        let value = payload(m, 0);
+        loop {
+            let record = FutureRecord::to("raw.broker").key(&key).payload(&value);
+            match producer.send_result(record) {
+                Ok(f) => {
+                    pending.push(f);
+                    break;
+                }
+                Err(_) => {
+                    for f in pending.drain(..) {
+                        f.await.unwrap().unwrap();
+                    }
+                }
+            }
+        }
+        if pending.len() >= 10_000 {
+            for f in pending.drain(..) {
+                f.await.unwrap().unwrap();
+            }
+        }
+    }
+    for f in pending.drain(..) {
+        f.await.unwrap().unwrap();
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    Row {
+        key: "raw-broker",
+        what: "raw broker: librdkafka producer alone, acks=all".into(),
+        events: n,
+        seconds,
+        bytes: n * record_bytes,
+        extra: format!(
+            "same record size and keys; {:.1} CPU s in the producer ({} CPU s)",
+            process_stats(std::process::id() as i32).cpu_seconds - self_before,
+            peer_cpu_since(&peers_before)
+        ),
     }
 }
 
@@ -358,6 +578,16 @@ async fn polling_relay(db: &MariaDb, broker: &Broker) -> (u64, u64, f64) {
         .unwrap();
     let mut conn = mysql_async::Conn::from_url(db.root_url()).await.unwrap();
     let start = Instant::now();
+    // Fair to the relay: the same producer warm-up outboxd does.
+    {
+        use rdkafka::producer::Producer;
+        for _ in 0..2 {
+            producer
+                .client()
+                .fetch_metadata(None, Duration::from_secs(1))
+                .unwrap();
+        }
+    }
     let (mut relayed, mut queries) = (0u64, 0u64);
     loop {
         let mut tx = conn.start_transaction(Default::default()).await.unwrap();
@@ -405,13 +635,7 @@ async fn polling_relay(db: &MariaDb, broker: &Broker) -> (u64, u64, f64) {
     (relayed, queries, start.elapsed().as_secs_f64())
 }
 
-async fn latency_at(
-    db: &MariaDb,
-    broker: &Broker,
-    rate: u64,
-    seconds: u64,
-    first: u64,
-) -> (f64, f64, f64, usize) {
+async fn latency_at(db: &MariaDb, broker: &Broker, rate: u64, seconds: u64, first: u64) -> Latency {
     let total = rate * seconds;
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", broker.bootstrap())
@@ -467,6 +691,7 @@ async fn latency_at(
         }
         conn.query_drop(script).await.unwrap();
     }
+    let achieved = total as f64 / start.elapsed().as_secs_f64();
     let mut latencies = reader.join().unwrap();
     latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let pct = |p: f64| {
@@ -475,12 +700,25 @@ async fn latency_at(
             .copied()
             .unwrap_or(f64::NAN)
     };
-    (
-        pct(0.5),
-        pct(0.99),
-        latencies.last().copied().unwrap_or(f64::NAN),
-        latencies.len(),
-    )
+    Latency {
+        rate,
+        achieved,
+        p50: pct(0.5),
+        p99: pct(0.99),
+        max: latencies.last().copied().unwrap_or(f64::NAN),
+        count: latencies.len(),
+    }
+}
+
+/// Commit→consume latency at one offered rate (milliseconds).
+struct Latency {
+    rate: u64,
+    /// The rate the loader actually managed (below `rate` when the database could not keep up).
+    achieved: f64,
+    p50: f64,
+    p99: f64,
+    max: f64,
+    count: usize,
 }
 
 /// The same drain against PostgreSQL 15 (pgoutput), and `pg_recvlogical` reading the same WAL.
@@ -577,6 +815,7 @@ fn postgres_rows(broker: &Broker, n: u64, record_bytes: u64) -> Vec<Row> {
     let raw_seconds = start.elapsed().as_secs_f64();
     vec![
         Row {
+            key: "pg-drain",
             what: "outboxd, Postgres backlog drain, 10-row transactions".into(),
             events: n,
             seconds,
@@ -587,6 +826,7 @@ fn postgres_rows(broker: &Broker, n: u64, record_bytes: u64) -> Vec<Row> {
             ),
         },
         Row {
+            key: "pg-raw-source",
             what: "raw source: pg_recvlogical (test_decoding), same WAL".into(),
             events: n,
             seconds: raw_seconds,
@@ -594,4 +834,176 @@ fn postgres_rows(broker: &Broker, n: u64, record_bytes: u64) -> Vec<Row> {
             extra: "decodes every row to text, writes to /dev/null".into(),
         },
     ]
+}
+
+/// Restart behind a large backlog: outboxd is stopped, about 1 GiB of binlog (100 MiB with `--quick`)
+/// of outbox rows is written behind its checkpoint, then it starts again. Reports the time from the
+/// process start to the first record a consumer receives, and to the checkpoint reaching the end.
+fn restart_to_first_event(
+    db: &MariaDb,
+    broker: &Broker,
+    outboxd: &mut Outboxd,
+    quick: bool,
+) -> String {
+    const TOPIC: &str = "outbox.event.restart";
+    const CHUNK: u64 = 5_000;
+    let target_bytes: u64 = if quick { 100 << 20 } else { 1 << 30 };
+    create_topic(&broker.bootstrap(), TOPIC, 6);
+    // The checkpoint is at the end of the binlog now (everything before was drained and acked).
+    let caught_up = gtid_pos(db);
+    outboxd.start();
+    wait_until("outboxd to catch up", Duration::from_secs(600), || {
+        at_gtid(&caught_up)(outboxd)
+    });
+    outboxd.stop();
+    db.sql_socket("FLUSH BINARY LOGS;");
+    let first_file = db
+        .sql_socket("SHOW MASTER STATUS;")
+        .split('\t')
+        .next()
+        .unwrap()
+        .to_string();
+    let backlog_bytes = || -> u64 {
+        db.sql_socket("SHOW BINARY LOGS;")
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split('\t');
+                Some((f.next()?.to_string(), f.next()?.trim().parse::<u64>().ok()?))
+            })
+            .filter(|(name, _)| name.as_str() >= first_file.as_str())
+            .map(|(_, size)| size)
+            .sum()
+    };
+    let mut rows = 0u64;
+    let load_start = Instant::now();
+    while backlog_bytes() < target_bytes {
+        db.sql_socket(&format!(
+            "INSERT INTO app.outbox (id,aggregatetype,aggregateid,type,payload) \
+             SELECT UNHEX(LPAD(HEX(seq + {base}), 32, '0')), 'restart', CONCAT('key-', seq % {KEYS}), 'Created', REPEAT('r', 1000) \
+             FROM app.seq_1_to_{CHUNK};",
+            base = 500_000_000 + rows
+        ));
+        rows += CHUNK;
+    }
+    let bytes = backlog_bytes();
+    eprintln!(
+        "restart backlog: {rows} rows, {:.0} MiB of binlog, loaded in {:.0} s",
+        bytes as f64 / (1u64 << 20) as f64,
+        load_start.elapsed().as_secs_f64()
+    );
+    let end = gtid_pos(db);
+
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .set("group.id", "bench-restart")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "5")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..6 {
+        tpl.add_partition_offset(TOPIC, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let started = Instant::now();
+    let first = std::thread::spawn(move || loop {
+        if let Some(Ok(_)) = consumer.poll(Duration::from_millis(50)) {
+            return started.elapsed().as_secs_f64();
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            return f64::NAN;
+        }
+    });
+    let (seconds, stats) = timed_run(
+        outboxd,
+        "outboxd to drain the restart backlog",
+        at_gtid(&end),
+    );
+    let first = first.join().unwrap();
+    format!(
+        "Restart behind a backlog: {rows} rows ({:.0} MiB of binlog) behind the checkpoint. \
+         Process start → first record at a consumer: {first:.2} s; → checkpoint at the end: {seconds:.1} s \
+         ({:.0} events/s, {:.0} MB/s of binlog, {:.1} CPU s, peak RSS {:.0} MB).",
+        bytes as f64 / (1u64 << 20) as f64,
+        rows as f64 / seconds,
+        bytes as f64 / seconds / 1e6,
+        stats.cpu_seconds,
+        stats.peak_rss_mb
+    )
+}
+
+/// Latency against offered rate as a PNG (p50, p99 and max; logarithmic axes).
+fn plot_latency(path: &str, rows: &[Latency]) {
+    use plotters::prelude::*;
+    // plotters draws text with a font it is given; DejaVu Sans ships with most Linux systems.
+    let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
+        .expect("DejaVu Sans (apt-get install fonts-dejavu-core) to label the plot");
+    plotters::style::register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        Box::leak(font.into_boxed_slice()),
+    )
+    .map_err(|_| "font")
+    .unwrap();
+    let root = BitMapBackend::new(path, (800, 500)).into_drawing_area();
+    root.fill(&WHITE).unwrap();
+    let top = rows.iter().map(|r| r.max).fold(1.0f64, f64::max).max(25.0) * 1.5;
+    let lowest = rows
+        .iter()
+        .map(|r| r.p50)
+        .fold(f64::INFINITY, f64::min)
+        .min(5.0)
+        * 0.7;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "outboxd commit → consume latency vs offered rate",
+            ("sans-serif", 22),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d((500f64..40_000f64).log_scale(), (lowest..top).log_scale())
+        .unwrap();
+    chart
+        .configure_mesh()
+        .x_desc("offered rate (events/s, 1-row transactions)")
+        .y_desc("latency (ms)")
+        .label_style(("sans-serif", 14))
+        .draw()
+        .unwrap();
+    type Series = (&'static str, RGBColor, fn(&Latency) -> f64);
+    let series: [Series; 3] = [
+        ("p50", BLUE, |r| r.p50),
+        ("p99", RED, |r| r.p99),
+        ("max", RGBColor(120, 120, 120), |r| r.max),
+    ];
+    for (name, color, value) in series {
+        let points: Vec<(f64, f64)> = rows.iter().map(|r| (r.rate as f64, value(r))).collect();
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .unwrap()
+            .label(name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+            .unwrap();
+    }
+    let target = vec![(500f64, 20.0), (40_000f64, 20.0)];
+    chart
+        .draw_series(LineSeries::new(target, BLACK.mix(0.4)))
+        .unwrap()
+        .label("p99 target at 5k/s (20 ms)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.4)));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()
+        .unwrap();
+    root.present().unwrap();
 }

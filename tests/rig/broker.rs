@@ -61,6 +61,11 @@ impl Broker {
         }
     }
 
+    /// The broker process (for CPU accounting in the benchmark).
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
     /// SIGSTOP: the broker keeps its sockets but answers nothing (an outage as clients see it,
     /// without losing the records it holds in memory).
     pub fn freeze(&self) {

@@ -164,6 +164,11 @@ impl MariaDb {
         assert_eq!(waited.trim(), "0", "replica did not catch up with {gtid}");
     }
 
+    /// The server process (for CPU accounting in the benchmark).
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
     /// SIGSTOP: the server keeps its sockets open but says nothing (a hung server or a dead path).
     pub fn freeze(&self) {
         let pid = nix::unistd::Pid::from_raw(self.child.as_ref().unwrap().id() as i32);
