@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use mysql_async::prelude::Queryable;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{BaseProducer, BaseRecord, FutureProducer, FutureRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use rig::scenario::{config_body, uuid_of, SCHEMA};
 use rig::{create_topic, wait_until, Broker, MariaDb, Outboxd, Postgres};
@@ -232,7 +232,13 @@ fn main() {
     let quick = args.quick;
     let n: u64 = if quick { 20_000 } else { 200_000 };
     let record_bytes = payload(0, 0).len() as u64 + 40;
-    let db = MariaDb::start(&["binlog-row-metadata=FULL"]);
+    // Sized like a small production server rather than the tests' minimal one: with a 64 MB buffer
+    // pool the growing outbox table makes InnoDB stall commits, which the latency would then measure.
+    let db = MariaDb::start(&[
+        "binlog-row-metadata=FULL",
+        "innodb-buffer-pool-size=1G",
+        "innodb-log-file-size=512M",
+    ]);
     db.sql_socket(SCHEMA);
     let broker = Broker::start();
     create_topic(&broker.bootstrap(), TOPIC, 6);
@@ -378,9 +384,16 @@ fn main() {
         wait_until("outboxd to catch up", Duration::from_secs(600), || {
             at_gtid(&caught_up)(&outboxd)
         });
+        let pids = [db.pid(), broker.pid(), outboxd.pid().as_raw()];
+        let cpu = || pids.map(|pid| process_stats(pid).cpu_seconds);
         for rate in RATES {
             let seconds = if quick { 5 } else { 20 };
-            latency_rows.push(rt.block_on(latency_at(&db, &broker, rate, seconds, loaded)));
+            let (before, start) = (cpu(), Instant::now());
+            let mut latency = rt.block_on(latency_at(&db, &broker, rate, seconds, loaded));
+            let wall = start.elapsed().as_secs_f64();
+            let after = cpu();
+            latency.cores = [0, 1, 2].map(|i| (after[i] - before[i]) / wall);
+            latency_rows.push(latency);
             loaded += rate * seconds;
         }
         outboxd.stop();
@@ -421,12 +434,20 @@ fn main() {
         ratio("pg-drain", "raw-broker"),
     );
     if !latency_rows.is_empty() {
-        println!("\n| offered rate (events/s) | achieved | records | p50 ms | p99 ms | max ms |");
-        println!("|---:|---:|---:|---:|---:|---:|");
+        println!("\n| offered rate (events/s) | achieved | records | p50 ms | p99 ms | max ms | cores busy: MariaDB / broker / outboxd |");
+        println!("|---:|---:|---:|---:|---:|---:|---|");
         for l in &latency_rows {
             println!(
-                "| {} | {:.0} | {} | {:.1} | {:.1} | {:.1} |",
-                l.rate, l.achieved, l.count, l.p50, l.p99, l.max
+                "| {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.2} / {:.2} / {:.2} |",
+                l.rate,
+                l.achieved,
+                l.count,
+                l.p50,
+                l.p99,
+                l.max,
+                l.cores[0],
+                l.cores[1],
+                l.cores[2]
             );
         }
         // The full run's plot is the one BENCHMARKS.md shows; a quick run's goes to target/.
@@ -707,6 +728,7 @@ async fn latency_at(db: &MariaDb, broker: &Broker, rate: u64, seconds: u64, firs
         p99: pct(0.99),
         max: latencies.last().copied().unwrap_or(f64::NAN),
         count: latencies.len(),
+        cores: [0.0; 3],
     }
 }
 
@@ -719,6 +741,8 @@ struct Latency {
     p99: f64,
     max: f64,
     count: usize,
+    /// Cores busy meanwhile: MariaDB (including the loader's inserts), broker, outboxd.
+    cores: [f64; 3],
 }
 
 /// The same drain against PostgreSQL 15 (pgoutput), and `pg_recvlogical` reading the same WAL.
@@ -906,9 +930,25 @@ fn restart_to_first_event(
             .unwrap();
     }
     consumer.assign(&tpl).unwrap();
+    // A sentinel record proves the consumer is fetching before the clock starts (its own start-up
+    // would otherwise be counted); outboxd's first record is the next one it sees.
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()
+        .unwrap();
+    producer
+        .send(BaseRecord::to(TOPIC).key("sentinel").payload("sentinel"))
+        .map_err(|(e, _)| e)
+        .unwrap();
+    producer.flush(Duration::from_secs(10)).unwrap();
+    wait_until(
+        "the consumer to see the sentinel",
+        Duration::from_secs(60),
+        || matches!(consumer.poll(Duration::from_millis(50)), Some(Ok(m)) if m.key() == Some(b"sentinel")),
+    );
     let started = Instant::now();
     let first = std::thread::spawn(move || loop {
-        if let Some(Ok(_)) = consumer.poll(Duration::from_millis(50)) {
+        if let Some(Ok(_)) = consumer.poll(Duration::from_millis(5)) {
             return started.elapsed().as_secs_f64();
         }
         if started.elapsed() > Duration::from_secs(600) {
