@@ -14,6 +14,7 @@ use prometheus_client::encoding::{text::encode, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -44,6 +45,7 @@ pub struct Metrics {
     source_lag: Gauge<f64, AtomicU64>,
     reconnects: Counter,
     delivery_errors: Counter,
+    delivery_seconds: Histogram,
     base: Instant,
     /// Milliseconds since `base` of the last source event (NEVER before the first).
     last_source_event: AtomicI64,
@@ -70,6 +72,14 @@ impl Metrics {
         let source_lag = Gauge::<f64, AtomicU64>::default();
         let reconnects = Counter::default();
         let delivery_errors = Counter::default();
+        // 1 ms … 10 s, fine where a healthy broker answers (single-digit to tens of milliseconds).
+        let delivery_seconds = Histogram::new(
+            [
+                1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0,
+                75.0, 100.0, 150.0, 250.0, 500.0, 1000.0, 2500.0, 10000.0,
+            ]
+            .map(|ms| ms / 1000.0),
+        );
         registry.register(
             "events_forwarded",
             "Records acknowledged by Kafka, per topic",
@@ -110,6 +120,11 @@ impl Metrics {
             "Records Kafka failed to acknowledge",
             delivery_errors.clone(),
         );
+        registry.register(
+            "delivery_seconds",
+            "Time from handing a record to the producer to Kafka's acknowledgement (batching, network, broker)",
+            delivery_seconds.clone(),
+        );
         Arc::new(Metrics {
             registry,
             forwarded,
@@ -120,6 +135,7 @@ impl Metrics {
             source_lag,
             reconnects,
             delivery_errors,
+            delivery_seconds,
             base: Instant::now(),
             last_source_event: AtomicI64::new(NEVER),
             last_checkpoint_current: AtomicI64::new(NEVER),
@@ -181,6 +197,11 @@ impl Metrics {
     /// A session ended with records still in flight: they will never be acknowledged.
     pub fn abandon_inflight(&self) {
         self.inflight.set(0);
+    }
+
+    /// A record was acknowledged `after` it was handed to the producer.
+    pub fn delivered_after(&self, after: Duration) {
+        self.delivery_seconds.observe(after.as_secs_f64());
     }
 
     pub fn delivery_error(&self) {

@@ -379,6 +379,12 @@ fn metrics_move_with_traffic_and_readyz_follows_the_source() {
         0.0
     );
     assert!(sample(&m, "outboxd_source_lag_seconds", "pipeline") < 60.0);
+    // Every acknowledged record is timed from its hand-over to the producer.
+    assert_eq!(
+        sample(&m, "outboxd_delivery_seconds_count", "pipeline=\"metrics\""),
+        30.0
+    );
+    assert!(sample(&m, "outboxd_delivery_seconds_sum", "pipeline=\"metrics\"") > 0.0);
     // A frozen server keeps its socket open; readiness must still fail, then recover.
     env.db.freeze();
     wait_until("/readyz to turn 503", LIMIT, || {

@@ -8,7 +8,7 @@
 //! duplicate records within a session.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -79,15 +79,23 @@ impl AckContext {
 
 impl ClientContext for AckContext {}
 
-impl ProducerContext for AckContext {
-    type DeliveryOpaque = Box<u64>;
+/// What a delivery report needs to know about its record.
+struct InFlight {
+    ticket: Ticket,
+    /// When the record was handed to librdkafka (for `outboxd_delivery_seconds`).
+    enqueued: Instant,
+}
 
-    fn delivery(&self, result: &DeliveryResult<'_>, ticket: Box<u64>) {
+impl ProducerContext for AckContext {
+    type DeliveryOpaque = Box<InFlight>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, record: Box<InFlight>) {
         self.window.add_permits(1);
         self.metrics.acknowledged();
         match result {
             Ok(message) => {
-                self.tracker.ack(Ticket::from_raw(*ticket));
+                self.metrics.delivered_after(record.enqueued.elapsed());
+                self.tracker.ack(record.ticket);
                 self.count_ack(message.topic());
             }
             Err((e, message)) => {
@@ -196,8 +204,12 @@ impl KafkaSink {
                 value: value.as_deref(),
             });
         }
-        let mut base: BaseRecord<'_, [u8], [u8], Box<u64>> =
-            BaseRecord::with_opaque_to(&record.topic, Box::new(ticket.raw())).headers(headers);
+        let in_flight = Box::new(InFlight {
+            ticket,
+            enqueued: Instant::now(),
+        });
+        let mut base: BaseRecord<'_, [u8], [u8], Box<InFlight>> =
+            BaseRecord::with_opaque_to(&record.topic, in_flight).headers(headers);
         if let Some(key) = &record.key {
             base = base.key(key.as_slice());
         }
