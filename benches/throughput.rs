@@ -371,10 +371,17 @@ fn main() {
     let mut latency_rows = Vec::new();
     // The test broker keeps every record in memory and slows down as it fills, which a real
     // Kafka does not: the latency and restart sections each get a fresh one.
+    // outboxd's /metrics (its delivery histogram) is scraped during the latency section.
+    let http_port = rig::free_port();
     let fresh_broker = |outboxd: &mut Outboxd| {
         let fresh = Broker::start();
         create_topic(&fresh.bootstrap(), TOPIC, 6);
-        outboxd.rewrite_config(&config_body(&db.cdc_url(), &fresh.bootstrap(), "", ""));
+        outboxd.rewrite_config(&config_body(
+            &db.cdc_url(),
+            &fresh.bootstrap(),
+            "",
+            &format!("127.0.0.1:{http_port}"),
+        ));
         fresh
     };
     if args.wants("latency") {
@@ -389,10 +396,12 @@ fn main() {
         for rate in RATES {
             let seconds = if quick { 5 } else { 20 };
             let (before, start) = (cpu(), Instant::now());
+            let acks_before = delivery_buckets(http_port);
             let mut latency = rt.block_on(latency_at(&db, &broker, rate, seconds, loaded));
             let wall = start.elapsed().as_secs_f64();
             let after = cpu();
             latency.cores = [0, 1, 2].map(|i| (after[i] - before[i]) / wall);
+            latency.ack_p99 = bucket_p99(&acks_before, &delivery_buckets(http_port));
             latency_rows.push(latency);
             loaded += rate * seconds;
         }
@@ -434,17 +443,19 @@ fn main() {
         ratio("pg-drain", "raw-broker"),
     );
     if !latency_rows.is_empty() {
-        println!("\n| offered rate (events/s) | achieved | records | p50 ms | p99 ms | max ms | cores busy: MariaDB / broker / outboxd |");
-        println!("|---:|---:|---:|---:|---:|---:|---|");
+        println!("\n| offered rate (events/s) | achieved | records | p50 ms | p99 ms | max ms | p99 commit→produce ms | p99 produce→ack ms | cores busy: MariaDB / broker / outboxd |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---|");
         for l in &latency_rows {
             println!(
-                "| {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.2} / {:.2} / {:.2} |",
+                "| {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | ≤ {} | {:.2} / {:.2} / {:.2} |",
                 l.rate,
                 l.achieved,
                 l.count,
                 l.p50,
                 l.p99,
                 l.max,
+                l.produce_p99,
+                l.ack_p99,
                 l.cores[0],
                 l.cores[1],
                 l.cores[2]
@@ -488,6 +499,35 @@ fn median_row(rows: Vec<Row>) -> Row {
     let (_, mut row, spread) = median(rows.into_iter().map(|r| (r.seconds, r)).collect(), events);
     row.extra = format!("{spread}; {}", row.extra);
     row
+}
+
+/// outboxd's `outboxd_delivery_seconds` histogram: (upper bound in ms, cumulative count) per bucket.
+fn delivery_buckets(port: u16) -> Vec<(f64, f64)> {
+    let (_, body) = rig::http_get(port, "/metrics");
+    body.lines()
+        .filter(|l| l.starts_with("outboxd_delivery_seconds_bucket"))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse::<f64>().ok()? * 1000.0
+            };
+            Some((le, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The bucket bound under which 99% of the acknowledgements between two scrapes fell.
+fn bucket_p99(before: &[(f64, f64)], after: &[(f64, f64)]) -> f64 {
+    let count = |b: &[(f64, f64)], i: usize| b.get(i).map_or(0.0, |x| x.1);
+    let total =
+        count(after, after.len().saturating_sub(1)) - count(before, before.len().saturating_sub(1));
+    after
+        .iter()
+        .enumerate()
+        .find(|(i, (_, n))| n - count(before, *i) >= 0.99 * total)
+        .map_or(f64::NAN, |(_, (le, _))| *le)
 }
 
 /// The offered rates of the latency measurement (events/s, 1-row transactions).
@@ -676,6 +716,7 @@ async fn latency_at(db: &MariaDb, broker: &Broker, rate: u64, seconds: u64, firs
     let warm_until = now_micros() + 1_000_000;
     let reader = std::thread::spawn(move || {
         let mut latencies = Vec::new();
+        let mut to_produce = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(seconds + 60);
         let mut seen = 0;
         while seen < total as usize && Instant::now() < deadline {
@@ -687,11 +728,15 @@ async fn latency_at(db: &MariaDb, broker: &Broker, rate: u64, seconds: u64, firs
                 if let Some(t) = value["t"].as_u64() {
                     if t as u128 > warm_until {
                         latencies.push((received - t as u128) as f64 / 1000.0);
+                        // The record's timestamp is when outboxd handed it to librdkafka (ms).
+                        if let Some(ms) = m.timestamp().to_millis() {
+                            to_produce.push(ms as f64 - t as f64 / 1000.0);
+                        }
                     }
                 }
             }
         }
-        latencies
+        (latencies, to_produce)
     });
     let mut conn = mysql_async::Conn::from_url(db.root_url()).await.unwrap();
     let tick = Duration::from_millis(10);
@@ -713,7 +758,12 @@ async fn latency_at(db: &MariaDb, broker: &Broker, rate: u64, seconds: u64, firs
         conn.query_drop(script).await.unwrap();
     }
     let achieved = total as f64 / start.elapsed().as_secs_f64();
-    let mut latencies = reader.join().unwrap();
+    let (mut latencies, mut to_produce) = reader.join().unwrap();
+    to_produce.sort_by(|a, b| a.total_cmp(b));
+    let produce_p99 = to_produce
+        .get(((to_produce.len() as f64 * 0.99) as usize).min(to_produce.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(f64::NAN);
     latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let pct = |p: f64| {
         latencies
@@ -728,6 +778,8 @@ async fn latency_at(db: &MariaDb, broker: &Broker, rate: u64, seconds: u64, firs
         p99: pct(0.99),
         max: latencies.last().copied().unwrap_or(f64::NAN),
         count: latencies.len(),
+        produce_p99,
+        ack_p99: f64::NAN,
         cores: [0.0; 3],
     }
 }
@@ -741,6 +793,12 @@ struct Latency {
     p99: f64,
     max: f64,
     count: usize,
+    /// p99 of commit→produce: the record's CreateTime (set when outboxd hands it to librdkafka, ms
+    /// resolution) minus the commit stamp. Outboxd's own share of the latency.
+    produce_p99: f64,
+    /// p99 of produce→ack from outboxd's `outboxd_delivery_seconds` histogram (an upper bucket
+    /// bound, ms): the broker's share.
+    ack_p99: f64,
     /// Cores busy meanwhile: MariaDB (including the loader's inserts), broker, outboxd.
     cores: [f64; 3],
 }
@@ -1009,6 +1067,10 @@ fn plot_latency(path: &str, rows: &[Latency]) {
         .configure_mesh()
         .x_desc("offered rate (events/s, 1-row transactions)")
         .y_desc("latency (ms)")
+        .x_labels(4)
+        .y_labels(6)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .label_style(("sans-serif", 14))
         .draw()
         .unwrap();
