@@ -246,6 +246,7 @@ fn main() {
         .lock()
         .unwrap()
         .extend([("MariaDB", db.pid()), ("broker", broker.pid())]);
+    *ROOT_URL.lock().unwrap() = db.root_url();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -363,8 +364,12 @@ fn main() {
         });
     }
 
+    let mut pg_latency_rows = Vec::new();
     if args.wants("postgres") {
-        rows.extend(postgres_rows(&broker, n, record_bytes));
+        let (pg_rows, pg_latency) =
+            postgres_section(&rt, &broker, n, record_bytes, quick, args.wants("latency"));
+        rows.extend(pg_rows);
+        pg_latency_rows = pg_latency;
     }
 
     // Latency at offered rates (outboxd running and caught up, 1-row transactions).
@@ -392,19 +397,7 @@ fn main() {
             at_gtid(&caught_up)(&outboxd)
         });
         let pids = [db.pid(), broker.pid(), outboxd.pid().as_raw()];
-        let cpu = || pids.map(|pid| process_stats(pid).cpu_seconds);
-        for rate in RATES {
-            let seconds = if quick { 5 } else { 20 };
-            let (before, start) = (cpu(), Instant::now());
-            let acks_before = delivery_buckets(http_port);
-            let mut latency = rt.block_on(latency_at(&db, &broker, rate, seconds, loaded));
-            let wall = start.elapsed().as_secs_f64();
-            let after = cpu();
-            latency.cores = [0, 1, 2].map(|i| (after[i] - before[i]) / wall);
-            latency.ack_p99 = bucket_p99(&acks_before, &delivery_buckets(http_port));
-            latency_rows.push(latency);
-            loaded += rate * seconds;
-        }
+        latency_rows = latency_series(&rt, None, &broker, TOPIC, pids, http_port, quick, loaded);
         outboxd.stop();
     }
 
@@ -442,10 +435,14 @@ fn main() {
         ratio("pg-drain", "pg-raw-source"),
         ratio("pg-drain", "raw-broker"),
     );
-    if !latency_rows.is_empty() {
-        println!("\n| offered rate (events/s) | achieved | records | p50 ms | p99 ms | max ms | p99 commit→produce ms | p99 produce→ack ms | cores busy: MariaDB / broker / outboxd |");
+    for (source, rows) in [("MariaDB", &latency_rows), ("Postgres", &pg_latency_rows)] {
+        if rows.is_empty() {
+            continue;
+        }
+        println!("\n{source}:");
+        println!("\n| offered rate (events/s) | achieved | records | p50 ms | p99 ms | max ms | p99 commit→produce ms | p99 produce→ack ms | cores busy: database / broker / outboxd |");
         println!("|---:|---:|---:|---:|---:|---:|---:|---:|---|");
-        for l in &latency_rows {
+        for l in rows.iter() {
             println!(
                 "| {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | ≤ {} | {:.2} / {:.2} / {:.2} |",
                 l.rate,
@@ -461,13 +458,18 @@ fn main() {
                 l.cores[2]
             );
         }
+    }
+    if !latency_rows.is_empty() || !pg_latency_rows.is_empty() {
         // The full run's plot is the one BENCHMARKS.md shows; a quick run's goes to target/.
         let plot = if quick {
             "target/latency-vs-rate-quick.png"
         } else {
             "benches/latency-vs-rate.png"
         };
-        plot_latency(plot, &latency_rows);
+        plot_latency(
+            plot,
+            &[("MariaDB", &latency_rows), ("Postgres", &pg_latency_rows)],
+        );
         println!("\n(plot: {plot})");
     }
     if let Some(restart) = restart {
@@ -696,7 +698,124 @@ async fn polling_relay(db: &MariaDb, broker: &Broker) -> (u64, u64, f64) {
     (relayed, queries, start.elapsed().as_secs_f64())
 }
 
-async fn latency_at(db: &MariaDb, broker: &Broker, rate: u64, seconds: u64, first: u64) -> Latency {
+/// Latency at each of [`RATES`] against the running outboxd whose /metrics is on `http_port`:
+/// MariaDB (`pg_url` None) or the Postgres at `pg_url`. `pids`: database, broker, outboxd.
+#[allow(clippy::too_many_arguments)]
+fn latency_series(
+    rt: &tokio::runtime::Runtime,
+    pg_url: Option<&str>,
+    broker: &Broker,
+    topic: &'static str,
+    pids: [i32; 3],
+    http_port: u16,
+    quick: bool,
+    mut first: u64,
+) -> Vec<Latency> {
+    let cpu = || pids.map(tree_cpu_seconds);
+    let mut rows = Vec::new();
+    for rate in RATES {
+        let seconds = if quick { 5 } else { 20 };
+        let (before, start) = (cpu(), Instant::now());
+        let acks_before = delivery_buckets(http_port);
+        let mariadb_url = ROOT_URL.lock().unwrap().clone();
+        let mut latency = rt.block_on(async {
+            let loader = match pg_url {
+                Some(url) => Loader::postgres(url).await,
+                None => Loader::mariadb_url(&mariadb_url).await,
+            };
+            latency_at(loader, broker, topic, rate, seconds, first).await
+        });
+        let wall = start.elapsed().as_secs_f64();
+        let after = cpu();
+        latency.cores = [0, 1, 2].map(|i| (after[i] - before[i]) / wall);
+        latency.ack_p99 = bucket_p99(&acks_before, &delivery_buckets(http_port));
+        rows.push(latency);
+        first += rate * seconds;
+    }
+    rows
+}
+
+/// CPU seconds of a process and its direct children (a Postgres postmaster and its backends).
+fn tree_cpu_seconds(pid: i32) -> f64 {
+    let children: f64 = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit(')')
+                        .next()?
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse::<i32>()
+                        .ok()
+                })
+                == Some(pid)
+        })
+        .map(|child| process_stats(child).cpu_seconds)
+        .sum();
+    process_stats(pid).cpu_seconds + children
+}
+
+/// The MariaDB root URL for the latency loader (set once in main).
+static ROOT_URL: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+/// Where the latency loader writes its 1-row transactions.
+enum Loader {
+    Mariadb(mysql_async::Conn),
+    Postgres(tokio_postgres::Client),
+}
+
+impl Loader {
+    async fn mariadb_url(url: &str) -> Loader {
+        Loader::Mariadb(mysql_async::Conn::from_url(url).await.unwrap())
+    }
+
+    async fn postgres(url: &str) -> Loader {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        Loader::Postgres(client)
+    }
+
+    /// The statements for row `n`, stamped `stamp`, committed on their own.
+    fn insert(&self, n: u64, stamp: u128) -> String {
+        match self {
+            Loader::Mariadb(_) => format!(
+                "INSERT INTO app.outbox (id,aggregatetype,aggregateid,type,payload) VALUES (UNHEX('{n:032x}'),'order','key-{}','Created','{}');",
+                n % KEYS,
+                payload(n, stamp)
+            ),
+            // One simple query is one transaction unless it says otherwise.
+            Loader::Postgres(_) => format!(
+                "BEGIN;INSERT INTO public.outbox (id,aggregatetype,aggregateid,type,payload) VALUES ('{}','pgbench','key-{}','Created','{}');COMMIT;",
+                uuid_of(n),
+                n % KEYS,
+                payload(n, stamp)
+            ),
+        }
+    }
+
+    async fn run(&mut self, script: String) {
+        match self {
+            Loader::Mariadb(conn) => conn.query_drop(script).await.unwrap(),
+            Loader::Postgres(client) => client.batch_execute(&script).await.unwrap(),
+        }
+    }
+}
+
+async fn latency_at(
+    mut loader: Loader,
+    broker: &Broker,
+    topic: &'static str,
+    rate: u64,
+    seconds: u64,
+    first: u64,
+) -> Latency {
     let total = rate * seconds;
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", broker.bootstrap())
@@ -709,7 +828,7 @@ async fn latency_at(db: &MariaDb, broker: &Broker, rate: u64, seconds: u64, firs
         .unwrap();
     let mut tpl = TopicPartitionList::new();
     for p in 0..6 {
-        tpl.add_partition_offset(TOPIC, p, Offset::End).unwrap();
+        tpl.add_partition_offset(topic, p, Offset::End).unwrap();
     }
     consumer.assign(&tpl).unwrap();
     // The first second warms up (consumer assignment, first fetch): not measured.
@@ -738,7 +857,6 @@ async fn latency_at(db: &MariaDb, broker: &Broker, rate: u64, seconds: u64, firs
         }
         (latencies, to_produce)
     });
-    let mut conn = mysql_async::Conn::from_url(db.root_url()).await.unwrap();
     let tick = Duration::from_millis(10);
     let per_tick = (rate / 100).max(1);
     let start = Instant::now();
@@ -748,14 +866,10 @@ async fn latency_at(db: &MariaDb, broker: &Broker, rate: u64, seconds: u64, firs
         tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
         let mut script = String::new();
         for _ in 0..per_tick {
-            script.push_str(&format!(
-                "INSERT INTO app.outbox (id,aggregatetype,aggregateid,type,payload) VALUES (UNHEX('{n:032x}'),'order','key-{}','Created','{}');",
-                n % KEYS,
-                payload(n, now_micros())
-            ));
+            script.push_str(&loader.insert(n, now_micros()));
             n += 1;
         }
-        conn.query_drop(script).await.unwrap();
+        loader.run(script).await;
     }
     let achieved = total as f64 / start.elapsed().as_secs_f64();
     let (mut latencies, mut to_produce) = reader.join().unwrap();
@@ -803,8 +917,16 @@ struct Latency {
     cores: [f64; 3],
 }
 
-/// The same drain against PostgreSQL 15 (pgoutput), and `pg_recvlogical` reading the same WAL.
-fn postgres_rows(broker: &Broker, n: u64, record_bytes: u64) -> Vec<Row> {
+/// The same drains against PostgreSQL 15 (pgoutput), `pg_recvlogical` reading the 10-row WAL, and
+/// (with `latency`) the latency series against a Postgres outbox.
+fn postgres_section(
+    rt: &tokio::runtime::Runtime,
+    broker: &Broker,
+    n: u64,
+    record_bytes: u64,
+    quick: bool,
+    latency: bool,
+) -> (Vec<Row>, Vec<Latency>) {
     let pg = Postgres::start(&[]);
     pg.sql("postgres", "CREATE DATABASE app;");
     pg.sql(
@@ -815,63 +937,88 @@ fn postgres_rows(broker: &Broker, n: u64, record_bytes: u64) -> Vec<Row> {
     );
     let topic = "outbox.event.pgbench";
     create_topic(&broker.bootstrap(), topic, 6);
+    let http_port = rig::free_port();
     let body = format!(
         "[source]\nkind = \"postgres\"\nurl = \"{}\"\ntables = [\"public.outbox\"]\nheartbeat_interval_ms = 1000\n\
-         [kafka]\nbrokers = \"{}\"\n[http]\nlisten = \"\"\n",
+         [kafka]\nbrokers = \"{}\"\n[http]\nlisten = \"127.0.0.1:{http_port}\"\n",
         pg.url("cdc", "app"),
         broker.bootstrap()
     );
+    let old_bootstrap = broker.bootstrap();
     let mut outboxd = Outboxd::new("pgbench", &body);
     outboxd.start();
     outboxd.stop();
-    pg.sql(
-        "app",
-        "SELECT pg_create_logical_replication_slot('raw', 'test_decoding');",
-    );
-    let mut script = String::new();
-    let mut m = 0;
-    while m < n {
-        let values: Vec<String> = (m..(m + 10).min(n))
-            .map(|k| {
-                format!(
-                    "('{}','pgbench','key-{}','Created','{}')",
-                    uuid_of(k),
-                    k % KEYS,
-                    payload(k, 0)
-                )
-            })
-            .collect();
-        script.push_str(&format!(
-            "BEGIN;INSERT INTO public.outbox (id,aggregatetype,aggregateid,type,payload) VALUES {};COMMIT;\n",
-            values.join(",")
-        ));
-        m += 10;
-    }
-    pg.sql("app", &script);
-    let end = pg
-        .sql("app", "SELECT pg_current_wal_lsn();")
-        .trim()
-        .to_string();
-
     let probe: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", broker.bootstrap())
         .create()
         .unwrap();
-    let (seconds, stats) = timed_run(
-        &mut outboxd,
-        "outboxd to drain the Postgres backlog",
-        |_| {
-            let acked: i64 = (0..6)
-                .map(|p| {
-                    probe
-                        .fetch_watermarks(topic, p, Duration::from_secs(5))
-                        .map(|w| w.1)
-                        .unwrap_or(0)
+    let acked = || -> u64 {
+        (0..6)
+            .map(|p| {
+                probe
+                    .fetch_watermarks(topic, p, Duration::from_secs(5))
+                    .map(|w| w.1)
+                    .unwrap_or(0) as u64
+            })
+            .sum()
+    };
+    let mut rows = Vec::new();
+    let mut loaded = 0;
+    let mut raw_end = String::new();
+    for (per_txn, key) in [(1u64, "pg-drain1"), (10, "pg-drain"), (100, "pg-drain100")] {
+        if per_txn == 10 {
+            // pg_recvlogical reads exactly this load's WAL afterwards.
+            pg.sql(
+                "app",
+                "SELECT pg_create_logical_replication_slot('raw', 'test_decoding');",
+            );
+        }
+        let mut script = String::new();
+        let mut m = loaded;
+        while m < loaded + n {
+            let values: Vec<String> = (m..(m + per_txn).min(loaded + n))
+                .map(|k| {
+                    format!(
+                        "('{}','pgbench','key-{}','Created','{}')",
+                        uuid_of(k),
+                        k % KEYS,
+                        payload(k, 0)
+                    )
                 })
-                .sum();
-            acked as u64 >= n
-        },
-    );
+                .collect();
+            script.push_str(&format!(
+                "BEGIN;INSERT INTO public.outbox (id,aggregatetype,aggregateid,type,payload) VALUES {};COMMIT;\n",
+                values.join(",")
+            ));
+            m += per_txn;
+        }
+        pg.sql("app", &script);
+        loaded += n;
+        if per_txn == 10 {
+            raw_end = pg
+                .sql("app", "SELECT pg_current_wal_lsn();")
+                .trim()
+                .to_string();
+        }
+        // A slot only moves forward: one drain per load (no median).
+        let target = acked() + n;
+        let (seconds, stats) = timed_run(
+            &mut outboxd,
+            "outboxd to drain the Postgres backlog",
+            |_| acked() >= target,
+        );
+        rows.push(Row {
+            key,
+            what: format!("outboxd, Postgres backlog drain, {per_txn}-row transactions"),
+            events: n,
+            seconds,
+            bytes: n * record_bytes,
+            extra: format!(
+                "{:.1} CPU s, peak RSS {:.0} MB (acked = topic high watermarks)",
+                stats.cpu_seconds, stats.peak_rss_mb
+            ),
+        });
+    }
 
     let start = Instant::now();
     let status = Command::new(format!("{}/pg_recvlogical", rig::postgres::BIN))
@@ -888,34 +1035,51 @@ fn postgres_rows(broker: &Broker, n: u64, record_bytes: u64) -> Vec<Row> {
         ])
         .arg("-h")
         .arg(pg.dir())
-        .args(["-p", &pg.port.to_string(), "--endpos", &end, "--no-loop"])
+        .args([
+            "-p",
+            &pg.port.to_string(),
+            "--endpos",
+            &raw_end,
+            "--no-loop",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .unwrap();
     assert!(status.success());
-    let raw_seconds = start.elapsed().as_secs_f64();
-    vec![
-        Row {
-            key: "pg-drain",
-            what: "outboxd, Postgres backlog drain, 10-row transactions".into(),
-            events: n,
-            seconds,
-            bytes: n * record_bytes,
-            extra: format!(
-                "{:.1} CPU s, peak RSS {:.0} MB (acked = topic high watermarks)",
-                stats.cpu_seconds, stats.peak_rss_mb
-            ),
-        },
-        Row {
-            key: "pg-raw-source",
-            what: "raw source: pg_recvlogical (test_decoding), same WAL".into(),
-            events: n,
-            seconds: raw_seconds,
-            bytes: n * record_bytes,
-            extra: "decodes every row to text, writes to /dev/null".into(),
-        },
-    ]
+    rows.push(Row {
+        key: "pg-raw-source",
+        what: "raw source: pg_recvlogical (test_decoding), same WAL (10-row transactions)".into(),
+        events: n,
+        seconds: start.elapsed().as_secs_f64(),
+        bytes: n * record_bytes,
+        extra: "decodes every row to text, writes to /dev/null".into(),
+    });
+    // The raw slot would hold WAL back from here on.
+    pg.sql("app", "SELECT pg_drop_replication_slot('raw');");
+
+    let mut latencies = Vec::new();
+    if latency {
+        // A fresh broker, as for MariaDB's series.
+        let broker = Broker::start();
+        create_topic(&broker.bootstrap(), topic, 6);
+        outboxd.rewrite_config(&body.replace(&old_bootstrap, &broker.bootstrap()));
+        outboxd.start();
+        let postmaster = pg.postmaster_pid().expect("postmaster.pid").as_raw();
+        let pids = [postmaster, broker.pid(), outboxd.pid().as_raw()];
+        latencies = latency_series(
+            rt,
+            Some(&pg.url("postgres", "app")),
+            &broker,
+            topic,
+            pids,
+            http_port,
+            quick,
+            loaded,
+        );
+        outboxd.stop();
+    }
+    (rows, latencies)
 }
 
 /// Restart behind a large backlog: outboxd is stopped, about 1 GiB of binlog (100 MiB with `--quick`)
@@ -1032,7 +1196,8 @@ fn restart_to_first_event(
 }
 
 /// Latency against offered rate as a PNG (p50, p99 and max; logarithmic axes).
-fn plot_latency(path: &str, rows: &[Latency]) {
+fn plot_latency(path: &str, sources: &[(&str, &Vec<Latency>)]) {
+    let all: Vec<&Latency> = sources.iter().flat_map(|(_, rows)| rows.iter()).collect();
     use plotters::prelude::*;
     // plotters draws text with a font it is given; DejaVu Sans ships with most Linux systems.
     let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
@@ -1046,10 +1211,10 @@ fn plot_latency(path: &str, rows: &[Latency]) {
     .unwrap();
     let root = BitMapBackend::new(path, (800, 500)).into_drawing_area();
     root.fill(&WHITE).unwrap();
-    let top = rows.iter().map(|r| r.max).fold(1.0f64, f64::max).max(25.0) * 1.5;
-    let lowest = rows
+    let top = all.iter().map(|r| r.max).fold(1.0f64, f64::max).max(25.0) * 1.5;
+    let lowest = all
         .iter()
-        .map(|r| r.p50)
+        .map(|r| r.p50.min(r.produce_p99))
         .fold(f64::INFINITY, f64::min)
         .min(5.0)
         * 0.7;
@@ -1074,13 +1239,35 @@ fn plot_latency(path: &str, rows: &[Latency]) {
         .label_style(("sans-serif", 14))
         .draw()
         .unwrap();
-    type Series = (&'static str, RGBColor, fn(&Latency) -> f64);
+    type Series = (&'static str, fn(&Latency) -> f64);
     let series: [Series; 3] = [
-        ("p50", BLUE, |r| r.p50),
-        ("p99", RED, |r| r.p99),
-        ("max", RGBColor(120, 120, 120), |r| r.max),
+        ("p50", |r| r.p50),
+        ("p99", |r| r.p99),
+        ("p99 commit→produce (outboxd's share)", |r| r.produce_p99),
     ];
-    for (name, color, value) in series {
+    // One colour family per database: MariaDB blue-red-orange, Postgres green-purple-teal.
+    let palettes = [
+        [BLUE, RED, RGBColor(230, 140, 0)],
+        [
+            RGBColor(0, 150, 0),
+            RGBColor(140, 0, 160),
+            RGBColor(0, 160, 160),
+        ],
+    ];
+    let lines = sources
+        .iter()
+        .zip(palettes)
+        .filter(|((_, rows), _)| !rows.is_empty())
+        .flat_map(|((source, rows), palette)| {
+            series
+                .iter()
+                .zip(palette)
+                .map(move |((name, value), color)| {
+                    (format!("{source} {name}"), *rows, *value, color)
+                })
+        })
+        .collect::<Vec<_>>();
+    for (name, rows, value, color) in lines {
         let points: Vec<(f64, f64)> = rows.iter().map(|r| (r.rate as f64, value(r))).collect();
         chart
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))

@@ -291,18 +291,18 @@ async fn run_session(
             Some(change)
         } else {
             tokio::select! {
-            biased;
-            _ = shutdown.wait_for(|stop| *stop), if stopping.is_none() => {
-                tracing::info!("shutdown requested: finishing the open transaction, then draining acks");
-                stopping = Some(Instant::now());
-                continue;
-            }
-            e = tracker.failed() => break Err(e),
-            change = rx.recv() => change,
-            _ = tokio::time::sleep_until(deadline), if stopping.is_some() => {
-                tracing::warn!("the open transaction did not finish within the drain deadline; it is sent again on restart");
-                break Ok(SessionEnd::Shutdown);
-            }
+                biased;
+                _ = shutdown.wait_for(|stop| *stop), if stopping.is_none() => {
+                    tracing::info!("shutdown requested: finishing the open transaction, then draining acks");
+                    stopping = Some(Instant::now());
+                    continue;
+                }
+                e = tracker.failed() => break Err(e),
+                change = rx.recv() => change,
+                _ = tokio::time::sleep_until(deadline), if stopping.is_some() => {
+                    tracing::warn!("the open transaction did not finish within the drain deadline; it is sent again on restart");
+                    break Ok(SessionEnd::Shutdown);
+                }
             }
         };
         match change {
