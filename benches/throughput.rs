@@ -567,6 +567,17 @@ fn raw_source(db: &MariaDb, file: &str, n: u64, record_bytes: u64) -> Row {
     }
 }
 
+/// The warm-up outboxd does (`KafkaSink::warm_up`): without it an idempotent producer's first record
+/// waits half a second for its producer id.
+fn warm_up(producer: &FutureProducer) {
+    for _ in 0..2 {
+        producer
+            .client()
+            .fetch_metadata(None, Duration::from_secs(1))
+            .unwrap();
+    }
+}
+
 /// The raw broker limit: librdkafka alone, same records, acks=all, idempotent.
 async fn raw_broker(broker: &Broker, n: u64, record_bytes: u64) -> Row {
     let producer: FutureProducer = ClientConfig::new()
@@ -579,17 +590,7 @@ async fn raw_broker(broker: &Broker, n: u64, record_bytes: u64) -> Row {
     let peers_before = peer_cpu();
     let self_before = process_stats(std::process::id() as i32).cpu_seconds;
     let start = Instant::now();
-    // The same warm-up outboxd does (KafkaSink::warm_up): without it the idempotent producer's first
-    // record waits half a second for its producer id.
-    {
-        use rdkafka::producer::Producer;
-        for _ in 0..2 {
-            producer
-                .client()
-                .fetch_metadata(None, Duration::from_secs(1))
-                .unwrap();
-        }
-    }
+    warm_up(&producer);
     let mut pending = Vec::with_capacity(10_000);
     for m in 0..n {
         let key = format!("key-{}", m % KEYS);
@@ -642,15 +643,7 @@ async fn polling_relay(db: &MariaDb, broker: &Broker) -> (u64, u64, f64) {
     let mut conn = mysql_async::Conn::from_url(db.root_url()).await.unwrap();
     let start = Instant::now();
     // Fair to the relay: the same producer warm-up outboxd does.
-    {
-        use rdkafka::producer::Producer;
-        for _ in 0..2 {
-            producer
-                .client()
-                .fetch_metadata(None, Duration::from_secs(1))
-                .unwrap();
-        }
-    }
+    warm_up(&producer);
     let (mut relayed, mut queries) = (0u64, 0u64);
     loop {
         let mut tx = conn.start_transaction(Default::default()).await.unwrap();
