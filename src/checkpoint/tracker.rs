@@ -20,16 +20,6 @@ use crate::source::Position;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket(u64);
 
-impl Ticket {
-    pub fn raw(self) -> u64 {
-        self.0
-    }
-
-    pub fn from_raw(raw: u64) -> Self {
-        Ticket(raw)
-    }
-}
-
 #[derive(Default)]
 struct State {
     /// Tickets below `base` are all acknowledged.
