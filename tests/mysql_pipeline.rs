@@ -396,3 +396,44 @@ fn metrics_move_with_traffic_and_readyz_follows_the_source() {
     });
     env.outboxd.stop();
 }
+
+#[test]
+fn a_column_missing_from_a_minimal_row_image_is_null_and_shifts_nothing() {
+    let mut env = setup("minimal-image", "");
+    env.outboxd.start();
+    // With binlog_row_image=MINIMAL the after-image leaves out columns the INSERT did not name: here
+    // `payload`, which sits between `type` and `created_at`. Its value must not be taken from the
+    // next column in the image.
+    env.db.sql_socket(
+        "SET SESSION binlog_row_image = 'MINIMAL'; \
+         INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, created_at) \
+         VALUES (UNHEX('000000000000000000000000000000aa'), 'order', 'key-min', 'Created', '2026-01-02 03:04:05.123456'); \
+         SET SESSION binlog_row_image = 'FULL'; \
+         INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) \
+         VALUES (UNHEX('000000000000000000000000000000ab'), 'order', 'key-full', 'Created', '{\"n\":171}');",
+    );
+    let records = consume_all(&env, 2);
+    assert_eq!(records.len(), 2);
+    let minimal = records
+        .iter()
+        .find(|r| r.key.as_deref() == Some(&b"key-min"[..]))
+        .expect("the minimal-image row");
+    assert!(
+        minimal
+            .value
+            .as_deref()
+            .is_none_or(|v| !String::from_utf8_lossy(v).contains("2026")),
+        "payload must not carry created_at: {:?}",
+        minimal.value.as_deref().map(String::from_utf8_lossy)
+    );
+    assert_eq!(
+        minimal.header("id").unwrap(),
+        "00000000-0000-0000-0000-0000000000aa"
+    );
+    let full = records
+        .iter()
+        .find(|r| r.key.as_deref() == Some(&b"key-full"[..]))
+        .expect("the full-image row");
+    assert_eq!(full.value.as_deref(), Some(&br#"{"n":171}"#[..]));
+    env.outboxd.stop();
+}
