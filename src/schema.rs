@@ -55,7 +55,7 @@ CREATE TABLE outbox (
 
 -- Server settings (postgresql.conf): wal_level = logical, max_replication_slots >= 1,
 -- max_wal_senders >= 1. The slot and publication are created by outboxd when missing:
---   CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'insert');
+--   CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'insert', publish_via_partition_root = true);
 
 -- The reader outboxd connects as:
 CREATE ROLE outboxd WITH LOGIN REPLICATION PASSWORD 'change-me';

@@ -19,6 +19,8 @@ pub struct ConnInfo {
     pub dbname: String,
     /// `source.url` with the password hidden, for messages.
     pub shown: String,
+    /// The replication connection's `application_name` (the control connection adds `-control`).
+    pub application_name: String,
 }
 
 impl ConnInfo {
@@ -55,6 +57,32 @@ impl ConnInfo {
             Some(p) => Some(p),
             None => url.password().map(decode),
         };
+        let mut application_name = None;
+        for (key, value) in url.query_pairs() {
+            match key.as_ref() {
+                "application_name" => application_name = Some(value.into_owned()),
+                // Plain text is what this build speaks; anything else must not be ignored.
+                "sslmode" if value == "disable" => {}
+                "sslmode" => {
+                    return Err(Error::config(format!(
+                        "source.url asks for sslmode={value}, but TLS to the database is not supported in this build"
+                    ))
+                    .remedy("remove sslmode from source.url (or set sslmode=disable) and reach the server over a trusted network or a local TLS tunnel"))
+                }
+                "password" => {
+                    return Err(Error::config(
+                        "source.url carries the password as a query parameter",
+                    )
+                    .remedy("move it to source.password or source.password_file (or OUTBOXD_SOURCE__PASSWORD)"))
+                }
+                other => {
+                    return Err(Error::config(format!(
+                        "source.url parameter {other:?} is not supported"
+                    ))
+                    .remedy("remove it; outboxd honours application_name and sslmode=disable in a Postgres URL"))
+                }
+            }
+        }
         Ok(ConnInfo {
             host,
             port: url.port().unwrap_or(5432),
@@ -62,8 +90,40 @@ impl ConnInfo {
             password,
             dbname: decode(dbname),
             shown: redact_url(&config.source.url),
+            application_name: application_name.unwrap_or_else(|| "outboxd".to_string()),
         })
     }
+}
+
+/// What the catalog says about one configured table and a publication.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PublicationState {
+    pub exists: bool,
+    pub partitioned: bool,
+    pub published: bool,
+}
+
+/// `schema.table` (unqualified: `public`).
+pub fn split_table(table: &str) -> (&str, &str) {
+    table.split_once('.').unwrap_or(("public", table))
+}
+
+/// The statement outboxd runs when the publication is missing.
+pub fn create_publication_sql(name: &str, tables: &[String]) -> String {
+    let list: Vec<String> = tables.iter().map(|t| quote_table(t)).collect();
+    format!(
+        "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
+        quote_ident(name),
+        list.join(", ")
+    )
+}
+
+/// The fix for a publication that sends a partitioned outbox's rows under its partitions' names.
+pub fn via_root_sql(name: &str) -> String {
+    format!(
+        "ALTER PUBLICATION {} SET (publish_via_partition_root = true);",
+        quote_ident(name)
+    )
 }
 
 pub struct Control {
@@ -106,7 +166,7 @@ impl Control {
             .port(info.port)
             .user(&info.user)
             .dbname(&info.dbname)
-            .application_name("outboxd-control")
+            .application_name(format!("{}-control", info.application_name))
             .connect_timeout(Duration::from_secs(10));
         if let Some(p) = &info.password {
             config.password(p);
@@ -142,24 +202,24 @@ impl Control {
         }
     }
 
-    /// Creates the publication (`FOR TABLE … WITH (publish = 'insert')`) if missing; otherwise checks
-    /// that it publishes inserts of every configured table.
+    /// Creates the publication (`FOR TABLE … WITH (publish = 'insert', publish_via_partition_root =
+    /// true)`) if missing; otherwise checks that it publishes inserts of every configured table.
+    ///
+    /// A partitioned outbox is "in" a publication when its root or its leaves are listed: without
+    /// `publish_via_partition_root`, `pg_publication_tables` lists the leaves, and changes arrive under
+    /// the leaf names. outboxd maps those back to the root (see the decoder), but says how to set the
+    /// option, because with it new partitions need nothing at all.
     pub async fn ensure_publication(&self, name: &str, tables: &[String]) -> Result<()> {
         let row = self
             .client
             .query_opt(
-                "SELECT pubinsert, puballtables FROM pg_publication WHERE pubname = $1",
+                "SELECT pubinsert, puballtables, pubviaroot FROM pg_publication WHERE pubname = $1",
                 &[&name],
             )
             .await
             .map_err(|e| self.failed("reading pg_publication", e))?;
         let Some(row) = row else {
-            let list: Vec<String> = tables.iter().map(|t| quote_table(t)).collect();
-            let sql = format!(
-                "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
-                quote_ident(name),
-                list.join(", ")
-            );
+            let sql = create_publication_sql(name, tables);
             self.client.batch_execute(&sql).await.map_err(|e| {
                 self.failed("creating the publication", e).remedy(format!(
                     "run as the tables' owner (it needs CREATE on the database): {sql}; outboxd only needs it to exist"
@@ -168,7 +228,7 @@ impl Control {
             tracing::info!(publication = name, "created the publication");
             return Ok(());
         };
-        let (insert, all): (bool, bool) = (row.get(0), row.get(1));
+        let (insert, all, via_root): (bool, bool, bool) = (row.get(0), row.get(1), row.get(2));
         if !insert {
             return Err(
                 Error::source(format!("publication {name} does not publish INSERTs")).remedy(
@@ -179,34 +239,97 @@ impl Control {
                 ),
             );
         }
-        if all {
-            return Ok(());
+        let mut missing = Vec::new();
+        for table in tables {
+            let state = self
+                .publication_state(name, table)
+                .await
+                .map_err(|e| self.failed("reading pg_publication_tables", e))?;
+            if !all && !state.published {
+                missing.push(quote_table(table));
+            }
+            if state.partitioned && !via_root {
+                tracing::warn!(
+                    publication = name,
+                    table = %table,
+                    remedy = %via_root_sql(name),
+                    "the outbox is partitioned and the publication sends its rows under the partitions' names: outboxd maps them back to {table}, but set publish_via_partition_root = true so partitions added later need nothing"
+                );
+            }
         }
-        let published: Vec<String> = self
-            .client
-            .query(
-                "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1",
-                &[&name],
-            )
-            .await
-            .map_err(|e| self.failed("reading pg_publication_tables", e))?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        let missing: Vec<&String> = tables.iter().filter(|t| !published.contains(t)).collect();
         if !missing.is_empty() {
-            let list: Vec<String> = missing.iter().map(|t| quote_table(t)).collect();
             return Err(Error::source(format!(
                 "publication {name} does not include {}",
-                list.join(", ")
+                missing.join(", ")
             ))
             .remedy(format!(
                 "ALTER PUBLICATION {} ADD TABLE {}",
                 quote_ident(name),
-                list.join(", ")
+                missing.join(", ")
             )));
         }
         Ok(())
+    }
+
+    /// Whether `table` exists, is partitioned, and is published by `publication` (itself, or, for a
+    /// partitioned table, any of its partitions).
+    pub async fn publication_state(
+        &self,
+        publication: &str,
+        table: &str,
+    ) -> std::result::Result<PublicationState, tokio_postgres::Error> {
+        let (schema, name) = split_table(table);
+        let row = self
+            .client
+            .query_opt(
+                "SELECT c.relkind = 'p', EXISTS ( \
+                   SELECT 1 FROM pg_publication_tables pt \
+                   JOIN pg_namespace pn ON pn.nspname = pt.schemaname \
+                   JOIN pg_class pc ON pc.relnamespace = pn.oid AND pc.relname = pt.tablename \
+                   WHERE pt.pubname = $3 AND (pc.oid = c.oid \
+                     OR pc.oid IN (SELECT relid FROM pg_partition_tree(c.oid)))) \
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2",
+                &[&schema, &name, &publication],
+            )
+            .await?;
+        Ok(match row {
+            Some(row) => PublicationState {
+                exists: true,
+                partitioned: row.get(0),
+                published: row.get(1),
+            },
+            None => PublicationState::default(),
+        })
+    }
+
+    /// The relation `relid` and its partition ancestors up to the root, as `schema.table` names
+    /// (empty for a table that is no partition), or `None` when no such relation exists (any more).
+    pub async fn partition_ancestors(&self, relid: u32) -> Result<Option<Vec<String>>> {
+        let exists: bool = self
+            .client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_class WHERE oid = $1::oid)",
+                &[&relid],
+            )
+            .await
+            .map_err(|e| self.failed("reading pg_class", e))?
+            .get(0);
+        if !exists {
+            return Ok(None);
+        }
+        let rows = self
+            .client
+            .query(
+                "SELECT n.nspname || '.' || c.relname \
+                 FROM pg_partition_ancestors($1::oid::regclass) WITH ORDINALITY a(relid, depth) \
+                 JOIN pg_class c ON c.oid = a.relid JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 ORDER BY a.depth",
+                &[&relid],
+            )
+            .await
+            .map_err(|e| self.failed("reading the relation's partition ancestors", e))?;
+        Ok(Some(rows.iter().map(|r| r.get(0)).collect()))
     }
 
     /// The slot's `confirmed_flush_lsn`, creating the slot (pgoutput) if missing.
@@ -266,6 +389,40 @@ impl Control {
             ))
             .await
             .map_err(|e| self.failed("emitting the heartbeat message", e))
+    }
+
+    /// How far the walsender streaming `slot` has read WAL (`pg_stat_replication.sent_lsn`): `None`
+    /// when no walsender holds the slot, `Some(None)` when the server hides it (the user lacks
+    /// `pg_read_all_stats`).
+    pub async fn walsender_sent_lsn(&self, slot: &str) -> Result<Option<Option<u64>>> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT r.sent_lsn::text FROM pg_replication_slots s \
+                 JOIN pg_stat_replication r ON r.pid = s.active_pid \
+                 WHERE s.slot_name = $1 AND s.database = current_database()",
+                &[&slot],
+            )
+            .await
+            .map_err(|e| self.failed("reading pg_stat_replication", e))?;
+        Ok(row.map(|r| {
+            r.get::<_, Option<String>>(0)
+                .and_then(|text| parse_lsn(&text))
+        }))
+    }
+
+    /// The server's `wal_sender_timeout` (`None` when it is 0, i.e. off).
+    pub async fn wal_sender_timeout(&self) -> Result<Option<Duration>> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'",
+                &[],
+            )
+            .await
+            .map_err(|e| self.failed("reading wal_sender_timeout", e))?;
+        let ms: i64 = row.get(0);
+        Ok((ms > 0).then(|| Duration::from_millis(ms as u64)))
     }
 
     /// The server's current WAL position (primary) or replay position (standby).

@@ -28,8 +28,23 @@ struct Table {
     types: Vec<u32>,
 }
 
+/// What the caller must do before feeding the next event.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    Continue,
+    /// A relation that is not a configured table arrived: it may be a partition of one (a
+    /// publication without `publish_via_partition_root` sends leaf names). Look up its ancestors and
+    /// call [`Decoder::resolve_relation`].
+    NeedAncestors {
+        relation_id: u32,
+        name: String,
+    },
+}
+
 pub struct Decoder {
     watched: HashSet<String>,
+    /// Layouts of relations waiting for [`Decoder::resolve_relation`].
+    unresolved: HashMap<u32, Table>,
     prefixes: HashSet<String>,
     /// Relation id -> its layout if it is an outbox table, `None` for any other table.
     relations: HashMap<u32, Option<Table>>,
@@ -84,6 +99,7 @@ impl Decoder {
     ) -> Self {
         Decoder {
             watched: watched.into_iter().collect(),
+            unresolved: HashMap::new(),
             prefixes: prefixes.into_iter().collect(),
             relations: HashMap::new(),
             in_txn: false,
@@ -98,7 +114,11 @@ impl Decoder {
         self.ignored
     }
 
-    pub fn on_event(&mut self, event: ReplicationEvent, out: &mut VecDeque<Change>) -> Result<()> {
+    pub fn on_event(
+        &mut self,
+        event: ReplicationEvent,
+        out: &mut VecDeque<Change>,
+    ) -> Result<Step> {
         match event {
             ReplicationEvent::Begin { final_lsn, .. } => {
                 self.in_txn = true;
@@ -132,19 +152,48 @@ impl Decoder {
                         "this is a bug or an unsupported server version; outboxd stops rather than skip it",
                     )
                 })?;
-                self.on_pgoutput(message, out)?;
+                return self.on_pgoutput(message, out);
             }
             _ => {}
         }
+        Ok(Step::Continue)
+    }
+
+    /// Settles a relation announced by [`Step::NeedAncestors`]: `ancestors` are its partition
+    /// ancestors from the leaf up (empty for a table that is no partition), `None` if the relation no
+    /// longer exists. A partition of a configured table takes that table's name; nothing else is
+    /// forwarded. A vanished relation cannot be told apart, so it stops the stream rather than risk
+    /// skipping an outbox row.
+    pub fn resolve_relation(
+        &mut self,
+        relation_id: u32,
+        ancestors: Option<Vec<String>>,
+    ) -> Result<()> {
+        let Some(mut table) = self.unresolved.remove(&relation_id) else {
+            return Ok(());
+        };
+        let Some(ancestors) = ancestors else {
+            return Err(Error::source(format!(
+                "rows of relation {} (oid {relation_id}) arrived, but the relation no longer exists, so outboxd cannot tell whether it was a partition of an outbox table",
+                table.name
+            ))
+            .remedy("set publish_via_partition_root = true on the publication (then partitions' rows arrive under the outbox's own name); if that relation was not part of the outbox, move the checkpoint past this transaction with `outboxd checkpoint set`"));
+        };
+        let root = ancestors.into_iter().find(|a| self.watched.contains(a));
+        let entry = root.map(|root| {
+            table.name = root.into();
+            table
+        });
+        self.relations.insert(relation_id, entry);
         Ok(())
     }
 
-    fn on_pgoutput(&mut self, message: Message, out: &mut VecDeque<Change>) -> Result<()> {
+    fn on_pgoutput(&mut self, message: Message, out: &mut VecDeque<Change>) -> Result<Step> {
         match message {
             Message::Relation(r) => {
                 let name = r.qualified_name();
-                let table = self.watched.contains(&name).then(|| Table {
-                    name: name.into(),
+                let table = Table {
+                    name: name.as_str().into(),
                     names: r
                         .columns
                         .iter()
@@ -152,13 +201,23 @@ impl Decoder {
                         .collect::<Vec<_>>()
                         .into(),
                     types: r.columns.iter().map(|c| c.type_oid).collect(),
-                });
-                self.relations.insert(r.id, table);
+                };
+                if self.watched.contains(&name) {
+                    self.relations.insert(r.id, Some(table));
+                } else {
+                    // Not ours by name; until its ancestors are known, no row of it is decided.
+                    self.relations.remove(&r.id);
+                    self.unresolved.insert(r.id, table);
+                    return Ok(Step::NeedAncestors {
+                        relation_id: r.id,
+                        name,
+                    });
+                }
             }
             Message::Insert { relation_id, tuple } => {
                 let table = match self.relations.get(&relation_id) {
                     Some(Some(t)) => t,
-                    Some(None) => return Ok(()),
+                    Some(None) => return Ok(Step::Continue),
                     None => {
                         return Err(Error::source(format!(
                             "insert into relation {relation_id} arrived before its layout"
@@ -207,7 +266,7 @@ impl Decoder {
             }
             _ => {}
         }
-        Ok(())
+        Ok(Step::Continue)
     }
 
     fn on_message(
@@ -377,7 +436,13 @@ mod tests {
     fn other_tables_and_unknown_prefixes_are_skipped_and_keepalives_move_the_boundary() {
         let mut d = Decoder::new(0, ["public.other".to_string()], Vec::<String>::new());
         let mut out = VecDeque::new();
-        d.on_event(xlog(RELATION_OUTBOX), &mut out).unwrap();
+        let step = d.on_event(xlog(RELATION_OUTBOX), &mut out).unwrap();
+        let Step::NeedAncestors { relation_id, name } = step else {
+            panic!("{step:?}")
+        };
+        assert_eq!(name, "public.outbox");
+        // Not a partition of anything.
+        d.resolve_relation(relation_id, Some(vec![])).unwrap();
         d.on_event(xlog(INSERT_OUTBOX), &mut out).unwrap();
         d.on_event(
             ReplicationEvent::Message {
@@ -442,5 +507,38 @@ mod tests {
         assert!(
             matches!(out.pop_front(), Some(Change::Commit(b)) if b.position.to_string() == "0/200")
         );
+    }
+
+    #[test]
+    fn a_partition_of_an_outbox_takes_the_outbox_name_and_a_vanished_relation_stops() {
+        // The captured relation is `public.outbox`; here it plays a leaf of `public.events`.
+        let mut d = Decoder::new(0, ["public.events".to_string()], Vec::<String>::new());
+        let mut out = VecDeque::new();
+        let Step::NeedAncestors { relation_id, .. } =
+            d.on_event(xlog(RELATION_OUTBOX), &mut out).unwrap()
+        else {
+            panic!()
+        };
+        let ancestors = vec!["public.outbox".to_string(), "public.events".to_string()];
+        d.resolve_relation(relation_id, Some(ancestors)).unwrap();
+        d.on_event(xlog(INSERT_OUTBOX), &mut out).unwrap();
+        let Some(Change::Row(row)) = out.pop_front() else {
+            panic!("{out:?}")
+        };
+        assert_eq!(&*row.table, "public.events");
+
+        let mut d = Decoder::new(0, ["public.events".to_string()], Vec::<String>::new());
+        let Step::NeedAncestors { relation_id, .. } =
+            d.on_event(xlog(RELATION_OUTBOX), &mut out).unwrap()
+        else {
+            panic!()
+        };
+        let e = d.resolve_relation(relation_id, None).unwrap_err();
+        assert!(e.message().contains("no longer exists"), "{e}");
+        assert!(!e.is_transient());
+        // Until resolved, a row of the relation is never silently dropped.
+        let mut d = Decoder::new(0, ["public.events".to_string()], Vec::<String>::new());
+        d.on_event(xlog(RELATION_OUTBOX), &mut out).unwrap();
+        assert!(d.on_event(xlog(INSERT_OUTBOX), &mut out).is_err());
     }
 }

@@ -58,8 +58,17 @@ pub struct PostgresSource {
     durable_open: bool,
     heartbeat: Option<tokio::time::Interval>,
     read_timeout: Duration,
-    /// When the stream last said anything; silence past `read_timeout` ends the session.
+    /// When the stream last said anything.
     last_message: tokio::time::Instant,
+    /// When the silence is looked at next (`last_message + read_timeout`, or later while the server
+    /// shows it is busy for us).
+    check_at: tokio::time::Instant,
+    /// The walsender's read position at the last look, and when it last moved.
+    progress: Option<(u64, tokio::time::Instant)>,
+    /// How long a walsender that reads no WAL may stay silent: the server's `wal_sender_timeout`
+    /// (it sends a keepalive every half of it while it replays a large transaction to the output
+    /// plugin).
+    busy_limit: Duration,
 }
 
 impl PostgresSource {
@@ -137,7 +146,7 @@ impl PostgresSource {
         .with_start_lsn(Lsn(start))
         .with_status_interval(Duration::from_secs(1))
         .with_wakeup_interval(heartbeat)
-        .with_application_name("outboxd")
+        .with_application_name(&info.application_name)
         .with_max_message_size(512 * 1024 * 1024)
         .with_tls(tls_config(config)?);
         let mut client = ReplicationClient::connect_gated(replication)
@@ -171,6 +180,12 @@ impl PostgresSource {
             position = %pgoutput::lsn_to_string(start),
             "replication stream opened"
         );
+        let busy_limit = control
+            .wal_sender_timeout()
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or(KEEPALIVE_SILENCE);
         let mut ticker = tokio::time::interval(heartbeat);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Ok(PostgresSource {
@@ -190,6 +205,9 @@ impl PostgresSource {
             heartbeat: Some(ticker),
             read_timeout: heartbeat * 3,
             last_message: tokio::time::Instant::now(),
+            check_at: tokio::time::Instant::now() + heartbeat * 3,
+            progress: None,
+            busy_limit,
         })
     }
 
@@ -234,8 +252,27 @@ impl PostgresSource {
                         Err(e) => return Err(stream_error(e, "the replication stream")),
                     };
                     self.last_message = tokio::time::Instant::now();
+                    self.check_at = self.last_message + self.read_timeout;
+                    self.progress = None;
                     self.metrics.source_event();
-                    self.decoder.on_event(event, &mut self.buffer)?;
+                    if let decoder::Step::NeedAncestors { relation_id, name } =
+                        self.decoder.on_event(event, &mut self.buffer)?
+                    {
+                        let ancestors = tokio::time::timeout(
+                            Duration::from_secs(30),
+                            self.control.partition_ancestors(relation_id),
+                        )
+                        .await
+                        .map_err(|_| {
+                            Error::source(format!(
+                                "looking up whether {name} is a partition of an outbox table took longer than 30 s"
+                            ))
+                            .remedy("outboxd reconnects by itself")
+                            .transient()
+                        })??;
+                        tracing::debug!(relation = %name, ?ancestors, "relation resolved");
+                        self.decoder.resolve_relation(relation_id, ancestors)?;
+                    }
                 }
                 _ = tick(&mut self.heartbeat) => {
                     let emitted = tokio::time::timeout(Duration::from_secs(5), self.control.emit_heartbeat()).await;
@@ -245,23 +282,74 @@ impl PostgresSource {
                             tracing::warn!(error = %e, "cannot emit heartbeat messages (a standby?): relying on walsender keepalives");
                             self.heartbeat = None;
                             self.read_timeout = self.read_timeout.max(KEEPALIVE_SILENCE);
+                            self.check_at = self.check_at.max(self.last_message + self.read_timeout);
                         }
                         Err(_) => tracing::warn!("emitting the heartbeat message timed out"),
                     }
                 }
-                // A deadline that only a message moves: heartbeats we emit do not count until they
-                // come back through the stream. Checked after `recv`, so buffered
-                // messages are taken first (after back-pressure held the reader).
-                _ = tokio::time::sleep_until(self.last_message + self.read_timeout) => {
-                    return Err(Error::source(format!(
-                        "no replication message or heartbeat for {:?}; the stream is treated as dead",
-                        self.read_timeout
-                    ))
-                    .remedy("outboxd reconnects by itself; if this repeats, check the network path to the server")
-                    .transient())
-                }
+                // Silence: a message resets it; heartbeats we emit count only once they come back
+                // through the stream. Checked after `recv`, so buffered messages are taken first
+                // (after back-pressure held the reader).
+                _ = tokio::time::sleep_until(self.check_at) => {
+                    self.on_silence().await?;                }
             }
         }
+    }
+
+    /// The stream said nothing for a while. Silence alone does not tell a dead stream from a server
+    /// busy for us (decoding a multi-million-row transaction of another table sends nothing until it
+    /// is done), so ask the server on the control connection. No answer, or no walsender on our
+    /// slot: dead. A walsender whose read position (`pg_stat_replication.sent_lsn`, visible with
+    /// `pg_read_all_stats`) moves is working through WAL for us: wait. One that does not move (or
+    /// whose position is hidden) may be replaying one large transaction to the output plugin, which
+    /// sends a keepalive every half `wal_sender_timeout`; it gets that long since it last moved,
+    /// then it is dead (a frozen walsender ends up here).
+    async fn on_silence(&mut self) -> Result<()> {
+        let now = tokio::time::Instant::now();
+        let silent = now - self.last_message;
+        let dead = |why: String| {
+            Err(Error::source(format!(
+                "no replication message or heartbeat for {silent:?}; {why}; the stream is treated as dead"
+            ))
+            .remedy("outboxd reconnects by itself; if this repeats, check the network path to the server")
+            .transient())
+        };
+        let slot = self.identity.slot.clone().unwrap_or_default();
+        let asked =
+            tokio::time::timeout(self.read_timeout, self.control.walsender_sent_lsn(&slot)).await;
+        let sent = match asked {
+            Ok(Ok(Some(sent))) => sent,
+            Ok(Ok(None)) => return dead("the server shows no walsender on our slot".into()),
+            Ok(Err(e)) => return dead(format!("asking the server about it failed: {e}")),
+            Err(_) => {
+                return dead("the server did not answer on the control connection either".into())
+            }
+        };
+        let moved = match (self.progress, sent) {
+            (None, _) => true,
+            (Some((before, _)), Some(lsn)) => lsn > before,
+            (Some(_), None) => false,
+        };
+        if self.progress.is_none() {
+            tracing::info!(
+                silent = ?silent,
+                sent_lsn = %sent.map(pgoutput::lsn_to_string).unwrap_or_else(|| "hidden (no pg_read_all_stats)".into()),
+                allowed = ?self.busy_limit,
+                "the replication stream is silent, but the server's walsender for our slot is alive (decoding a large transaction?): waiting"
+            );
+        }
+        if moved {
+            self.progress = Some((sent.unwrap_or(0), now));
+        }
+        let last_progress = self.progress.map(|(_, at)| at).unwrap_or(now);
+        if now - last_progress > self.busy_limit + self.read_timeout {
+            return dead(format!(
+                "the walsender has shown no progress for {:?}",
+                now - last_progress
+            ));
+        }
+        self.check_at = now + self.read_timeout;
+        Ok(())
     }
 }
 

@@ -94,6 +94,25 @@ async fn check(
             "ALTER ROLE <user> WITH REPLICATION;",
         ));
     }
+    let read_stats: bool = client
+        .query_one(
+            "SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')",
+            &[],
+        )
+        .await?
+        .get(0);
+    if read_stats {
+        items.push(Item::pass(
+            SUBJECT,
+            "the user may see its walsender's progress (pg_read_all_stats)",
+        ));
+    } else {
+        items.push(Item::warn(
+            SUBJECT,
+            "the user cannot see its walsender's progress: a stream silent while the server decodes a large transaction is given wal_sender_timeout, not more, before outboxd reconnects",
+            "GRANT pg_read_all_stats TO <user>; (optional: lets outboxd wait for a walsender that is still reading WAL)",
+        ));
+    }
     let slot = &config.source.slot;
     let slot_row = client
         .query_opt(
@@ -152,24 +171,18 @@ async fn check(
         }
     }
     let publication = &config.source.publication;
-    let published: Vec<String> = client
-        .query(
-            "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1",
-            &[publication],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let exists = client
+    let publication_row = client
         .query_opt(
-            "SELECT 1 FROM pg_publication WHERE pubname = $1",
+            "SELECT puballtables, pubviaroot FROM pg_publication WHERE pubname = $1",
             &[publication],
         )
-        .await?
-        .is_some();
+        .await?;
+    let exists = publication_row.is_some();
+    let (all_tables, via_root) = publication_row
+        .map(|r| (r.get::<_, bool>(0), r.get::<_, bool>(1)))
+        .unwrap_or((false, true));
     for table in &config.source.tables {
-        let (schema, name) = table.split_once('.').unwrap_or(("public", table));
+        let (schema, name) = super::control::split_table(table);
         let columns: Vec<String> = client
             .query(
                 "SELECT column_name::text FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2",
@@ -185,9 +198,12 @@ async fn check(
         if missing_table {
             continue;
         }
+        let state = control.publication_state(publication, table).await?;
         if !exists {
             items.push(Item::pass(SUBJECT, format!("publication {publication} will be created for {table} at start (needs table ownership)")));
-        } else if published.contains(table) {
+            continue;
+        }
+        if state.published || all_tables {
             items.push(Item::pass(
                 SUBJECT,
                 format!("{table} is in publication {publication}"),
@@ -200,6 +216,13 @@ async fn check(
                     "ALTER PUBLICATION \"{publication}\" ADD TABLE {};",
                     quote_table(table)
                 ),
+            ));
+        }
+        if state.partitioned && !via_root {
+            items.push(Item::warn(
+                SUBJECT,
+                format!("{table} is partitioned and publication {publication} sends its rows under the partitions' names (publish_via_partition_root is off); outboxd maps them back to {table}"),
+                super::control::via_root_sql(publication),
             ));
         }
     }
