@@ -73,8 +73,10 @@ impl BinlogFileSource {
         }
         let mut files = files;
         let mut skip_to = None;
+        let mut start_pos = 4;
         if let Some(from) = from {
             let from = BinlogPosition::from_position(from)?;
+            start_pos = from.pos;
             let index = files
                 .iter()
                 .position(|f| file_name(f) == from.file)
@@ -88,9 +90,11 @@ impl BinlogFileSource {
             files.drain(..index);
             skip_to = Some(from.pos);
         }
+        // Where this source starts is `--from` itself: a replay retried after a broker hiccup
+        // resumes from its scratch checkpoint, which starts out as this.
         let start = BinlogPosition {
             file: file_name(&files[0]),
-            pos: 4,
+            pos: start_pos,
             gtid: None,
             mysql_gtids: None,
         };

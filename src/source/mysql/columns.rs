@@ -23,13 +23,32 @@ use crate::source::Value;
 pub enum Charset {
     /// `binary` (BINARY, VARBINARY, BLOB): bytes, not text.
     Binary,
-    /// `latin1`: one byte, one character.
+    /// `latin1`: one byte, one character. MySQL's latin1 is Windows-1252 (see [`latin1_char`]).
     Latin1,
     /// Anything else is expected to be UTF-8 (utf8mb4, utf8mb3, ascii); named for error messages.
     Utf8(String),
 }
 
 const BINARY_COLLATION: u16 = 63;
+
+/// MySQL's `latin1` is Windows-1252, not ISO-8859-1: bytes 0x80..=0x9F are `€`, `‚`, `ƒ`, … (the
+/// five bytes cp1252 leaves undefined map to the C1 controls of the same number, as MySQL's own
+/// `latin1` to Unicode table does). Everything else is the byte's own code point. A 32-entry table
+/// written here rather than a general encoding crate for this one mapping.
+const CP1252_80_9F: [char; 32] = [
+    '\u{20AC}', '\u{0081}', '\u{201A}', '\u{0192}', '\u{201E}', '\u{2026}', '\u{2020}', '\u{2021}',
+    '\u{02C6}', '\u{2030}', '\u{0160}', '\u{2039}', '\u{0152}', '\u{008D}', '\u{017D}', '\u{008F}',
+    '\u{0090}', '\u{2018}', '\u{2019}', '\u{201C}', '\u{201D}', '\u{2022}', '\u{2013}', '\u{2014}',
+    '\u{02DC}', '\u{2122}', '\u{0161}', '\u{203A}', '\u{0153}', '\u{009D}', '\u{017E}', '\u{0178}',
+];
+
+/// One MySQL `latin1` byte as a character.
+fn latin1_char(byte: u8) -> char {
+    match byte {
+        0x80..=0x9F => CP1252_80_9F[(byte - 0x80) as usize],
+        _ => byte as char,
+    }
+}
 const LATIN1_COLLATIONS: [u16; 8] = [5, 8, 15, 31, 47, 48, 49, 94];
 
 impl Charset {
@@ -291,7 +310,7 @@ fn convert_bytes(ty: ColumnType, kind: &ColumnKind, b: Vec<u8>) -> Value {
         MYSQL_TYPE_GEOMETRY => Value::Binary(b),
         _ => match &kind.charset {
             Charset::Binary => Value::Binary(b),
-            Charset::Latin1 => Value::Text(b.iter().map(|&c| c as char).collect()),
+            Charset::Latin1 => Value::Text(b.iter().map(|&c| latin1_char(c)).collect()),
             Charset::Utf8(name) => match String::from_utf8(b) {
                 Ok(s) => Value::Text(s),
                 Err(e) => Value::BadText {
@@ -342,6 +361,15 @@ mod tests {
                 MyValue::Bytes(vec![b'c', 0xe9])
             ),
             Value::Text("cé".into())
+        );
+        // MySQL's latin1 is cp1252: 0x80 is the euro sign, 0x93/0x94 curly quotes.
+        assert_eq!(
+            convert_plain(
+                MYSQL_TYPE_VARCHAR,
+                &latin1,
+                MyValue::Bytes(vec![0x80, b' ', 0x93, b'q', 0x94, 0x81])
+            ),
+            Value::Text("€ \u{201C}q\u{201D}\u{0081}".into())
         );
         let bin = kind(Charset::Binary, false);
         assert_eq!(

@@ -3,7 +3,12 @@
 //!
 //! Transactions are delimited by the server's own markers: a GTID event (MySQL 33/34/42, MariaDB 162)
 //! or `BEGIN` opens one, `XID`, `COMMIT`, `ROLLBACK` or an XA prepare closes it, and a statement outside
-//! any transaction (DDL) is a transaction of its own. Each close yields a boundary whose position is the
+//! any transaction (DDL) is a transaction of its own.
+//!
+//! XA: a prepared transaction's rows are in the log before anyone knows whether it commits. They are
+//! held (never produced) until `XA COMMIT` publishes them in the commit's place in the log or `XA
+//! ROLLBACK` drops them, and while one is undecided the boundaries handed out stay at the point before
+//! its prepare, so a restart reads the prepare again instead of losing its rows. Each close yields a boundary whose position is the
 //! end of the closing event: resuming there starts with the next transaction, never in the middle of
 //! one. Table maps are matched against the configured outbox tables *before* any row is decoded, so rows
 //! of other tables (whatever their types or character sets) are skipped unread.
@@ -50,6 +55,22 @@ pub struct Decoder {
     ignored: Ignored,
     /// A compressed transaction was announced; its events (log_pos 0) must follow.
     payload_pending: bool,
+    /// The group being read is an XA transaction's prepare: its rows wait in `xa_rows`.
+    in_xa: bool,
+    xa_rows: Vec<Row>,
+    /// Prepared XA transactions with outbox rows, oldest first, until `XA COMMIT`/`XA ROLLBACK`.
+    prepared: Vec<Prepared>,
+}
+
+/// A prepared, undecided XA transaction that wrote outbox rows.
+///
+/// Its rows are held here, never produced, until the server logs its decision. While it is
+/// undecided, every boundary handed out is `hold` (the boundary before its prepare): a restart must
+/// read the prepare again, or the rows would be gone when the commit arrives.
+struct Prepared {
+    xid: String,
+    hold: BinlogPosition,
+    rows: Vec<Row>,
 }
 
 impl Decoder {
@@ -70,12 +91,24 @@ impl Decoder {
             txn_rows: 0,
             ignored: Ignored::default(),
             payload_pending: false,
+            in_xa: false,
+            xa_rows: Vec::new(),
+            prepared: Vec::new(),
         }
     }
 
-    /// The last transaction boundary seen.
+    /// Where a resumed stream must start: the last boundary, or, while an XA transaction with outbox
+    /// rows is prepared but undecided, the boundary before the oldest such prepare.
+    fn resume_position(&self) -> &BinlogPosition {
+        self.prepared
+            .first()
+            .map(|p| &p.hold)
+            .unwrap_or(&self.boundary)
+    }
+
+    /// The last transaction boundary a resumed stream may start at.
     pub fn boundary(&self) -> &BinlogPosition {
-        &self.boundary
+        self.resume_position()
     }
 
     pub fn ignored(&self) -> Ignored {
@@ -125,7 +158,7 @@ impl Decoder {
             }
             et::HEARTBEAT if !self.in_txn => {
                 out.push_back(Change::Idle(Boundary {
-                    position: self.boundary.to_position(),
+                    position: self.resume_position().to_position(),
                     committed_at: None,
                 }));
             }
@@ -137,6 +170,7 @@ impl Decoder {
                 self.txn_origin =
                     Some(format!("gtid:{}-{}-{}", g.domain, header.server_id(), g.seq).into());
                 self.in_txn = !g.standalone;
+                self.in_xa = g.prepared_xa;
             }
             et::GTID | et::GTID_TAGGED => {
                 if let Ok(Some(EventData::GtidEvent(g))) = event.read_data() {
@@ -198,7 +232,25 @@ impl Decoder {
             // Only long statements get compressed: never BEGIN/COMMIT, so DDL (a boundary) or, inside a
             // transaction, a statement with no rows of its own.
             et::MARIADB_QUERY_COMPRESSED if !self.in_txn => self.close(header.timestamp(), out),
-            et::XID | et::XA_PREPARE => self.close(header.timestamp(), out),
+            et::XID => self.close(header.timestamp(), out),
+            et::XA_PREPARE => {
+                let (one_phase, xid) = et::parse_xa_prepare(event.data())
+                    .ok_or_else(|| self.corrupt(event_start, "short XA_PREPARE event"))?;
+                let rows = std::mem::take(&mut self.xa_rows);
+                if one_phase {
+                    // `XA COMMIT … ONE PHASE`: committed here.
+                    self.txn_rows += rows.len() as u64;
+                    out.extend(rows.into_iter().map(Change::Row));
+                } else if !rows.is_empty() {
+                    // The boundary before this group: resuming there reads the prepare again.
+                    self.prepared.push(Prepared {
+                        xid,
+                        hold: self.boundary.clone(),
+                        rows,
+                    });
+                }
+                self.close(header.timestamp(), out);
+            }
             et::TABLE_MAP => {
                 let tme = event
                     .read_event::<TableMapEvent<'_>>()
@@ -239,11 +291,41 @@ impl Decoder {
             .collect::<String>()
             .to_ascii_uppercase();
         let closes = head.starts_with("COMMIT")
-            || (head.starts_with("ROLLBACK") && !head.starts_with("ROLLBACK TO"))
-            || head.starts_with("XA COMMIT")
-            || head.starts_with("XA ROLLBACK");
+            || (head.starts_with("ROLLBACK") && !head.starts_with("ROLLBACK TO"));
+        if head.starts_with("XA COMMIT") || head.starts_with("XA ROLLBACK") {
+            let commit = head.starts_with("XA COMMIT");
+            let rest = query.trim_start()[if commit { 9 } else { 11 }..].trim();
+            // `XA COMMIT xid ONE PHASE` (MySQL logs it after the rows): the rows were read in
+            // this very group.
+            if commit && rest.to_ascii_uppercase().ends_with("ONE PHASE") {
+                let rows = std::mem::take(&mut self.xa_rows);
+                self.txn_rows += rows.len() as u64;
+                out.extend(rows.into_iter().map(Change::Row));
+            } else {
+                let xid = et::xid_key(rest);
+                match self.prepared.iter().position(|p| p.xid == xid) {
+                    Some(i) => {
+                        let prepared = self.prepared.remove(i);
+                        if commit {
+                            self.txn_rows += prepared.rows.len() as u64;
+                            out.extend(prepared.rows.into_iter().map(Change::Row));
+                        } else {
+                            tracing::debug!(xid = %rest, rows = prepared.rows.len(), "XA ROLLBACK: the prepared outbox rows are dropped");
+                        }
+                    }
+                    None => {
+                        tracing::debug!(xid = %rest, "XA decision for a transaction that wrote no outbox rows after the start position")
+                    }
+                }
+            }
+            self.close(timestamp, out);
+            return Ok(());
+        }
         if head.starts_with("BEGIN") || head.starts_with("XA START") || head.starts_with("XA BEGIN")
         {
+            if head.starts_with("XA") {
+                self.in_xa = true;
+            }
             self.in_txn = true;
             if self.txn_origin.is_none() {
                 self.txn_origin = Some(format!("{}:{event_start}", self.file).into());
@@ -321,16 +403,24 @@ impl Decoder {
         };
         let present: Vec<bool> = present.iter().map(|bit| *bit).collect();
         let mut rows_read = 0;
-        super::row_image::read_after_images(&columns, &present, data, |values| {
-            rows_read += 1;
-            out.push_back(Change::Row(Row {
+        let in_xa = self.in_xa;
+        let xa_rows = &mut self.xa_rows;
+        let read = super::row_image::read_after_images(&columns, &present, data, |values| {
+            let row = Row {
                 table: columns.table.clone(),
                 names: columns.names.clone(),
                 values,
                 origin: origin.clone(),
-            }));
-        })
-        .map_err(|e| self.corrupt(event_start, &format!("row of {}: {e}", columns.table)))?;
+            };
+            if in_xa {
+                // Not committed yet: held until the XA decision (or this group's one-phase end).
+                xa_rows.push(row);
+            } else {
+                rows_read += 1;
+                out.push_back(Change::Row(row));
+            }
+        });
+        read.map_err(|e| self.corrupt(event_start, &format!("row of {}: {e}", columns.table)))?;
         self.txn_rows += rows_read;
         Ok(())
     }
@@ -354,7 +444,7 @@ impl Decoder {
             mysql_gtids: self.mysql_gtids.clone(),
         };
         let boundary = Boundary {
-            position: self.boundary.to_position(),
+            position: self.resume_position().to_position(),
             committed_at: Some(
                 std::time::UNIX_EPOCH + std::time::Duration::from_secs(timestamp as u64),
             ),
@@ -363,6 +453,9 @@ impl Decoder {
         self.in_txn = false;
         self.txn_rows = 0;
         self.txn_origin = None;
+        self.in_xa = false;
+        // Rows of an XA group that closed without a prepare (never the case in a real log).
+        self.xa_rows.clear();
     }
 
     fn corrupt(&self, at: u64, what: &str) -> Error {

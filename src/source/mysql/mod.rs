@@ -291,6 +291,7 @@ impl MysqlSource {
                 Ok(Some(Ok(event))) => event,
             };
             self.metrics.source_event();
+            crate::fault::panic_point(crate::fault::LIVE_DECODE);
             match self.decoder.on_event(&event, &mut self.buffer)? {
                 Step::Continue => {}
                 Step::NeedColumns {
@@ -561,6 +562,18 @@ fn map_err(e: mysql_async::Error, config: &Config) -> Error {
 
 fn map_stream_err(e: mysql_async::Error, at: &BinlogPosition) -> Error {
     match e {
+        // The server has not (yet) written what the checkpoint says was read: a replica that lags
+        // behind the one outboxd read before, or a server whose binlog tail was lost in a crash
+        // (`sync_binlog=0`). Moving the checkpoint would skip rows; waiting (or the next host) is
+        // the cure.
+        mysql_async::Error::Server(se) if se.code == ER_BINLOG_GONE && server_is_behind(&se.message) => {
+            Error::source(format!(
+                "the server is behind the checkpoint {at}: {}",
+                se.message
+            ))
+            .remedy("outboxd waits and retries (or moves to the next host in source.url) until the server has caught up; check the replica's replication if this lasts")
+            .transient()
+        }
         mysql_async::Error::Server(se) if se.code == ER_BINLOG_GONE => Error::source(format!(
             "the server cannot send the binlog from {at}: {}",
             se.message
@@ -577,9 +590,34 @@ fn map_stream_err(e: mysql_async::Error, at: &BinlogPosition) -> Error {
     }
 }
 
+/// Whether an error 1236 says the server's binlog has not reached the requested position (as opposed
+/// to having purged it, or having diverged from it).
+fn server_is_behind(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    let diverged = m.contains("diverged") || m.contains("higher sequence");
+    let purged = m.contains("purged") || m.contains("could not find");
+    !diverged
+        && !purged
+        && (m.contains("not in the master's binlog")
+            || m.contains("impossible position")
+            || m.contains("beyond the end"))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::binlog_status_statement;
+    use super::{binlog_status_statement, server_is_behind};
+
+    #[test]
+    fn a_server_behind_the_checkpoint_is_told_apart_from_a_purged_or_diverged_binlog() {
+        // MariaDB 10.11's texts for error 1236.
+        assert!(server_is_behind("Error: connecting slave requested to start from GTID 0-1-57, which is not in the master's binlog"));
+        assert!(server_is_behind("Client requested master to start replication from impossible position; the first event 'mariadb-bin.000001' at 9999"));
+        assert!(!server_is_behind("Error: connecting slave requested to start from GTID 0-1-57, which is not in the master's binlog. Since the master's binlog contains GTIDs with higher sequence numbers, it probably means that the slave has diverged due to executing extra erroneous transactions"));
+        assert!(!server_is_behind("Could not find GTID state requested by slave in any binlog files. Probably the slave state is too old and required binlog files have been purged."));
+        assert!(!server_is_behind(
+            "Could not find first log file name in binary log index file"
+        ));
+    }
 
     #[test]
     fn binlog_status_statement_follows_the_server_version() {
