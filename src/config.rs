@@ -149,6 +149,14 @@ pub struct KafkaConfig {
     /// Records produced but not yet acknowledged; the source pauses when the window is full.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// Bytes (keys, values, headers) produced but not yet acknowledged; the source pauses when they
+    /// would exceed it. With large payloads this, not `max_in_flight`, bounds memory.
+    #[serde(default = "default_max_in_flight_bytes")]
+    pub max_in_flight_bytes: u64,
+    /// On SIGTERM/SIGINT: how long, in all, outboxd waits for the open transaction and Kafka's acks
+    /// before it writes the final checkpoint and exits (keep it under the orchestrator's grace period).
+    #[serde(default = "default_drain_timeout_ms")]
+    pub drain_timeout_ms: u64,
     /// Passed to librdkafka verbatim.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
@@ -161,9 +169,7 @@ impl std::fmt::Debug for KafkaConfig {
             .properties
             .iter()
             .map(|(k, v)| {
-                let secret = ["password", "secret", "key", "token", "credential"]
-                    .iter()
-                    .any(|s| k.contains(s));
+                let secret = is_secret_key(k) || k.contains("key");
                 (k.as_str(), if secret { "***" } else { v.as_str() })
             })
             .collect();
@@ -171,9 +177,19 @@ impl std::fmt::Debug for KafkaConfig {
             .field("brokers", &self.brokers)
             .field("dead_letter_topic", &self.dead_letter_topic)
             .field("max_in_flight", &self.max_in_flight)
+            .field("max_in_flight_bytes", &self.max_in_flight_bytes)
+            .field("drain_timeout_ms", &self.drain_timeout_ms)
             .field("properties", &properties)
             .finish()
     }
+}
+
+fn default_max_in_flight_bytes() -> u64 {
+    64 * 1024 * 1024
+}
+
+fn default_drain_timeout_ms() -> u64 {
+    30_000
 }
 
 fn default_max_in_flight() -> usize {
@@ -228,18 +244,26 @@ impl Config {
         origin: &str,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config> {
-        let mut doc: toml::Table = toml::from_str(text).map_err(|e| {
-            Error::config(format!("{origin} is not valid TOML: {e}"))
-                .remedy("fix the syntax at the line shown")
+        // toml's own message quotes the offending line, which may hold a password: name the
+        // line and the problem only.
+        let mut doc: toml::Table = toml::from_str(text).map_err(|e: toml::de::Error| {
+            let line = e
+                .span()
+                .map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
+            let at = line.map(|l| format!(" at line {l}")).unwrap_or_default();
+            Error::config(format!("{origin} is not valid TOML{at}: {}", e.message()))
+                .remedy("fix the syntax at the line named")
         })?;
         apply_env_overrides(&mut doc, env)?;
-        let config: Config =
-            serde_path_to_error::deserialize(toml::Value::Table(doc)).map_err(|e| {
+        let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(doc))
+            .map_err(|e| {
                 let path = e.path().to_string();
                 Error::config(format!("{origin}: key `{path}`: {}", e.into_inner())).remedy(
                     "correct or remove that key (see the configuration reference in README.md)",
                 )
             })?;
+        config.kafka.properties =
+            lowercase_properties(std::mem::take(&mut config.kafka.properties))?;
         config.validate()?;
         Ok(config)
     }
@@ -380,6 +404,22 @@ impl Config {
                 "use 1..=1000000 (default 10000)",
             );
         }
+        if self.kafka.max_in_flight_bytes < 1024 * 1024
+            || self.kafka.max_in_flight_bytes > u32::MAX as u64
+        {
+            return bad(
+                "kafka.max_in_flight_bytes",
+                format!("{} is out of range", self.kafka.max_in_flight_bytes),
+                "use 1 MiB ..= 4 GiB - 1 (default 64 MiB = 67108864)",
+            );
+        }
+        if self.kafka.drain_timeout_ms == 0 || self.kafka.drain_timeout_ms > 600_000 {
+            return bad(
+                "kafka.drain_timeout_ms",
+                format!("{} is out of range", self.kafka.drain_timeout_ms),
+                "use 1..=600000 milliseconds (default 30000), below the orchestrator's stop grace period",
+            );
+        }
         for (key, value) in &self.kafka.properties {
             let refuse = match key.as_str() {
                 "enable.idempotence" => value != "true",
@@ -388,13 +428,31 @@ impl Config {
                 "transactional.id" => true,
                 // Without success reports no ack ever arrives and the checkpoint never moves.
                 "delivery.report.only.error" => value != "false",
+                // Same key, same partition: per-key order depends on it.
+                "partitioner" => value.trim().eq_ignore_ascii_case("random"),
                 _ => false,
             };
+            if refuse && key == "partitioner" {
+                return bad(
+                    &format!("kafka.properties.{key}"),
+                    "partitioner = random sends records of one key to different partitions, which breaks per-key order".into(),
+                    "remove it, or use a keyed partitioner (murmur2_random, consistent_random, fnv1a_random)",
+                );
+            }
             if refuse {
                 return bad(
                     &format!("kafka.properties.{key}"),
                     format!("outboxd sets {key} itself (ordering and no-loss depend on it)"),
                     "remove it; brokers go in kafka.brokers",
+                );
+            }
+        }
+        for header in self.route.headers.keys() {
+            if header == crate::route::ID_HEADER || header.starts_with("outboxd.") {
+                return bad(
+                    &format!("route.headers.{header}"),
+                    format!("outboxd writes the {header} header itself; a second one would confuse consumers"),
+                    "to take the id from another column set route.id; pick another header name otherwise",
                 );
             }
         }
@@ -453,20 +511,79 @@ impl Config {
         Ok(None)
     }
 
+    /// Every secret value this configuration holds: the database password (setting, file or URL,
+    /// plain and decoded) and the values of librdkafka properties that carry credentials. For
+    /// [`crate::secrets::register`].
+    pub fn secret_values(&self) -> Vec<String> {
+        let mut secrets = Vec::new();
+        if let Ok(Some(p)) = self.source_password() {
+            secrets.push(p);
+        }
+        for one in source_urls(&self.source.url) {
+            if let Ok(url) = url::Url::parse(&one) {
+                if let Some(p) = url.password() {
+                    secrets.push(p.to_string());
+                    if let Ok(decoded) = percent_encoding::percent_decode_str(p).decode_utf8() {
+                        secrets.push(decoded.into_owned());
+                    }
+                }
+                for (key, value) in url.query_pairs() {
+                    if is_secret_key(&key) {
+                        secrets.push(value.into_owned());
+                    }
+                }
+            }
+        }
+        for (key, value) in &self.kafka.properties {
+            if is_secret_key(key) {
+                secrets.push(value.clone());
+            }
+        }
+        secrets
+    }
+
     /// Path of the live checkpoint file.
     pub fn checkpoint_path(&self) -> PathBuf {
         self.checkpoint.dir.join(format!("{}.json", self.name))
     }
 }
 
+/// librdkafka's property names are lower case; `SASL.PASSWORD` (as an environment variable spells
+/// it) means `sasl.password`. Two spellings of one property are refused rather than one picked.
+fn lowercase_properties(properties: BTreeMap<String, String>) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for (key, value) in properties {
+        let lower = key.to_ascii_lowercase();
+        if out.insert(lower.clone(), value).is_some() {
+            return Err(Error::config(format!(
+                "kafka.properties sets {lower} twice (in different letter cases)"
+            ))
+            .remedy("keep one of them (property names are case-insensitive)"));
+        }
+    }
+    Ok(out)
+}
+
+/// Whether a librdkafka property or URL parameter named `key` holds a credential.
+pub fn is_secret_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    ["password", "secret", "passphrase", "token", "credential"]
+        .iter()
+        .any(|s| key.contains(s))
+        || key == "sasl.oauthbearer.config"
+        || key.ends_with("key.pem")
+}
+
 /// Top-level sections an `OUTBOXD_` variable may address; other `OUTBOXD_*` variables (a platform's
 /// service links, the test rig's own) are not configuration and are left alone.
 const TOP_LEVEL: [&str; 6] = ["name", "source", "route", "kafka", "checkpoint", "http"];
 /// Keys whose values are numbers, booleans or lists: their override is read as a TOML literal.
-const TYPED_KEYS: [&str; 9] = [
+const TYPED_KEYS: [&str; 11] = [
     "server_id",
     "heartbeat_interval_ms",
     "max_in_flight",
+    "max_in_flight_bytes",
+    "drain_timeout_ms",
     "interval_ms",
     "tables",
     "message_prefixes",
@@ -496,7 +613,9 @@ fn apply_env_overrides(
             let in_map = path
                 .last()
                 .is_some_and(|p| MAP_SECTIONS.contains(&p.as_str()));
-            path.push(if in_map {
+            // Header names keep their case; librdkafka property names are lower case.
+            let keep_case = in_map && path.last().is_some_and(|p| p == "headers");
+            path.push(if keep_case {
                 segment.to_string()
             } else {
                 segment.to_ascii_lowercase()
@@ -583,6 +702,20 @@ pub fn redact_url(raw: &str) -> String {
             Ok(mut u) => {
                 if u.password().is_some() {
                     let _ = u.set_password(Some("***"));
+                }
+                if u.query_pairs().any(|(k, _)| is_secret_key(&k)) {
+                    let pairs: Vec<(String, String)> = u
+                        .query_pairs()
+                        .map(|(k, v)| {
+                            let v = if is_secret_key(&k) {
+                                "***".into()
+                            } else {
+                                v.into_owned()
+                            };
+                            (k.into_owned(), v)
+                        })
+                        .collect();
+                    u.query_pairs_mut().clear().extend_pairs(pairs);
                 }
                 hosts.push(match u.port() {
                     Some(p) => format!("{}:{p}", u.host_str().unwrap_or("")),
@@ -786,6 +919,16 @@ listen = ""
         let text = format!("{MINIMAL}[kafka.properties]\nacks = \"1\"\n");
         let err = parse(&text, &[]).unwrap_err();
         assert!(err.to_string().contains("kafka.properties.acks"), "{err}");
+        // A route header named like one outboxd writes would duplicate it.
+        for header in ["id", "outboxd.position"] {
+            let text = format!("{MINIMAL}[route.headers]\n\"{header}\" = \"type\"\n");
+            let err = parse(&text, &[]).unwrap_err();
+            assert!(
+                err.to_string().contains(&format!("route.headers.{header}")),
+                "{err}"
+            );
+            assert!(err.remedy_text().unwrap().contains("route.id"), "{err}");
+        }
     }
 
     #[test]
@@ -847,6 +990,69 @@ listen = ""
             redact_url("mysql://u:p@r1:3306,r2:3307/db"),
             "mysql://u:***@r1:3306,r2:3307/db"
         );
+    }
+
+    #[test]
+    fn property_names_are_case_insensitive_and_the_readme_env_example_works() {
+        let c = parse(
+            &format!("{MINIMAL}[kafka.properties]\n\"Linger.MS\" = \"7\"\n"),
+            &[("OUTBOXD_KAFKA__PROPERTIES__SASL.PASSWORD", "s3cret-value")],
+        )
+        .unwrap();
+        assert_eq!(c.kafka.properties["sasl.password"], "s3cret-value");
+        assert_eq!(c.kafka.properties["linger.ms"], "7");
+        assert!(c.secret_values().contains(&"s3cret-value".to_string()));
+        // An upper-case spelling cannot slip past the properties outboxd owns.
+        let err = parse(&format!("{MINIMAL}[kafka.properties]\nACKS = \"1\"\n"), &[]).unwrap_err();
+        assert!(err.to_string().contains("kafka.properties.acks"), "{err}");
+        let err = parse(
+            &format!("{MINIMAL}[kafka.properties]\n\"linger.ms\" = \"1\"\n\"LINGER.MS\" = \"2\"\n"),
+            &[],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("twice"), "{err}");
+    }
+
+    #[test]
+    fn a_partitioner_that_splits_a_key_across_partitions_is_refused() {
+        let err = parse(
+            &format!("{MINIMAL}[kafka.properties]\npartitioner = \"random\"\n"),
+            &[],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("per-key order"), "{err}");
+        for keyed in [
+            "murmur2_random",
+            "consistent_random",
+            "fnv1a_random",
+            "murmur2",
+        ] {
+            parse(
+                &format!("{MINIMAL}[kafka.properties]\npartitioner = \"{keyed}\"\n"),
+                &[],
+            )
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_toml_syntax_error_names_the_line_without_quoting_it() {
+        let text =
+            format!("{MINIMAL}[kafka.properties]\n\"sasl.password\" = \"hunter2-unterminated\n");
+        let err = parse(&text, &[]).unwrap_err().to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+        assert!(err.contains("line 10"), "{err}");
+    }
+
+    #[test]
+    fn secret_query_parameters_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://u@h:1/db?application_name=x&password=hunter2"),
+            "postgres://u@h:1/db?application_name=x&password=***"
+        );
+        let c = parse(&MINIMAL.replace("mysql://cdc@", "mysql://cdc:p%40ss@"), &[]).unwrap();
+        let secrets = c.secret_values();
+        assert!(secrets.contains(&"p%40ss".to_string()) && secrets.contains(&"p@ss".to_string()));
     }
 
     #[test]

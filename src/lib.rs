@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod route;
 pub mod schema;
+pub mod secrets;
 pub mod sink;
 pub mod source;
 

@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 use crate::source::{Position, SourceIdentity};
 
 const VERSION: u32 = 1;
+/// Random characters in a checkpoint temp file's name (`.NAME.XXXXXX.tmp`).
+const TEMP_RANDOM_LEN: usize = 6;
 
 /// The file's content.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,7 +88,16 @@ impl Store {
         if let Ok(entries) = std::fs::read_dir(&self.dir) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
-                if name.starts_with(&prefix) && name.ends_with(".tmp") {
+                // `.NAME.XXXXXX.tmp` exactly: pipeline `orders` must not take `orders.eu`'s
+                // `.orders.eu.XXXXXX.tmp` for its own.
+                let ours = name
+                    .strip_prefix(&prefix)
+                    .and_then(|rest| rest.strip_suffix(".tmp"))
+                    .is_some_and(|random| {
+                        random.len() == TEMP_RANDOM_LEN
+                            && random.chars().all(|c| c.is_ascii_alphanumeric())
+                    });
+                if ours {
                     tracing::info!(file = %name, "removing the temp file of an interrupted checkpoint write");
                     let _ = std::fs::remove_file(entry.path());
                 }
@@ -308,6 +319,7 @@ fn write_atomically(dir: &Path, path: &Path, checkpoint: &Checkpoint) -> Result<
     body.push(b'\n');
     let mut tmp = tempfile::Builder::new()
         .prefix(&format!(".{}.", checkpoint.name))
+        .rand_bytes(TEMP_RANDOM_LEN)
         .suffix(".tmp")
         .tempfile_in(dir)
         .map_err(|e| fail("create a temp file for", e))?;
@@ -353,6 +365,19 @@ mod tests {
             .filter(|n| n.ends_with(".tmp"))
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    #[test]
+    fn stale_temp_files_are_removed_but_never_another_pipelines() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = dir.path().join(".orders.AbC123.tmp");
+        // Pipeline `orders.eu` may be writing its checkpoint right now.
+        let theirs = dir.path().join(".orders.eu.XyZ789.tmp");
+        std::fs::write(&ours, "{}").unwrap();
+        std::fs::write(&theirs, "{}").unwrap();
+        let _store = Store::open_locked(dir.path(), "orders").unwrap();
+        assert!(!ours.exists(), "our interrupted write is litter");
+        assert!(theirs.exists(), "another pipeline's temp file was removed");
     }
 
     #[test]
