@@ -10,6 +10,16 @@ pub const AFTER_ACK_BEFORE_CHECKPOINT: &str = "after_ack_before_checkpoint";
 /// After the new checkpoint was written and synced to its temp file, before the rename.
 pub const DURING_CHECKPOINT_RENAME: &str = "during_checkpoint_rename";
 
+/// Inside the live MySQL source, where third-party code decodes each event: panics (as a malformed
+/// event could make mysql_common do).
+pub const LIVE_DECODE: &str = "live_decode";
+
+/// Panics here when the fail point `name` is active (a stand-in for a panic in third-party code).
+pub fn panic_point(name: &str) {
+    let _ = name;
+    fail::fail_point!(name, |_| panic!("fail point {name}: panicking"));
+}
+
 /// Aborts the process here when the fail point `name` is active.
 pub fn crash_point(name: &str) {
     // Without the `failpoints` feature the macro expands to nothing.

@@ -28,12 +28,16 @@ use crate::route::{Record, Router, Unroutable};
 use crate::sink::kafka::KafkaSink;
 use crate::source::{Change, Position, Row, Source, SourceIdentity};
 
-/// How long a graceful shutdown waits for the open transaction and the in-flight acks.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a session that lost its source waits for the acks of what it already produced.
 const SOURCE_ERROR_DRAIN: Duration = Duration::from_secs(5);
 /// Changes buffered between the reader task and the producer loop.
 const CHANNEL_DEPTH: usize = 1024;
+/// Bytes of rows buffered between the reader task and the producer loop (large rows would otherwise
+/// let 1024 changes hold a gigabyte). A row larger than this takes all of it.
+const CHANNEL_BYTES: u32 = 16 * 1024 * 1024;
+
+/// A change from the reader task, with the part of the channel's byte budget it holds.
+type Queued = (Result<Change>, Option<tokio::sync::OwnedSemaphorePermit>);
 
 enum SessionEnd {
     Shutdown,
@@ -248,8 +252,14 @@ async fn run_session(
         }
     };
 
-    let (tx, mut rx) = mpsc::channel(CHANNEL_DEPTH);
-    let reader = tokio::spawn(read_changes(source, tx, metrics.clone()));
+    let watchdog = KafkaSink::delivery_timeout(&config.kafka)
+        .map(|limit| tokio::spawn(watch_deliveries(tracker.clone(), metrics.clone(), limit)));
+    let (tx, mut rx) = mpsc::channel::<Queued>(CHANNEL_DEPTH);
+    let budget = Arc::new(tokio::sync::Semaphore::new(CHANNEL_BYTES as usize));
+    let reader = tokio::spawn(read_changes(source, tx, budget, metrics.clone()));
+    // The budget of the change being handled; released when the next one is taken (the record is
+    // with the producer by then, under the sink's own byte budget).
+    let mut _held: Option<tokio::sync::OwnedSemaphorePermit> = None;
     let (writer_stop, writer_stopped) = watch::channel(false);
     let writer = tokio::spawn(write_checkpoints(
         store.clone(),
@@ -262,11 +272,15 @@ async fn run_session(
     ));
 
     let mut open_rows = false;
+    // Topics this session found to exist (asked once each; see `KafkaSink::topic_exists`).
+    let mut topics: std::collections::HashSet<String> = std::collections::HashSet::new();
+    // One deadline for the whole drain (open transaction, then acks), from the moment stopping began.
+    let drain_timeout = Duration::from_millis(config.kafka.drain_timeout_ms);
     let mut stopping: Option<Instant> = None;
-    let idle_deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
-    let result: Result<SessionEnd> = loop {
+    let idle_deadline = tokio::time::Instant::now() + drain_timeout;
+    let result: Result<SessionEnd> = 'session: loop {
         if let Some(since) = stopping {
-            if !open_rows || since.elapsed() > DRAIN_TIMEOUT {
+            if !open_rows || since.elapsed() > drain_timeout {
                 break Ok(SessionEnd::Shutdown);
             }
         }
@@ -274,7 +288,7 @@ async fn run_session(
         // shutdown past the orchestrator's grace period).
         // (Not stopping: the deadline is never armed; `idle_deadline` spares a clock read per change.)
         let deadline = match stopping {
-            Some(since) => tokio::time::Instant::from_std(since + DRAIN_TIMEOUT),
+            Some(since) => tokio::time::Instant::from_std(since + drain_timeout),
             None => idle_deadline,
         };
         // Fast path while changes are queued: nothing to wait for, so no futures to build. The
@@ -305,6 +319,10 @@ async fn run_session(
                 }
             }
         };
+        let change = change.map(|(change, permit)| {
+            _held = permit;
+            change
+        });
         match change {
             None => {
                 let error = Error::source("the source reader stopped");
@@ -317,26 +335,34 @@ async fn run_session(
             Some(Err(e)) => break Err(e),
             Some(Ok(Change::Row(row))) => {
                 open_rows = true;
-                let record = match router.route(&row) {
-                    Ok(record) => record,
-                    Err(why) => match dead_letter(config, router, &row, &why) {
-                        Ok(record) => {
-                            metrics.dead_letter(why.reason);
-                            record
-                        }
+                let record =
+                    match route_row(config, router, &sink, &mut topics, metrics, &row).await {
+                        Ok(record) => record,
                         Err(e) => break Err(e),
-                    },
-                };
+                    };
                 // Usually the window has room and the record is enqueued on the first poll; only a
-                // full window waits, and then a failure or the drain deadline can interrupt it.
+                // full window waits, and then a failure, a shutdown request (which starts the drain
+                // clock: a frozen broker must not hold the exit until librdkafka's message timeout)
+                // or the drain deadline can interrupt it.
                 let mut send = std::pin::pin!(sink.send(&record));
                 let sent = match futures_util::poll!(send.as_mut()) {
                     std::task::Poll::Ready(sent) => sent,
-                    std::task::Poll::Pending => tokio::select! {
-                        sent = send.as_mut() => sent,
-                        e = tracker.failed() => Err(e),
-                        _ = tokio::time::sleep_until(deadline), if stopping.is_some() => {
-                            break Ok(SessionEnd::Shutdown);
+                    std::task::Poll::Pending => loop {
+                        let deadline = match stopping {
+                            Some(since) => tokio::time::Instant::from_std(since + drain_timeout),
+                            None => idle_deadline,
+                        };
+                        tokio::select! {
+                            sent = send.as_mut() => break sent,
+                            e = tracker.failed() => break Err(e),
+                            _ = shutdown.wait_for(|stop| *stop), if stopping.is_none() => {
+                                tracing::info!("shutdown requested while the in-flight window is full: waiting for acks until the drain deadline");
+                                stopping = Some(Instant::now());
+                            }
+                            _ = tokio::time::sleep_until(deadline), if stopping.is_some() => {
+                                tracing::warn!("the in-flight window did not drain within the drain deadline; the open transaction is sent again on restart");
+                                break 'session Ok(SessionEnd::Shutdown);
+                            }
                         }
                     },
                 };
@@ -365,13 +391,29 @@ async fn run_session(
             }
         }
     };
+    if let Some(watchdog) = watchdog {
+        watchdog.abort();
+    }
     reader.abort();
-    let _ = reader.await;
+    // A reader that panicked (third-party decoding code fed a malformed event) would panic again on
+    // the same event after a reconnect: stop instead of looping.
+    let result = match reader.await {
+        Err(e) if e.is_panic() => Err(Error::source(format!(
+            "the source reader panicked while decoding the log: {}",
+            panic_text(e.into_panic())
+        ))
+        .remedy("this is a bug or a malformed event; outboxd stops rather than skip it. Report it with the log line above, and check the event at the checkpoint's position with mariadb-binlog/mysqlbinlog")),
+        _ => result,
+    };
     // Records already handed to Kafka are worth waiting for: every ack that lands before the final
     // write shrinks what the next session sends again. Not after a delivery failure (the producer is
     // the problem), and only briefly when the source broke.
     let drain_for = match &result {
-        Ok(SessionEnd::Shutdown) => Some(DRAIN_TIMEOUT),
+        // What is left of the one drain deadline.
+        Ok(SessionEnd::Shutdown) => Some(match stopping {
+            Some(since) => (since + drain_timeout).saturating_duration_since(Instant::now()),
+            None => drain_timeout,
+        }),
         Err(e) if e.kind() != crate::error::Kind::Sink && tracker.failure().is_none() => {
             Some(SOURCE_ERROR_DRAIN)
         }
@@ -450,8 +492,49 @@ async fn open_source(
     })
 }
 
-/// The reader task: pulls changes until the source fails or the channel closes.
-async fn read_changes(mut source: Source, tx: mpsc::Sender<Result<Change>>, metrics: Arc<Metrics>) {
+/// Ends the session when records wait longer than `limit` (the configured `message.timeout.ms`)
+/// without any acknowledgement: the session's producer is then purged and closed, and the next
+/// session resends from the checkpoint (librdkafka itself never times a record out; see the sink).
+async fn watch_deliveries(tracker: Arc<Tracker>, metrics: Arc<Metrics>, limit: Duration) {
+    let mut tick = tokio::time::interval(Duration::from_millis(250).min(limit));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Some(stalled) = tracker.stalled_for() {
+            if stalled > limit {
+                metrics.delivery_error();
+                tracker.fail(
+                    Error::sink(format!(
+                        "Kafka acknowledged nothing for {stalled:?} with {} record(s) in flight (message.timeout.ms = {})",
+                        tracker.in_flight(),
+                        limit.as_millis()
+                    ))
+                    .remedy("outboxd purges what this session produced and resends from the last checkpoint; check the broker")
+                    .transient(),
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// The message of a panic payload.
+fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_string())
+}
+
+/// The reader task: pulls changes until the source fails or the channel closes. Rows take their size
+/// from the channel's byte budget before they are queued.
+async fn read_changes(
+    mut source: Source,
+    tx: mpsc::Sender<Queued>,
+    budget: Arc<tokio::sync::Semaphore>,
+    metrics: Arc<Metrics>,
+) {
     let mut reported = source.ignored();
     loop {
         let change = source.next().await;
@@ -461,7 +544,19 @@ async fn read_changes(mut source: Source, tx: mpsc::Sender<Result<Change>>, metr
         metrics.ignored("delete", ignored.deletes - reported.deletes);
         reported = ignored;
         let failed = change.is_err();
-        if tx.send(change).await.is_err() || failed || ended {
+        let permit = match &change {
+            Ok(Change::Row(row)) => {
+                let cost = u32::try_from(row.size())
+                    .unwrap_or(u32::MAX)
+                    .clamp(1, CHANNEL_BYTES);
+                match budget.clone().acquire_many_owned(cost).await {
+                    Ok(permit) => Some(permit),
+                    Err(_) => return,
+                }
+            }
+            _ => None,
+        };
+        if tx.send((change, permit)).await.is_err() || failed || ended {
             return;
         }
     }
@@ -504,9 +599,62 @@ async fn write_checkpoints(
     }
 }
 
+/// The record for `row`: routed, or its dead-letter record when it cannot be (the router refuses it,
+/// or its topic does not exist and the broker does not create it), or the error that stops the
+/// pipeline. Each topic is asked about once per session (`topics` remembers the ones that exist).
+async fn route_row(
+    config: &Config,
+    router: &Router,
+    sink: &KafkaSink,
+    topics: &mut std::collections::HashSet<String>,
+    metrics: &Metrics,
+    row: &Row,
+) -> Result<Record> {
+    let why = match router.route(row) {
+        Ok(record) if topics.contains(&record.topic) => return Ok(record),
+        Ok(record) => {
+            if sink.topic_exists(&record.topic).await? {
+                topics.insert(record.topic.clone());
+                return Ok(record);
+            }
+            Unroutable {
+                reason: "unknown_topic",
+                detail: format!(
+                    "topic {} does not exist and the broker did not create it",
+                    record.topic
+                ),
+            }
+        }
+        Err(why) => why,
+    };
+    let record = dead_letter(config, router, row, &why)?;
+    if !topics.contains(&record.topic) {
+        if !sink.topic_exists(&record.topic).await? {
+            return Err(Error::unroutable(format!(
+                "row of {} at {} cannot be routed ({}: {}), and the dead-letter topic {} does not exist",
+                row.table, row.origin, why.reason, why.detail, record.topic
+            ))
+            .remedy(format!(
+                "create the dead-letter topic {}, then restart outboxd (nothing was skipped)",
+                record.topic
+            )));
+        }
+        topics.insert(record.topic.clone());
+    }
+    metrics.dead_letter(why.reason);
+    Ok(record)
+}
+
 /// The dead-letter record for an unroutable row, or the error that stops the pipeline without one.
 fn dead_letter(config: &Config, router: &Router, row: &Row, why: &Unroutable) -> Result<Record> {
     let Some(topic) = &config.kafka.dead_letter_topic else {
+        if why.reason == "unknown_topic" {
+            return Err(Error::unroutable(format!(
+                "row of {} at {} cannot be delivered: {}",
+                row.table, row.origin, why.detail
+            ))
+            .remedy("create the topic (or let the broker auto-create topics), or change route.topic; or set kafka.dead_letter_topic to park such rows and continue. Nothing was skipped: restart outboxd after the fix"));
+        }
         return Err(Error::unroutable(format!(
             "row of {} at {} cannot be routed ({}): {}",
             row.table, row.origin, why.reason, why.detail

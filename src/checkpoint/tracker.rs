@@ -31,6 +31,8 @@ struct State {
     /// Safe position not yet taken by the writer.
     safe: Option<Position>,
     failure: Option<Error>,
+    /// When deliveries last made progress: an ack, or the first record after nothing was in flight.
+    progress_at: Option<std::time::Instant>,
 }
 
 impl State {
@@ -75,6 +77,9 @@ impl Tracker {
     pub fn issue(&self) -> Ticket {
         let mut s = self.state.lock().expect("tracker lock");
         let ticket = Ticket(s.issued());
+        if s.acked.is_empty() {
+            s.progress_at = Some(std::time::Instant::now());
+        }
         s.acked.push_back(false);
         ticket
     }
@@ -98,6 +103,7 @@ impl Tracker {
                 *flag = true;
             }
         }
+        s.progress_at = Some(std::time::Instant::now());
         s.advance();
         let idle = s.acked.is_empty();
         drop(s);
@@ -131,6 +137,16 @@ impl Tracker {
     /// Takes the newest safe position not taken before.
     pub fn take_safe(&self) -> Option<Position> {
         self.state.lock().expect("tracker lock").safe.take()
+    }
+
+    /// How long records have been in flight without any acknowledgement; `None` when nothing is in
+    /// flight.
+    pub fn stalled_for(&self) -> Option<std::time::Duration> {
+        let s = self.state.lock().expect("tracker lock");
+        if s.acked.is_empty() {
+            return None;
+        }
+        s.progress_at.map(|at| at.elapsed())
     }
 
     /// Records issued and not yet acknowledged.

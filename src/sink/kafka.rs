@@ -23,12 +23,20 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::route::Record;
 
+/// How long a topic metadata request may take.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// librdkafka's default `message.timeout.ms`.
+const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// librdkafka's default `message.max.bytes`.
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
 struct AckContext {
     tracker: Arc<Tracker>,
     window: Arc<Semaphore>,
+    /// The byte budget of the window (see [`KafkaSink::send`]).
+    bytes: Arc<Semaphore>,
     metrics: Arc<Metrics>,
     /// Acks counted per topic here and handed to the metrics in batches: a per-ack label lookup
     /// (and its String) would sit on the hottest path.
@@ -82,6 +90,8 @@ impl ClientContext for AckContext {}
 /// What a delivery report needs to know about its record.
 struct InFlight {
     ticket: Ticket,
+    /// Bytes of the byte budget this record holds.
+    cost: u32,
     /// When the record was handed to librdkafka (for `outboxd_delivery_seconds`).
     enqueued: Instant,
 }
@@ -90,6 +100,7 @@ impl ProducerContext for AckContext {
     type DeliveryOpaque = Box<InFlight>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, record: Box<InFlight>) {
+        self.bytes.add_permits(record.cost as usize);
         self.window.add_permits(1);
         self.metrics.acknowledged();
         match result {
@@ -98,6 +109,13 @@ impl ProducerContext for AckContext {
                 self.tracker.ack(record.ticket);
                 self.count_ack(message.topic());
             }
+            // Purged when a session ended: resent by the next one, nothing failed.
+            Err((
+                KafkaError::MessageProduction(
+                    RDKafkaErrorCode::PurgeQueue | RDKafkaErrorCode::PurgeInflight,
+                ),
+                _,
+            )) => {}
             Err((e, message)) => {
                 self.metrics.delivery_error();
                 self.tracker.fail(delivery_error(e, message.topic()));
@@ -133,6 +151,8 @@ fn delivery_error(e: &KafkaError, topic: &str) -> Error {
 pub struct KafkaSink {
     producer: Option<Arc<ThreadedProducer<AckContext>>>,
     window: Arc<Semaphore>,
+    bytes: Arc<Semaphore>,
+    max_bytes: u32,
     tracker: Arc<Tracker>,
     metrics: Arc<Metrics>,
 }
@@ -145,6 +165,8 @@ impl KafkaSink {
         metrics: Arc<Metrics>,
     ) -> Result<KafkaSink> {
         let window = Arc::new(Semaphore::new(config.max_in_flight));
+        let max_bytes = u32::try_from(config.max_in_flight_bytes).unwrap_or(u32::MAX);
+        let bytes = Arc::new(Semaphore::new(max_bytes as usize));
         let mut client = ClientConfig::new();
         client.set("client.id", format!("outboxd-{name}"));
         client.set(
@@ -154,13 +176,21 @@ impl KafkaSink {
         for (k, v) in &config.properties {
             client.set(k, v);
         }
+        // librdkafka never times a record out itself: one that timed out while later ones were
+        // still waiting would leave a gap the idempotent producer fills with those later records,
+        // and the resend from the checkpoint would put the older record after them (per-key order
+        // broken). `message.timeout.ms` is enforced by the pipeline instead, for the whole session
+        // (see `KafkaSink::delivery_timeout`), and a session that ends purges and closes its
+        // producer before the next one sends anything.
         client
+            .set("message.timeout.ms", "0")
             .set("bootstrap.servers", &config.brokers)
             .set("enable.idempotence", "true")
             .set("acks", "all");
         let context = AckContext {
             tracker: tracker.clone(),
             window: window.clone(),
+            bytes: bytes.clone(),
             metrics: metrics.clone(),
             acked: Default::default(),
             window_size: config.max_in_flight,
@@ -173,9 +203,26 @@ impl KafkaSink {
         Ok(KafkaSink {
             producer: Some(Arc::new(producer)),
             window,
+            bytes,
+            max_bytes,
             tracker,
             metrics,
         })
+    }
+
+    /// How long records may wait for an acknowledgement before the session ends and resends them:
+    /// the configured `message.timeout.ms` (or its alias `delivery.timeout.ms`), librdkafka's 300 s
+    /// by default; `None` for 0 (wait forever).
+    pub fn delivery_timeout(config: &KafkaConfig) -> Option<Duration> {
+        let configured = ["message.timeout.ms", "delivery.timeout.ms"]
+            .iter()
+            .find_map(|k| config.properties.get(*k))
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        match configured {
+            Some(0) => None,
+            Some(ms) => Some(Duration::from_millis(ms)),
+            None => Some(DEFAULT_DELIVERY_TIMEOUT),
+        }
     }
 
     /// The producer's `message.max.bytes` as configured (records above it are unroutable).
@@ -195,6 +242,17 @@ impl KafkaSink {
             .await
             .map_err(|_| Error::sink("producer window closed"))?;
         permit.forget();
+        // A record larger than the whole budget takes all of it: it goes alone.
+        let cost = u32::try_from(record.size())
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.max_bytes);
+        match self.bytes.acquire_many(cost).await {
+            Ok(permit) => permit.forget(),
+            Err(_) => {
+                self.window.add_permits(1);
+                return Err(Error::sink("producer window closed"));
+            }
+        }
         let ticket = self.tracker.issue();
         let producer = self.producer.as_ref().expect("producer lives until close");
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
@@ -206,6 +264,7 @@ impl KafkaSink {
         }
         let in_flight = Box::new(InFlight {
             ticket,
+            cost,
             enqueued: Instant::now(),
         });
         let mut base: BaseRecord<'_, [u8], [u8], Box<InFlight>> =
@@ -253,10 +312,61 @@ impl KafkaSink {
         .await;
     }
 
-    /// Stops the producer off the async threads (librdkafka's teardown blocks).
+    /// Whether `topic` exists (or is being created by the broker right now). Asking is what a produce
+    /// does too, so a broker that auto-creates topics creates it here; one that does not answers
+    /// "unknown topic", which the pipeline treats as a property of the record (dead-letter it, or stop
+    /// naming the topic) instead of a delivery failure to retry forever.
+    pub async fn topic_exists(&self, topic: &str) -> Result<bool> {
+        let producer = self.producer.clone().expect("producer lives until close");
+        let name = topic.to_string();
+        let answer = tokio::task::spawn_blocking(move || {
+            let metadata = producer
+                .client()
+                .fetch_metadata(Some(&name), METADATA_TIMEOUT)?;
+            Ok::<_, KafkaError>(
+                metadata
+                    .topics()
+                    .iter()
+                    .find(|t| t.name() == name)
+                    .map(|t| t.error().map(RDKafkaErrorCode::from)),
+            )
+        })
+        .await
+        .map_err(|e| Error::sink(format!("topic metadata task died: {e}")))?;
+        match answer {
+            Ok(Some(None)) => Ok(true),
+            Ok(Some(Some(
+                RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic,
+            )))
+            | Ok(None) => Ok(false),
+            // Being created (leader not yet elected) or another passing state: produce and let
+            // the delivery report tell.
+            Ok(Some(Some(code))) => {
+                tracing::debug!(
+                    topic,
+                    ?code,
+                    "topic metadata carries an error; producing anyway"
+                );
+                Ok(true)
+            }
+            // No answer (the broker is down or slow): produce as before; librdkafka queues the
+            // record, and a topic that turns out missing fails its delivery, which ends the session,
+            // and the next session asks again.
+            Err(e) => {
+                tracing::debug!(topic, error = %e, "no topic metadata; producing anyway");
+                Ok(true)
+            }
+        }
+    }
+
+    /// Stops the producer off the async threads (librdkafka's teardown blocks). What is still
+    /// queued or in flight is purged: the next session resends it from the checkpoint, and it must
+    /// not be written by this producer after the next one started.
     pub async fn close(mut self) {
         if let Some(producer) = self.producer.take() {
             let _ = tokio::task::spawn_blocking(move || {
+                let _ = producer.flush(Duration::from_secs(1));
+                producer.purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
                 let _ = producer.flush(Duration::from_secs(1));
                 drop(producer);
             })
@@ -304,10 +414,11 @@ pub async fn preflight(config: &crate::config::Config) -> Vec<crate::check::Item
                         format!("dead-letter topic {dlq} exists"),
                     ));
                 } else {
-                    items.push(Item::warn(
+                    // A missing dead-letter topic turns the first unroutable row into a stop.
+                    items.push(Item::fail(
                         "kafka",
                         format!("dead-letter topic {dlq} does not exist"),
-                        format!("create {dlq} (it is only auto-created if the broker allows auto.create.topics.enable)"),
+                        format!("create {dlq} before starting outboxd (for example kafka-topics.sh --create --topic {dlq})"),
                     ));
                 }
             }

@@ -34,6 +34,11 @@ pub struct Row {
 }
 
 impl Row {
+    /// Approximate bytes the row holds (its values plus a small per-value overhead), for byte budgets.
+    pub fn size(&self) -> usize {
+        self.values.iter().map(|v| 16 + v.size()).sum()
+    }
+
     /// The value of column `name`, if the table has it.
     pub fn get(&self, name: &str) -> Option<&Value> {
         self.names

@@ -50,6 +50,15 @@ impl Value {
         }
     }
 
+    /// Bytes of the value's own data (0 for numbers and NULL).
+    pub fn size(&self) -> usize {
+        match self {
+            Value::Null | Value::Int(_) | Value::UInt(_) | Value::Float(_) => 0,
+            Value::Decimal(s) | Value::Text(s) | Value::Json(s) | Value::Temporal(s) => s.len(),
+            Value::BadText { bytes, .. } | Value::Binary(bytes) => bytes.len(),
+        }
+    }
+
     pub fn is_null(&self) -> bool {
         matches!(self, Value::Null)
     }
