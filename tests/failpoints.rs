@@ -58,3 +58,21 @@ fn a_crash_after_ack_before_the_checkpoint_write_loses_nothing() {
 fn a_crash_during_the_checkpoint_rename_loses_nothing_and_leaves_a_whole_checkpoint() {
     crash_at(DURING_CHECKPOINT_RENAME, "1*off->return");
 }
+
+#[test]
+fn a_panic_while_decoding_the_live_stream_stops_with_a_remedy_instead_of_a_reconnect_loop() {
+    let mut env = setup("decode-panic", "");
+    env.outboxd.start_with_env(
+        &[],
+        &[(
+            "FAILPOINTS",
+            &format!("{}=8*off->return", outboxd::fault::LIVE_DECODE),
+        )],
+    );
+    insert_rows(&env.db, 0, 1, 1);
+    let status = env.outboxd.wait_exit(LIMIT);
+    assert!(!status.success());
+    let log = env.outboxd.log();
+    assert!(log.contains("panicked") && log.contains("remedy"), "{log}");
+    assert!(!log.contains("reconnecting"), "{log}");
+}

@@ -151,6 +151,42 @@ fn a_checkpoint_of_another_pipeline_is_refused() {
 }
 
 #[test]
+fn checkpoint_set_is_the_remedy_that_works_for_a_checkpoint_from_another_server() {
+    let mut env = setup("elsewhere", "");
+    // Written against server 4242 by FILE:POS alone: meaningless here, so `run` refuses it.
+    let foreign = serde_json::json!({
+        "version": 1, "name": "elsewhere", "source": {"kind": "mysql", "server_id": 4242},
+        "position": {"file": "mariadb-bin.000001", "pos": 4}, "updated_at": "2026-01-01T00:00:00Z",
+    });
+    std::fs::write(env.outboxd.checkpoint_path(), foreign.to_string()).unwrap();
+    let out = env.outboxd.command(&["run"]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("written against server_id") && stderr.contains("checkpoint set"),
+        "{stderr}"
+    );
+    // The remedy it names: a position valid on this server.
+    let status = env.db.sql_socket("SHOW MASTER STATUS;");
+    let mut cols = status.split('\t');
+    let here = format!("{}:{}", cols.next().unwrap(), cols.next().unwrap());
+    let out = env
+        .outboxd
+        .command(&["checkpoint", "set", &here])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    env.outboxd.start();
+    insert_rows(&env.db, 0, 3, 1);
+    assert_eq!(consume_all(&env, 3).len(), 3, "{}", env.outboxd.log());
+    env.outboxd.stop();
+}
+
+#[test]
 fn a_checkpoint_dir_that_does_not_exist_is_named_with_the_fix() {
     let env = setup("nodir", "");
     std::fs::remove_dir(env.outboxd.dir_path().join("checkpoints")).unwrap();
@@ -211,6 +247,7 @@ fn bad_rows_each_end_where_the_contract_says_and_are_counted() {
         "dead_letter_topic = \"outboxd.dlq\"\n[kafka.properties]\n\"message.max.bytes\" = \"1000000\"",
         &format!("127.0.0.1:{port}"),
     );
+    rig::create_topic(&env.broker.bootstrap(), "outboxd.dlq", 1);
     // outbox2 lacks the routing column; outbox3 stores payloads as bytes; the outbox takes NULLs.
     env.db.sql_socket(
         "ALTER TABLE app.outbox MODIFY aggregatetype VARCHAR(400) NULL, MODIFY aggregateid VARCHAR(255) NULL;
@@ -478,4 +515,67 @@ fn an_unwritable_checkpoint_dir_is_named_with_the_fix() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(&dir.display().to_string()), "{stderr}");
     assert!(stderr.contains("writable"), "{stderr}");
+}
+
+#[test]
+fn per_key_order_holds_when_records_outlive_message_timeout_behind_a_frozen_broker() {
+    let mut env = setup(
+        "msgtimeout",
+        "[kafka.properties]\n\"message.timeout.ms\" = \"5000\"",
+    );
+    env.outboxd.start();
+    // A steady keyed load (17 keys) that never fills the window, so records are handed to the
+    // producer all through each outage, each with its own deadline. The pace is the load's shape,
+    // not a wait for anything.
+    let socket = env.db.socket_path();
+    let total = 1500u64;
+    let writer = std::thread::spawn(move || {
+        for start in (0..total).step_by(3) {
+            let mut script = String::from("BEGIN;");
+            for n in start..(start + 3).min(total) {
+                script.push_str(&insert_sql(n));
+            }
+            script.push_str("COMMIT;");
+            rig::mariadb::sql_at(&socket, &script);
+            std::thread::sleep(Duration::from_millis(40));
+        }
+    });
+    wait_until("some rows to be forwarded", LIMIT, || {
+        consume_all(&env, 0).len() >= 30
+    });
+    // Outages a little longer than message.timeout.ms: the oldest records time out while younger
+    // ones are still waiting when the broker answers again.
+    for _ in 0..3 {
+        env.broker.freeze();
+        let until = Instant::now() + Duration::from_millis(5_600);
+        wait_until("the outage", Duration::from_secs(60), || {
+            Instant::now() >= until
+        });
+        env.broker.thaw();
+        let until = Instant::now() + Duration::from_millis(1_500);
+        wait_until(
+            "the broker to serve for a moment",
+            Duration::from_secs(60),
+            || Instant::now() >= until,
+        );
+        assert!(
+            env.outboxd.child_running(),
+            "outboxd exited during the outages:\n{}",
+            env.outboxd.log()
+        );
+    }
+    let recovery = Instant::now();
+    writer.join().unwrap();
+    let records = consume_all(&env, total as usize);
+    report(
+        "message timeout, flapping broker",
+        "steady keyed load; broker frozen 3 x 5.6 s with message.timeout.ms = 5000",
+        total,
+        &records,
+        recovery,
+    );
+    check_records(&records, 0..total);
+    // The first appearance of every row, per key, is in commit order.
+    check_per_key_order(&records);
+    env.outboxd.stop();
 }

@@ -266,6 +266,7 @@ fn a_record_the_broker_refuses_as_too_large_stops_with_the_remedy_instead_of_loo
 #[test]
 fn an_unroutable_row_goes_to_the_dead_letter_topic_and_the_stream_goes_on() {
     let mut env = setup("dlq", "dead_letter_topic = \"outboxd.dlq.orders\"");
+    rig::create_topic(&env.broker.bootstrap(), "outboxd.dlq.orders", 1);
     env.outboxd.start();
     env.db.sql_socket(
         "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('000000000000000000000000000000aa'), 'not a topic!', 'k', 'Bad', '{}');",
@@ -435,5 +436,277 @@ fn a_column_missing_from_a_minimal_row_image_is_null_and_shifts_nothing() {
         .find(|r| r.key.as_deref() == Some(&b"key-full"[..]))
         .expect("the full-image row");
     assert_eq!(full.value.as_deref(), Some(&br#"{"n":171}"#[..]));
+    env.outboxd.stop();
+}
+
+/// `XA START xid; rows; XA END xid; XA PREPARE xid;`
+fn xa_prepare(xid: &str, rows: std::ops::Range<u64>) -> String {
+    let mut sql = format!("XA START {xid};");
+    for n in rows {
+        sql.push_str(&insert_sql(n));
+    }
+    sql.push_str(&format!("XA END {xid}; XA PREPARE {xid};"));
+    sql
+}
+
+#[test]
+fn xa_rows_are_published_at_xa_commit_never_after_xa_rollback_and_survive_a_restart_while_prepared()
+{
+    let mut env = setup("xa", "");
+    env.outboxd.start();
+    // Prepared and undecided: 0 and 1 under 'a', 2 under 'b' (xid with a branch and a format id).
+    env.db.sql_socket(&xa_prepare("'a'", 0..2));
+    env.db.sql_socket(&xa_prepare("'b','q',7", 2..3));
+    insert_rows(&env.db, 3, 5, 1);
+    let records = consume_all(&env, 2);
+    let ns: Vec<u64> = records.iter().map(n_of).collect();
+    assert!(
+        ns.contains(&3) && ns.contains(&4),
+        "{ns:?}\n{}",
+        env.outboxd.log()
+    );
+    for n in 0..3 {
+        assert!(
+            !ns.contains(&n),
+            "prepared, undecided row {n} was published"
+        );
+    }
+    // A restart while 'a' is still prepared must not have moved the checkpoint past its rows.
+    env.outboxd.stop();
+    env.outboxd.start();
+    let started = std::time::Instant::now();
+    env.db.sql_socket("XA COMMIT 'a';");
+    env.db.sql_socket("XA ROLLBACK 'b','q',7;");
+    // One-phase XA commits at once.
+    env.db.sql_socket(&format!(
+        "XA START 'c'; {} XA END 'c'; XA COMMIT 'c' ONE PHASE;",
+        insert_sql(5)
+    ));
+    // The sentinel comes after everything above in the binlog.
+    insert_rows(&env.db, 6, 7, 1);
+    let records = consume_all(&env, 6);
+    report_rows(
+        "xa",
+        "XA PREPARE (2 xids), restart while prepared, XA COMMIT / XA ROLLBACK / ONE PHASE; the rolled-back row is not expected",
+        [0, 1, 3, 4, 5, 6],
+        &records,
+        started,
+    );
+    let ns: Vec<u64> = records.iter().map(n_of).collect();
+    for n in [0, 1, 3, 4, 5, 6] {
+        assert!(
+            ns.contains(&n),
+            "row {n} missing: {ns:?}\n{}",
+            env.outboxd.log()
+        );
+    }
+    assert!(
+        !ns.contains(&2),
+        "a rolled-back XA row was published: {ns:?}"
+    );
+    // Committed XA rows land once (the restart re-reads them, but they are sent at XA COMMIT only).
+    assert_eq!(ns.iter().filter(|&&n| n == 0).count(), 1, "{ns:?}");
+    env.outboxd.stop();
+}
+
+/// A broker that does not create topics on demand (the producer asks it not to, as
+/// `auto.create.topics.enable=false` on the broker would).
+const NO_AUTO_CREATE: &str = "[kafka.properties]\n\"allow.auto.create.topics\" = \"false\"\n";
+
+fn insert_to_topic(n: u64, aggregatetype: &str) -> String {
+    let (id, _, key, payload) = event(n);
+    format!(
+        "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{id}'), '{aggregatetype}', '{key}', 'Created', '{payload}');"
+    )
+}
+
+#[test]
+fn a_row_for_a_topic_that_does_not_exist_is_dead_lettered_as_unknown_topic_and_the_stream_goes_on()
+{
+    let mut env = setup(
+        "ghost",
+        &format!("dead_letter_topic = \"outboxd.dlq.ghost\"\n{NO_AUTO_CREATE}"),
+    );
+    rig::create_topic(&env.broker.bootstrap(), "outboxd.dlq.ghost", 1);
+    env.outboxd.start();
+    env.db.sql_socket(&format!(
+        "BEGIN; {} {} COMMIT;",
+        insert_to_topic(1, "ghost"),
+        insert_sql(2)
+    ));
+    insert_rows(&env.db, 3, 4, 1);
+    let dead = consume(&env.broker.bootstrap(), "outboxd.dlq.ghost", 1, LIMIT);
+    assert_eq!(dead.len(), 1, "{}", env.outboxd.log());
+    let error = dead[0].header("outboxd.error").unwrap();
+    assert!(
+        error.starts_with("unknown_topic") && error.contains("outbox.event.ghost"),
+        "{error}"
+    );
+    let good = consume_all(&env, 2);
+    assert_eq!(good.len(), 2, "{}", env.outboxd.log());
+    assert!(
+        !env.outboxd.log().contains("reconnecting"),
+        "{}",
+        env.outboxd.log()
+    );
+    env.outboxd.stop();
+}
+
+#[test]
+fn without_a_dead_letter_topic_a_row_for_a_missing_topic_stops_naming_the_topic() {
+    let mut env = setup("ghost2", NO_AUTO_CREATE);
+    env.outboxd.start();
+    env.db.sql_socket(&insert_to_topic(1, "ghost"));
+    let status = env.outboxd.wait_exit(LIMIT);
+    assert!(!status.success());
+    let log = env.outboxd.log();
+    assert!(
+        log.contains("topic outbox.event.ghost does not exist") && log.contains("remedy"),
+        "{log}"
+    );
+    assert!(!log.contains("reconnecting"), "{log}");
+}
+
+#[test]
+fn check_fails_when_the_dead_letter_topic_does_not_exist() {
+    let env = setup(
+        "nodlqtopic",
+        &format!("dead_letter_topic = \"outboxd.dlq.absent\"\n{NO_AUTO_CREATE}"),
+    );
+    let out = env.outboxd.command(&["check"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("FAIL")
+            && text.contains("dead-letter topic outboxd.dlq.absent does not exist"),
+        "{text}"
+    );
+}
+
+#[test]
+fn sigterm_with_a_full_window_and_a_frozen_broker_exits_at_the_drain_deadline_with_the_acked_checkpoint(
+) {
+    let port = rig::free_port();
+    let mut env = setup_with_http(
+        "drain",
+        "max_in_flight = 5\ndrain_timeout_ms = 3000",
+        &format!("127.0.0.1:{port}"),
+    );
+    env.outboxd.start();
+    insert_rows(&env.db, 0, 5, 1);
+    assert_eq!(consume_all(&env, 5).len(), 5);
+    let status = env.db.sql_socket("SHOW MASTER STATUS;");
+    let end: u64 = status.split('\t').nth(1).unwrap().parse().unwrap();
+    wait_until("the first rows to be checkpointed", LIMIT, || {
+        env.outboxd.checkpoint()["position"]["pos"] == end
+    });
+    let acked = env.outboxd.checkpoint()["position"].clone();
+    env.broker.freeze();
+    insert_rows(&env.db, 5, 55, 50);
+    wait_until("the in-flight window to fill", LIMIT, || {
+        sample(
+            &rig::http_get(port, "/metrics").1,
+            "outboxd_inflight_events",
+            "pipeline=\"drain\"",
+        ) == 5.0
+    });
+    // librdkafka would hold these records for message.timeout.ms (300 s); the exit must not wait.
+    nix::sys::signal::kill(env.outboxd.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = env.outboxd.wait_exit(LIMIT);
+    assert!(status.success(), "{status}\n{}", env.outboxd.log());
+    assert!(
+        env.outboxd.log().contains("drain deadline"),
+        "{}",
+        env.outboxd.log()
+    );
+    // Nothing of the unacknowledged transaction is in the checkpoint.
+    assert_eq!(env.outboxd.checkpoint()["position"], acked);
+    env.broker.thaw();
+    env.outboxd.start();
+    let started = std::time::Instant::now();
+    let records = consume_all(&env, 55);
+    report(
+        "sigterm, full window, frozen broker",
+        "SIGTERM while 5 records wait on a frozen broker (drain_timeout_ms = 3000); exit, thaw, restart",
+        55,
+        &records,
+        started,
+    );
+    check_records(&records, 0..55);
+    env.outboxd.stop();
+}
+
+/// Resident memory of `pid` in bytes (VmRSS).
+fn rss_bytes(pid: nix::unistd::Pid) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+#[test]
+fn one_megabyte_payloads_behind_a_frozen_broker_stay_within_the_byte_budget() {
+    let port = rig::free_port();
+    let mut env = setup_with_http(
+        "bytes",
+        "max_in_flight_bytes = 33554432\n[kafka.properties]\n\"message.max.bytes\" = \"4000000\"",
+        &format!("127.0.0.1:{port}"),
+    );
+    env.outboxd.start();
+    insert_rows(&env.db, 0, 1, 1);
+    assert_eq!(consume_all(&env, 1).len(), 1);
+    env.broker.freeze();
+    // 400 rows of 1 MB: far more than the budget (32 MiB) and than the record window would hold.
+    let payload = format!("\"{}\"", "x".repeat(1_000_000));
+    for batch in 0..40u64 {
+        let mut sql = String::from("BEGIN;");
+        for n in batch * 10 + 1..batch * 10 + 11 {
+            sql.push_str(&format!(
+                "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{n:032x}'), 'order', 'k{}', 'Big', '{payload}');",
+                n % 5
+            ));
+        }
+        sql.push_str("COMMIT;");
+        env.db.sql_socket(&sql);
+    }
+    // The window holds what the byte budget allows (about 32 records of 1 MB), then the source waits.
+    let inflight = || {
+        sample(
+            &rig::http_get(port, "/metrics").1,
+            "outboxd_inflight_events",
+            "pipeline=\"bytes\"",
+        )
+    };
+    wait_until("the byte budget to fill", LIMIT, || inflight() >= 30.0);
+    let held = inflight();
+    let rss = rss_bytes(env.outboxd.pid());
+    println!(
+        "1 MB payloads, frozen broker: {held} in flight, RSS {} MiB",
+        rss >> 20
+    );
+    assert!(
+        held <= 33.0,
+        "the byte budget let {held} records of 1 MB through"
+    );
+    // The documented bound: about 2 x (max_in_flight_bytes + 16 MiB of queued rows) + 100 MiB.
+    assert!(rss < 256 << 20, "RSS {} MiB", rss >> 20);
+    env.broker.thaw();
+    let started = std::time::Instant::now();
+    // Row 0 went to outbox.event.customer; the 400 big ones all to outbox.event.order.
+    let records = consume(&env.broker.bootstrap(), "outbox.event.order", 400, LIMIT);
+    report_rows(
+        "1 MB payloads, frozen broker",
+        &format!(
+            "400 rows of 1 MB behind a frozen broker, max_in_flight_bytes = 32 MiB: {held} in flight, RSS {} MiB; then thawed",
+            rss >> 20
+        ),
+        1..401,
+        &records,
+        started,
+    );
+    assert!(records.len() >= 400, "{}", records.len());
     env.outboxd.stop();
 }

@@ -225,3 +225,138 @@ fn schema_prints_debezium_compatible_ddl_with_grants() {
         }
     }
 }
+
+/// Secret values planted in every place a secret may live.
+const PLANTED: [&str; 5] = [
+    "planted-sasl-pw-71",
+    "planted-keypw-73",
+    "planted-url-pw-74",
+    "planted-file-pw-76",
+    "planted-oauth-cfg-75",
+];
+
+fn assert_no_secret(what: &str, text: &str) {
+    for secret in PLANTED {
+        assert!(
+            !text.contains(secret),
+            "{what} printed the secret {secret}:\n{text}"
+        );
+    }
+}
+
+/// Runs `outboxd ARGS` with extra environment; (success, stdout + stderr).
+fn output_with_env(outboxd: &Outboxd, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let out = outboxd
+        .command(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn no_command_prints_a_planted_secret() {
+    let mut env = setup("secrets", "");
+    let bootstrap = env.broker.bootstrap();
+    // Kafka credentials: the README's own environment spelling, and properties in the file, with
+    // librdkafka's security debugging on (it logs configuration).
+    let kafka = "[kafka.properties]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\"sasl.mechanism\" = \"PLAIN\"\n\
+                 \"sasl.username\" = \"outboxd\"\n\"ssl.key.password\" = \"planted-keypw-73\"\n\
+                 \"sasl.oauthbearer.config\" = \"principal=x secret=planted-oauth-cfg-75\"\ndebug = \"security,broker,conf\"\n\
+                 \"message.timeout.ms\" = \"3000\"\n";
+    env.outboxd
+        .rewrite_config(&config_body(&env.db.cdc_url(), &bootstrap, kafka, ""));
+    let sasl = [(
+        "OUTBOXD_KAFKA__PROPERTIES__SASL.PASSWORD",
+        "planted-sasl-pw-71",
+    )];
+    for args in [
+        &["check"][..],
+        &["checkpoint", "show"],
+        &[
+            "replay",
+            "--from",
+            "mariadb-bin.000001:4",
+            "--to",
+            "mariadb-bin.000001:4",
+        ],
+    ] {
+        let (_, text) = output_with_env(&env.outboxd, args, &sasl);
+        assert_no_secret(&format!("{args:?}"), &text);
+    }
+    // `run` against a broker that refuses the SASL login: everything it logs, text and JSON.
+    for (n, format) in [(0, "text"), (1, "json")] {
+        env.outboxd
+            .start_with_env(&["--skip-checks", "--log-format", format], &sasl);
+        insert_rows(&env.db, n, n + 1, 1);
+        wait_until("librdkafka to report on the SASL login", LIMIT, || {
+            let log = env.outboxd.log().to_lowercase();
+            log.contains("sasl") && (log.contains("fail") || log.contains("error"))
+        });
+        let log = env.outboxd.log();
+        env.outboxd.kill9();
+        assert_no_secret(&format!("run --log-format {format}"), &log);
+    }
+    // Database passwords: wrong ones, in the URL and in a password file, so logins fail and the
+    // errors are printed.
+    let url = env
+        .db
+        .cdc_url()
+        .replace("mysql://cdc@", "mysql://cdc:planted-url-pw-74@");
+    env.outboxd
+        .rewrite_config(&config_body(&url, &bootstrap, "", ""));
+    for args in [&["check"][..], &["run"]] {
+        let out = env
+            .outboxd
+            .command(args)
+            .env_remove("OUTBOXD_SOURCE__PASSWORD")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains("refused the login") || text.contains("Access denied"),
+            "{text}"
+        );
+        assert_no_secret(&format!("{args:?} with a URL password"), &text);
+    }
+    let file = env.outboxd.dir_path().join("db-password");
+    std::fs::write(&file, "planted-file-pw-76\n").unwrap();
+    env.outboxd
+        .rewrite_config(&config_body(&env.db.cdc_url(), &bootstrap, "", "").replace(
+            "[source]\n",
+            &format!("[source]\npassword_file = \"{}\"\n", file.display()),
+        ));
+    for args in [&["check"][..], &["run"]] {
+        let out = env
+            .outboxd
+            .command(args)
+            .env_remove("OUTBOXD_SOURCE__PASSWORD")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_no_secret(&format!("{args:?} with a password file"), &text);
+    }
+    // A Postgres URL carrying its password as a query parameter is refused by the parameter's name.
+    env.outboxd.rewrite_config(&format!(
+        "[source]\nkind = \"postgres\"\nurl = \"postgres://cdc@127.0.0.1:1/app?password=planted-url-pw-74\"\ntables = [\"public.outbox\"]\n[kafka]\nbrokers = \"{bootstrap}\"\n[http]\nlisten = \"\"\n"
+    ));
+    for args in [&["check"][..], &["run"]] {
+        let (ok, text) = output_with_env(&env.outboxd, args, &[]);
+        assert!(!ok);
+        assert!(text.contains("password as a query parameter"), "{text}");
+        assert_no_secret(&format!("{args:?} with a Postgres URL password"), &text);
+    }
+}

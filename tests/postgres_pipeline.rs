@@ -33,9 +33,18 @@ struct PgEnv {
 }
 
 fn setup(name: &str, extra_kafka: &str) -> PgEnv {
-    let pg = Postgres::start(&[]);
+    setup_with_schema(name, SCHEMA, extra_kafka)
+}
+
+fn setup_with_schema(name: &str, schema: &str, extra_kafka: &str) -> PgEnv {
+    setup_with_server(name, schema, extra_kafka, &[])
+}
+
+/// `server_conf` lines go into postgresql.conf.
+fn setup_with_server(name: &str, schema: &str, extra_kafka: &str, server_conf: &[&str]) -> PgEnv {
+    let pg = Postgres::start(server_conf);
     pg.sql("postgres", "CREATE DATABASE app;");
-    pg.sql("app", SCHEMA);
+    pg.sql("app", schema);
     let broker = Broker::start();
     for topic in ["outbox.event.order", "outbox.event.customer"] {
         create_topic(&broker.bootstrap(), topic, 3);
@@ -274,6 +283,7 @@ fn a_postgres_restart_mid_stream_and_a_kill_9_lose_nothing() {
 #[test]
 fn a_null_aggregatetype_goes_to_the_dead_letter_topic_and_the_stream_goes_on() {
     let mut env = setup("nullroute", "dead_letter_topic = \"outboxd.dlq.pg\"");
+    create_topic(&env.broker.bootstrap(), "outboxd.dlq.pg", 1);
     env.outboxd.start();
     env.pg.sql(
         "app",
@@ -312,7 +322,9 @@ fn check_reports_a_postgres_setup() {
 
 #[test]
 fn a_frozen_walsender_is_noticed_by_the_missing_heartbeats_and_nothing_is_lost() {
-    let mut env = setup("frozen", "");
+    // A walsender that exists but reads nothing is given wal_sender_timeout (it could be replaying
+    // one large transaction); 5 s here keeps the test short.
+    let mut env = setup_with_server("frozen", SCHEMA, "", &["wal_sender_timeout = '5s'"]);
     env.outboxd.start();
     insert_rows(&env.pg, 0, 50, 5);
     assert_eq!(consume_events(&env.broker.bootstrap(), 50).len(), 50);
@@ -344,6 +356,175 @@ fn a_frozen_walsender_is_noticed_by_the_missing_heartbeats_and_nothing_is_lost()
         &records,
         recovery,
     );
+    assert_eq!(records.len(), 100, "{}", env.outboxd.log());
     check_records_by(&records, 0..100, pg_payload);
+    env.outboxd.stop();
+}
+
+/// The outbox partitioned by time, as many teams keep it so old events can be dropped cheaply.
+const PARTITIONED_SCHEMA: &str = "
+CREATE ROLE cdc WITH LOGIN REPLICATION;
+CREATE TABLE public.outbox (
+  id uuid NOT NULL,
+  aggregatetype text,
+  aggregateid text NOT NULL,
+  type text NOT NULL,
+  payload jsonb,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (id, created_at)
+) PARTITION BY RANGE (created_at);
+CREATE TABLE public.outbox_old PARTITION OF public.outbox FOR VALUES FROM (MINVALUE) TO ('2000-01-01');
+CREATE TABLE public.outbox_now PARTITION OF public.outbox FOR VALUES FROM ('2000-01-01') TO ('2100-01-01');
+ALTER TABLE public.outbox OWNER TO cdc;
+ALTER TABLE public.outbox_old OWNER TO cdc;
+ALTER TABLE public.outbox_now OWNER TO cdc;
+CREATE TABLE public.other (id bigserial PRIMARY KEY, note text, raw bytea);
+GRANT SELECT ON ALL TABLES IN SCHEMA public TO cdc;
+GRANT CREATE ON DATABASE app TO cdc;
+";
+
+/// Row `n` with an explicit `created_at`, so the test picks the partition it lands in.
+fn insert_at_sql(n: u64, created_at: &str) -> String {
+    let (_, kind, key, payload) = event(n);
+    format!(
+        "INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload, created_at) VALUES ('{}', '{kind}', '{key}', 'Created', '{payload}', '{created_at}');",
+        uuid_of(n)
+    )
+}
+
+/// Rows into the partitions that existed at start, then into one created after start and one
+/// attached after start (a table made first, then `ATTACH PARTITION`).
+fn insert_into_every_partition(pg: &Postgres) {
+    let mut script = String::from("BEGIN;");
+    for n in 0..20 {
+        let at = if n % 2 == 0 {
+            "1999-06-01"
+        } else {
+            "2024-06-01"
+        };
+        script.push_str(&insert_at_sql(n, at));
+    }
+    script.push_str("COMMIT;");
+    pg.sql("app", &script);
+    pg.sql(
+        "app",
+        "CREATE TABLE public.outbox_next PARTITION OF public.outbox FOR VALUES FROM ('2100-01-01') TO ('2200-01-01');\n\
+         CREATE TABLE public.outbox_far (LIKE public.outbox INCLUDING DEFAULTS);\n\
+         ALTER TABLE public.outbox ATTACH PARTITION public.outbox_far FOR VALUES FROM ('2200-01-01') TO ('2300-01-01');",
+    );
+    let mut script = String::from("BEGIN;");
+    for n in 20..40 {
+        let at = if n % 2 == 0 {
+            "2150-01-01"
+        } else {
+            "2250-01-01"
+        };
+        script.push_str(&insert_at_sql(n, at));
+    }
+    script.push_str("COMMIT;");
+    pg.sql("app", &script);
+}
+
+#[test]
+fn a_partitioned_outbox_forwards_every_partition_including_ones_attached_after_start() {
+    let mut env = setup_with_schema("parted", PARTITIONED_SCHEMA, "");
+    env.outboxd.start();
+    let started = std::time::Instant::now();
+    insert_into_every_partition(&env.pg);
+    let records = consume_events(&env.broker.bootstrap(), 40);
+    assert_eq!(records.len(), 40, "{}", env.outboxd.log());
+    check_records_by(&records, 0..40, pg_payload);
+    // The publication outboxd made names the root, so new partitions need nothing.
+    let via_root = env.pg.sql(
+        "app",
+        "SELECT pubviaroot FROM pg_publication WHERE pubname = 'outboxd_parted';",
+    );
+    assert_eq!(via_root.trim(), "t");
+    // A restart does not refuse the publication it made.
+    env.outboxd.stop();
+    env.outboxd.start();
+    env.pg.sql("app", &insert_at_sql(40, "2024-06-02"));
+    let records = consume_events(&env.broker.bootstrap(), 41);
+    rig::scenario::report(
+        "partitioned outbox (postgres)",
+        "rows into a RANGE-partitioned outbox: 2 partitions from the start, 1 created and 1 attached after start, then a restart",
+        41,
+        &records,
+        started,
+    );
+    check_records_by(&records, 0..41, pg_payload);
+    let out = env.outboxd.command(&["check"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("public.outbox is in publication"), "{text}");
+    env.outboxd.stop();
+}
+
+#[test]
+fn a_publication_without_publish_via_partition_root_is_named_and_its_leaf_rows_still_arrive() {
+    let env = setup_with_schema("leaves", PARTITIONED_SCHEMA, "");
+    // Made by hand (or by Debezium) without the option: rows arrive under the leaf names.
+    env.pg.sql(
+        "app",
+        "CREATE PUBLICATION outboxd_leaves FOR TABLE public.outbox WITH (publish = 'insert');",
+    );
+    let out = env.outboxd.command(&["check"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "ALTER PUBLICATION \"outboxd_leaves\" SET (publish_via_partition_root = true)"
+        ),
+        "{text}"
+    );
+    assert!(
+        !text.contains("ADD TABLE"),
+        "the table is in the publication already:\n{text}"
+    );
+    let mut env = env;
+    env.outboxd.start();
+    let started = std::time::Instant::now();
+    insert_into_every_partition(&env.pg);
+    let records = consume_events(&env.broker.bootstrap(), 40);
+    rig::scenario::report(
+        "partitioned outbox, leaf names (postgres)",
+        "as above, through a publication without publish_via_partition_root (rows arrive under the partitions' names)",
+        40,
+        &records,
+        started,
+    );
+    assert_eq!(records.len(), 40, "{}", env.outboxd.log());
+    check_records_by(&records, 0..40, pg_payload);
+    assert!(env
+        .outboxd
+        .log()
+        .contains("publish_via_partition_root = true"));
+    env.outboxd.stop();
+}
+
+#[test]
+fn a_huge_transaction_on_another_table_is_ridden_out_without_a_reconnect_loop() {
+    let mut env = setup("huge", "");
+    env.outboxd.start();
+    insert_rows(&env.pg, 0, 5, 1);
+    assert_eq!(consume_events(&env.broker.bootstrap(), 5).len(), 5);
+    // The walsender decodes this for far longer than 3 heartbeat intervals (1 s each) and sends
+    // nothing meanwhile: the table is not published.
+    env.pg.sql(
+        "app",
+        "INSERT INTO public.other (note) SELECT 'row ' || g FROM generate_series(1, 3000000) g;",
+    );
+    let started = std::time::Instant::now();
+    insert_rows(&env.pg, 5, 20, 5);
+    let records = consume_events(&env.broker.bootstrap(), 20);
+    rig::scenario::report(
+        "huge foreign transaction (postgres)",
+        "a 3,000,000-row INSERT into another table (heartbeat 1 s), then outbox rows",
+        20,
+        &records,
+        started,
+    );
+    check_records_by(&records, 0..20, pg_payload);
+    let log = env.outboxd.log();
+    assert!(!log.contains("reconnecting"), "{log}");
     env.outboxd.stop();
 }

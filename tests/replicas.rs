@@ -170,3 +170,44 @@ fn run_refuses_a_replica_that_does_not_log_replicated_rows() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_replica_behind_the_checkpoint_is_waited_for_and_nothing_is_lost() {
+    let t = topology();
+    // R1 stops applying: it will lack the transactions outboxd reads on the primary next.
+    t.r1.sql_socket("STOP SLAVE;");
+    let mut outboxd = Outboxd::new(
+        "lagging",
+        &config_body(&url(&[&t.primary]), &t.broker.bootstrap(), "", ""),
+    );
+    outboxd.start();
+    insert_rows(&t.primary, 0, 50, 5);
+    assert_eq!(consume_events(&t.broker.bootstrap(), 50).len(), 50);
+    outboxd.stop();
+    // Moved to the lagging replica: its binlog has not reached the checkpoint's GTID yet.
+    outboxd.rewrite_config(&config_body(&url(&[&t.r1]), &t.broker.bootstrap(), "", ""));
+    outboxd.start();
+    wait_until("outboxd to say the server is behind", LIMIT, || {
+        outboxd.log().contains("behind the checkpoint")
+    });
+    assert!(outboxd.child_running(), "{}", outboxd.log());
+    assert!(
+        !outboxd.log().contains("checkpoint set"),
+        "a remedy that moves the checkpoint would lose rows:\n{}",
+        outboxd.log()
+    );
+    insert_rows(&t.primary, 50, 60, 5);
+    let recovery = std::time::Instant::now();
+    t.r1.sql_socket("START SLAVE;");
+    t.r1.catch_up(&t.primary);
+    let records = consume_events(&t.broker.bootstrap(), 60);
+    rig::scenario::report(
+        "lagging replica",
+        "outboxd moved to a replica behind its checkpoint (MariaDB 1236); the replica resumes and catches up",
+        60,
+        &records,
+        recovery,
+    );
+    check_records(&records, 0..60);
+    outboxd.stop();
+}

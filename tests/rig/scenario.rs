@@ -288,11 +288,25 @@ pub fn report(
     records: &[Consumed],
     recovery_started: std::time::Instant,
 ) {
+    report_rows(scenario, action, 0..sent, records, recovery_started);
+}
+
+/// [`report`] for a scenario whose committed rows are `expected` (not always `0..n`: rolled-back
+/// rows are never expected).
+pub fn report_rows(
+    scenario: &str,
+    action: &str,
+    expected: impl IntoIterator<Item = u64>,
+    records: &[Consumed],
+    recovery_started: std::time::Instant,
+) {
+    let expected: Vec<u64> = expected.into_iter().collect();
+    let sent = expected.len();
     let mut seen: HashMap<u64, usize> = HashMap::new();
     for r in records {
         *seen.entry(n_of(r)).or_default() += 1;
     }
-    let lost = (0..sent).filter(|n| !seen.contains_key(n)).count();
+    let lost = expected.iter().filter(|n| !seen.contains_key(n)).count();
     let duplicates: usize = seen.values().map(|c| c - 1).sum();
     println!(
         "RELIABILITY|{scenario}|{action}|{sent}|{}|{lost}|{duplicates}|{:.1}",
