@@ -255,6 +255,8 @@ impl Config {
                 .remedy("fix the syntax at the line named")
         })?;
         apply_env_overrides(&mut doc, env)?;
+        // Before anything can fail on a value: a type error quotes it.
+        crate::secrets::register(secrets_in(&doc));
         let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(doc))
             .map_err(|e| {
                 let path = e.path().to_string();
@@ -430,8 +432,26 @@ impl Config {
                 "delivery.report.only.error" => value != "false",
                 // Same key, same partition: per-key order depends on it.
                 "partitioner" => value.trim().eq_ignore_ascii_case("random"),
+                // outboxd enforces message.timeout.ms itself (librdkafka gets 0); the alias would
+                // race with that setting inside librdkafka.
+                "delivery.timeout.ms" => true,
+                "message.timeout.ms" => value.trim().parse::<u64>().is_err(),
                 _ => false,
             };
+            if refuse && key == "delivery.timeout.ms" {
+                return bad(
+                    &format!("kafka.properties.{key}"),
+                    "delivery.timeout.ms is an alias of message.timeout.ms".into(),
+                    "set message.timeout.ms instead (outboxd's deadline for acknowledgements, in milliseconds)",
+                );
+            }
+            if refuse && key == "message.timeout.ms" {
+                return bad(
+                    &format!("kafka.properties.{key}"),
+                    format!("{value:?} is not a number of milliseconds"),
+                    "write a whole number of milliseconds, e.g. \"300000\" (0 waits forever)",
+                );
+            }
             if refuse && key == "partitioner" {
                 return bad(
                     &format!("kafka.properties.{key}"),
@@ -546,6 +566,46 @@ impl Config {
     pub fn checkpoint_path(&self) -> PathBuf {
         self.checkpoint.dir.join(format!("{}.json", self.name))
     }
+}
+
+/// Secret values in a parsed but not yet validated config (see [`Config::secret_values`]), in
+/// whatever TOML type they were written.
+fn secrets_in(doc: &toml::Table) -> Vec<String> {
+    let text = |v: &toml::Value| match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut secrets = Vec::new();
+    let section = |name: &str| doc.get(name).and_then(toml::Value::as_table);
+    if let Some(source) = section("source") {
+        if let Some(p) = source.get("password") {
+            secrets.push(text(p));
+        }
+        if let Some(url) = source.get("url").and_then(toml::Value::as_str) {
+            for one in source_urls(url) {
+                if let Some(p) = url::Url::parse(&one)
+                    .ok()
+                    .and_then(|u| u.password().map(String::from))
+                {
+                    if let Ok(decoded) = percent_encoding::percent_decode_str(&p).decode_utf8() {
+                        secrets.push(decoded.into_owned());
+                    }
+                    secrets.push(p);
+                }
+            }
+        }
+    }
+    if let Some(properties) = section("kafka")
+        .and_then(|k| k.get("properties"))
+        .and_then(toml::Value::as_table)
+    {
+        for (key, value) in properties {
+            if is_secret_key(key) {
+                secrets.push(text(value));
+            }
+        }
+    }
+    secrets
 }
 
 /// librdkafka's property names are lower case; `SASL.PASSWORD` (as an environment variable spells
@@ -1014,6 +1074,23 @@ listen = ""
     }
 
     #[test]
+    fn the_delivery_timeout_alias_and_a_timeout_that_is_no_number_are_refused() {
+        for (property, needle) in [
+            ("\"delivery.timeout.ms\" = \"5000\"", "alias"),
+            ("\"message.timeout.ms\" = \"5000ms\"", "not a number"),
+        ] {
+            let err =
+                parse(&format!("{MINIMAL}[kafka.properties]\n{property}\n"), &[]).unwrap_err();
+            assert!(err.to_string().contains(needle), "{err}");
+        }
+        parse(
+            &format!("{MINIMAL}[kafka.properties]\n\"message.timeout.ms\" = \"5000\"\n"),
+            &[],
+        )
+        .unwrap();
+    }
+
+    #[test]
     fn a_partitioner_that_splits_a_key_across_partitions_is_refused() {
         let err = parse(
             &format!("{MINIMAL}[kafka.properties]\npartitioner = \"random\"\n"),
@@ -1033,6 +1110,14 @@ listen = ""
             )
             .unwrap();
         }
+    }
+
+    #[test]
+    fn a_secret_of_the_wrong_type_is_not_quoted_by_the_type_error() {
+        let text = format!("{MINIMAL}[kafka.properties]\n\"sasl.password\" = 987654321\n");
+        let err = parse(&text, &[]).unwrap_err().to_string();
+        assert!(err.contains("sasl.password"), "{err}");
+        assert!(!crate::secrets::scrub(&err).contains("987654321"), "{err}");
     }
 
     #[test]

@@ -257,9 +257,6 @@ async fn run_session(
     let (tx, mut rx) = mpsc::channel::<Queued>(CHANNEL_DEPTH);
     let budget = Arc::new(tokio::sync::Semaphore::new(CHANNEL_BYTES as usize));
     let reader = tokio::spawn(read_changes(source, tx, budget, metrics.clone()));
-    // The budget of the change being handled; released when the next one is taken (the record is
-    // with the producer by then, under the sink's own byte budget).
-    let mut _held: Option<tokio::sync::OwnedSemaphorePermit> = None;
     let (writer_stop, writer_stopped) = watch::channel(false);
     let writer = tokio::spawn(write_checkpoints(
         store.clone(),
@@ -319,10 +316,14 @@ async fn run_session(
                 }
             }
         };
-        let change = change.map(|(change, permit)| {
-            _held = permit;
-            change
-        });
+        // The row's share of the reader's byte budget is held while it is routed and handed to the
+        // producer (under the sink's own byte budget from then on), and released at the end of
+        // this iteration: holding it longer could leave the reader waiting for room that only the
+        // next change (stuck behind it) would free.
+        let (change, _queued_bytes) = match change {
+            Some((change, permit)) => (Some(change), permit),
+            None => (None, None),
+        };
         match change {
             None => {
                 let error = Error::source("the source reader stopped");
@@ -335,11 +336,37 @@ async fn run_session(
             Some(Err(e)) => break Err(e),
             Some(Ok(Change::Row(row))) => {
                 open_rows = true;
-                let record =
-                    match route_row(config, router, &sink, &mut topics, metrics, &row).await {
-                        Ok(record) => record,
-                        Err(e) => break Err(e),
-                    };
+                let record = match router.route(&row) {
+                    // The hot path: a topic this session already knows.
+                    Ok(record) if topics.contains(&record.topic) => record,
+                    // A new topic (asked about once), or a dead letter: may wait on the broker, so
+                    // a shutdown request or the drain deadline interrupts it (the open transaction
+                    // is then sent again on restart).
+                    routed => {
+                        let resolved = resolve_record(
+                            config,
+                            router,
+                            &sink,
+                            &mut topics,
+                            metrics,
+                            &row,
+                            routed,
+                        );
+                        tokio::select! {
+                            resolved = resolved => match resolved {
+                                Ok(record) => record,
+                                Err(e) => break Err(e),
+                            },
+                            _ = shutdown.wait_for(|stop| *stop), if stopping.is_none() => {
+                                tracing::info!("shutdown requested while asking the broker about a topic; the open transaction is sent again on restart");
+                                break Ok(SessionEnd::Shutdown);
+                            }
+                            _ = tokio::time::sleep_until(deadline), if stopping.is_some() => {
+                                break Ok(SessionEnd::Shutdown);
+                            }
+                        }
+                    }
+                };
                 // Usually the window has room and the record is enqueued on the first poll; only a
                 // full window waits, and then a failure, a shutdown request (which starts the drain
                 // clock: a frozen broker must not hold the exit until librdkafka's message timeout)
@@ -492,20 +519,20 @@ async fn open_source(
     })
 }
 
-/// Ends the session when records wait longer than `limit` (the configured `message.timeout.ms`)
-/// without any acknowledgement: the session's producer is then purged and closed, and the next
+/// Ends the session when a record waits longer than `limit` (the configured `message.timeout.ms`)
+/// for its acknowledgement: the session's producer is then purged and closed, and the next
 /// session resends from the checkpoint (librdkafka itself never times a record out; see the sink).
 async fn watch_deliveries(tracker: Arc<Tracker>, metrics: Arc<Metrics>, limit: Duration) {
     let mut tick = tokio::time::interval(Duration::from_millis(250).min(limit));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if let Some(stalled) = tracker.stalled_for() {
-            if stalled > limit {
+        if let Some(age) = tracker.oldest_unacked_since().map(|since| since.elapsed()) {
+            if age > limit {
                 metrics.delivery_error();
                 tracker.fail(
                     Error::sink(format!(
-                        "Kafka acknowledged nothing for {stalled:?} with {} record(s) in flight (message.timeout.ms = {})",
+                        "a record has waited {age:?} for Kafka's acknowledgement ({} in flight; message.timeout.ms = {})",
                         tracker.in_flight(),
                         limit.as_millis()
                     ))
@@ -599,18 +626,20 @@ async fn write_checkpoints(
     }
 }
 
-/// The record for `row`: routed, or its dead-letter record when it cannot be (the router refuses it,
-/// or its topic does not exist and the broker does not create it), or the error that stops the
+/// The record for `row` given what the router made of it (`routed`): the record, once its topic is
+/// known to exist, or its dead-letter record when it cannot be delivered (the router refuses it, or
+/// its topic does not exist and the broker does not create it), or the error that stops the
 /// pipeline. Each topic is asked about once per session (`topics` remembers the ones that exist).
-async fn route_row(
+async fn resolve_record(
     config: &Config,
     router: &Router,
     sink: &KafkaSink,
     topics: &mut std::collections::HashSet<String>,
     metrics: &Metrics,
     row: &Row,
+    routed: std::result::Result<Record, Unroutable>,
 ) -> Result<Record> {
-    let why = match router.route(row) {
+    let why = match routed {
         Ok(record) if topics.contains(&record.topic) => return Ok(record),
         Ok(record) => {
             if sink.topic_exists(&record.topic).await? {

@@ -579,3 +579,32 @@ fn per_key_order_holds_when_records_outlive_message_timeout_behind_a_frozen_brok
     check_per_key_order(&records);
     env.outboxd.stop();
 }
+
+#[test]
+fn a_checkpoint_beyond_the_servers_own_binlog_stops_with_where_to_resume_instead_of_waiting() {
+    let env = setup("beyond", "");
+    // As if the server lost the binlog tail outboxd had read (a crash with sync_binlog=0): the
+    // position is past the end of its own file. Waiting would never end (or, by GTID, would skip the
+    // transactions that reuse the lost positions).
+    let status = env.db.sql_socket("SHOW MASTER STATUS;");
+    let file = status.split('\t').next().unwrap().to_string();
+    let beyond = format!("{file}:999999999");
+    let out = env
+        .outboxd
+        .command(&["checkpoint", "set", &beyond])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = env.outboxd.command(&["run"]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("behind the checkpoint") && stderr.contains("checkpoint set"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("reconnecting"), "{stderr}");
+}

@@ -120,7 +120,7 @@ fn kill_9_under_load_loses_nothing_and_duplicates_stay_within_the_window() {
 }
 
 #[test]
-fn a_17_mb_payload_is_forwarded_without_a_reconnect_loop() {
+fn a_17_mb_payload_and_the_row_after_it_are_forwarded_without_a_reconnect_loop_or_a_stall() {
     let mut env = setup(
         "big",
         "[kafka.properties]\n\"message.max.bytes\" = \"20000000\"\n",
@@ -133,12 +133,15 @@ fn a_17_mb_payload_is_forwarded_without_a_reconnect_loop() {
     );
     env.outboxd.start();
     let big = "x".repeat(17 * 1024 * 1024);
+    // A row larger than the reader's whole byte budget, then a small one in the same transaction:
+    // the second must not wait for room the first still holds.
     env.db.sql_socket(&format!(
-        "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{:032x}'), 'big', 'k', 'Big', '{big}');",
-        7
+        "BEGIN; INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{:032x}'), 'big', 'k', 'Big', '{big}'); \
+         INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{:032x}'), 'big', 'k', 'Small', 'small'); COMMIT;",
+        7, 8
     ));
-    let records = consume(&env.broker.bootstrap(), "outbox.event.big", 1, LIMIT);
-    assert_eq!(records.len(), 1, "{}", env.outboxd.log());
+    let records = consume(&env.broker.bootstrap(), "outbox.event.big", 2, LIMIT);
+    assert_eq!(records.len(), 2, "{}", env.outboxd.log());
     let r = records
         .iter()
         .find(|r| r.header("id").unwrap() == uuid_of(7))
@@ -511,7 +514,7 @@ fn xa_rows_are_published_at_xa_commit_never_after_xa_rollback_and_survive_a_rest
 
 /// A broker that does not create topics on demand (the producer asks it not to, as
 /// `auto.create.topics.enable=false` on the broker would).
-const NO_AUTO_CREATE: &str = "[kafka.properties]\n\"allow.auto.create.topics\" = \"false\"\n";
+const NO_AUTO_CREATE: &str = "[kafka.properties]\n\"allow.auto.create.topics\" = \"false\"\n\"topic.metadata.propagation.max.ms\" = \"2000\"\n";
 
 fn insert_to_topic(n: u64, aggregatetype: &str) -> String {
     let (id, _, key, payload) = event(n);

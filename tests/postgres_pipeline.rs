@@ -461,43 +461,47 @@ fn a_partitioned_outbox_forwards_every_partition_including_ones_attached_after_s
 }
 
 #[test]
-fn a_publication_without_publish_via_partition_root_is_named_and_its_leaf_rows_still_arrive() {
+fn a_publication_without_publish_via_partition_root_is_refused_with_the_alter_that_fixes_it() {
     let env = setup_with_schema("leaves", PARTITIONED_SCHEMA, "");
-    // Made by hand (or by Debezium) without the option: rows arrive under the leaf names.
+    // Made by hand (or by Debezium) without the option: rows would arrive under the partitions'
+    // names, and a partition detached before outboxd read its rows could not be told apart.
     env.pg.sql(
         "app",
         "CREATE PUBLICATION outboxd_leaves FOR TABLE public.outbox WITH (publish = 'insert');",
     );
+    let alter = "ALTER PUBLICATION \"outboxd_leaves\" SET (publish_via_partition_root = true);";
     let out = env.outboxd.command(&["check"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains(
-            "ALTER PUBLICATION \"outboxd_leaves\" SET (publish_via_partition_root = true)"
-        ),
-        "{text}"
-    );
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("FAIL") && text.contains(alter), "{text}");
     assert!(
         !text.contains("ADD TABLE"),
         "the table is in the publication already:\n{text}"
     );
+    let out = env
+        .outboxd
+        .command(&["run", "--skip-checks"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(alter), "{stderr}");
+    // The remedy works.
+    env.pg.sql("app", alter);
     let mut env = env;
     env.outboxd.start();
     let started = std::time::Instant::now();
     insert_into_every_partition(&env.pg);
     let records = consume_events(&env.broker.bootstrap(), 40);
     rig::scenario::report(
-        "partitioned outbox, leaf names (postgres)",
-        "as above, through a publication without publish_via_partition_root (rows arrive under the partitions' names)",
+        "partitioned outbox, publication fixed (postgres)",
+        "a publication without publish_via_partition_root is refused; after the ALTER it names, every partition's rows arrive",
         40,
         &records,
         started,
     );
     assert_eq!(records.len(), 40, "{}", env.outboxd.log());
     check_records_by(&records, 0..40, pg_payload);
-    assert!(env
-        .outboxd
-        .log()
-        .contains("publish_via_partition_root = true"));
     env.outboxd.stop();
 }
 

@@ -31,8 +31,8 @@ struct State {
     /// Safe position not yet taken by the writer.
     safe: Option<Position>,
     failure: Option<Error>,
-    /// When deliveries last made progress: an ack, or the first record after nothing was in flight.
-    progress_at: Option<std::time::Instant>,
+    /// When each ticket in `acked` was issued (the front is the oldest unacknowledged one).
+    issued_at: VecDeque<std::time::Instant>,
 }
 
 impl State {
@@ -43,6 +43,7 @@ impl State {
     fn advance(&mut self) {
         while self.acked.front() == Some(&true) {
             self.acked.pop_front();
+            self.issued_at.pop_front();
             self.base += 1;
         }
         while self
@@ -77,10 +78,8 @@ impl Tracker {
     pub fn issue(&self) -> Ticket {
         let mut s = self.state.lock().expect("tracker lock");
         let ticket = Ticket(s.issued());
-        if s.acked.is_empty() {
-            s.progress_at = Some(std::time::Instant::now());
-        }
         s.acked.push_back(false);
+        s.issued_at.push_back(std::time::Instant::now());
         ticket
     }
 
@@ -103,7 +102,6 @@ impl Tracker {
                 *flag = true;
             }
         }
-        s.progress_at = Some(std::time::Instant::now());
         s.advance();
         let idle = s.acked.is_empty();
         drop(s);
@@ -139,14 +137,12 @@ impl Tracker {
         self.state.lock().expect("tracker lock").safe.take()
     }
 
-    /// How long records have been in flight without any acknowledgement; `None` when nothing is in
-    /// flight.
-    pub fn stalled_for(&self) -> Option<std::time::Duration> {
+    /// When the oldest unacknowledged record was issued; `None` when nothing is in flight. (Acks of
+    /// other records do not move it: a partition without a leader must not hide behind partitions
+    /// that still answer.)
+    pub fn oldest_unacked_since(&self) -> Option<std::time::Instant> {
         let s = self.state.lock().expect("tracker lock");
-        if s.acked.is_empty() {
-            return None;
-        }
-        s.progress_at.map(|at| at.elapsed())
+        s.issued_at.front().copied()
     }
 
     /// Records issued and not yet acknowledged.
@@ -194,6 +190,23 @@ mod tests {
 
     fn pos(n: u64) -> Position {
         Position::from_json(serde_json::json!({ "n": n }))
+    }
+
+    #[test]
+    fn the_oldest_unacked_record_keeps_its_age_while_later_ones_are_acked() {
+        let t = Tracker::new();
+        assert_eq!(t.oldest_unacked_since(), None);
+        let a = t.issue();
+        let since = t.oldest_unacked_since();
+        let b = t.issue();
+        t.ack(b);
+        assert_eq!(
+            t.oldest_unacked_since(),
+            since,
+            "acking b must not reset a's age"
+        );
+        t.ack(a);
+        assert_eq!(t.oldest_unacked_since(), None);
     }
 
     #[test]

@@ -150,6 +150,8 @@ fn delivery_error(e: &KafkaError, topic: &str) -> Error {
 
 pub struct KafkaSink {
     producer: Option<Arc<ThreadedProducer<AckContext>>>,
+    /// `kafka.properties` as configured (a few are read back, e.g. timeouts).
+    properties: std::collections::BTreeMap<String, String>,
     window: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
     max_bytes: u32,
@@ -174,7 +176,10 @@ impl KafkaSink {
             (config.max_in_flight * 2).max(100_000).to_string(),
         );
         for (k, v) in &config.properties {
-            client.set(k, v);
+            // Enforced by outboxd (below); the config refuses the alias delivery.timeout.ms.
+            if k != "message.timeout.ms" {
+                client.set(k, v);
+            }
         }
         // librdkafka never times a record out itself: one that timed out while later ones were
         // still waiting would leave a gap the idempotent producer fills with those later records,
@@ -202,6 +207,7 @@ impl KafkaSink {
             })?;
         Ok(KafkaSink {
             producer: Some(Arc::new(producer)),
+            properties: config.properties.clone(),
             window,
             bytes,
             max_bytes,
@@ -210,13 +216,13 @@ impl KafkaSink {
         })
     }
 
-    /// How long records may wait for an acknowledgement before the session ends and resends them:
-    /// the configured `message.timeout.ms` (or its alias `delivery.timeout.ms`), librdkafka's 300 s
-    /// by default; `None` for 0 (wait forever).
+    /// How long a record may wait for its acknowledgement before the session ends and resends: the
+    /// configured `message.timeout.ms` (validated as milliseconds), librdkafka's 300 s by default;
+    /// `None` for 0 (wait forever).
     pub fn delivery_timeout(config: &KafkaConfig) -> Option<Duration> {
-        let configured = ["message.timeout.ms", "delivery.timeout.ms"]
-            .iter()
-            .find_map(|k| config.properties.get(*k))
+        let configured = config
+            .properties
+            .get("message.timeout.ms")
             .and_then(|v| v.trim().parse::<u64>().ok());
         match configured {
             Some(0) => None,
@@ -315,8 +321,31 @@ impl KafkaSink {
     /// Whether `topic` exists (or is being created by the broker right now). Asking is what a produce
     /// does too, so a broker that auto-creates topics creates it here; one that does not answers
     /// "unknown topic", which the pipeline treats as a property of the record (dead-letter it, or stop
-    /// naming the topic) instead of a delivery failure to retry forever.
+    /// naming the topic) instead of a delivery failure to retry forever. "Unknown" is believed only
+    /// after it persisted for `topic.metadata.propagation.max.ms` (librdkafka's own patience, 30 s by
+    /// default): a broker whose metadata lags, or one busy auto-creating, may say so for a moment.
     pub async fn topic_exists(&self, topic: &str) -> Result<bool> {
+        let patience = Duration::from_millis(
+            self.properties
+                .get("topic.metadata.propagation.max.ms")
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(30_000),
+        );
+        let started = Instant::now();
+        loop {
+            match self.topic_metadata(topic).await? {
+                Some(known) if known || started.elapsed() >= patience => return Ok(known),
+                Some(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+                // No answer (the broker is down or slow): produce as before; librdkafka queues the
+                // record, and a topic that turns out missing fails its delivery, which ends the
+                // session, and the next session asks again.
+                None => return Ok(true),
+            }
+        }
+    }
+
+    /// One metadata request for `topic`: `Some(exists)`, or `None` without an answer.
+    async fn topic_metadata(&self, topic: &str) -> Result<Option<bool>> {
         let producer = self.producer.clone().expect("producer lives until close");
         let name = topic.to_string();
         let answer = tokio::task::spawn_blocking(move || {
@@ -333,12 +362,12 @@ impl KafkaSink {
         })
         .await
         .map_err(|e| Error::sink(format!("topic metadata task died: {e}")))?;
-        match answer {
-            Ok(Some(None)) => Ok(true),
+        Ok(match answer {
+            Ok(Some(None)) => Some(true),
             Ok(Some(Some(
                 RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic,
             )))
-            | Ok(None) => Ok(false),
+            | Ok(None) => Some(false),
             // Being created (leader not yet elected) or another passing state: produce and let
             // the delivery report tell.
             Ok(Some(Some(code))) => {
@@ -347,16 +376,13 @@ impl KafkaSink {
                     ?code,
                     "topic metadata carries an error; producing anyway"
                 );
-                Ok(true)
+                Some(true)
             }
-            // No answer (the broker is down or slow): produce as before; librdkafka queues the
-            // record, and a topic that turns out missing fails its delivery, which ends the session,
-            // and the next session asks again.
             Err(e) => {
                 tracing::debug!(topic, error = %e, "no topic metadata; producing anyway");
-                Ok(true)
+                None
             }
-        }
+        })
     }
 
     /// Stops the producer off the async threads (librdkafka's teardown blocks). What is still

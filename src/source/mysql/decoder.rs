@@ -71,7 +71,15 @@ struct Prepared {
     xid: String,
     hold: BinlogPosition,
     rows: Vec<Row>,
+    /// When it was prepared (event timestamp, seconds).
+    prepared_at: u32,
+    /// Whether the "still undecided" warning was given.
+    warned: bool,
 }
+
+/// An XA transaction undecided this long (by the log's own clock) is worth a warning: it holds the
+/// checkpoint, and its rows stay in memory.
+const XA_UNDECIDED_WARNING_SECS: u32 = 600;
 
 impl Decoder {
     /// `start` is where the stream was requested from; `watched` holds `schema.table` names.
@@ -247,6 +255,8 @@ impl Decoder {
                         xid,
                         hold: self.boundary.clone(),
                         rows,
+                        prepared_at: header.timestamp(),
+                        warned: false,
                     });
                 }
                 self.close(header.timestamp(), out);
@@ -427,6 +437,19 @@ impl Decoder {
 
     /// Closes the current transaction (or standalone statement) and records the boundary.
     fn close(&mut self, timestamp: u32, out: &mut VecDeque<Change>) {
+        if let Some(oldest) = self.prepared.first_mut() {
+            let undecided = timestamp.saturating_sub(oldest.prepared_at);
+            if undecided >= XA_UNDECIDED_WARNING_SECS && !oldest.warned {
+                oldest.warned = true;
+                tracing::warn!(
+                    xid = %oldest.xid,
+                    rows = oldest.rows.len(),
+                    undecided_secs = undecided,
+                    checkpoint = %oldest.hold,
+                    "an XA transaction with outbox rows is still prepared: the checkpoint stays before it (a restart re-reads the log from there) until XA COMMIT or XA ROLLBACK; decide it (XA RECOVER lists it)"
+                );
+            }
+        }
         if let Some((domain, server, seq)) = self.pending_gtid.take() {
             if let Some(g) = self.gtid.as_mut() {
                 g.apply(domain, server, seq);

@@ -71,7 +71,8 @@ impl MariaGtid {
 /// the xid in the form the server writes in `XA COMMIT`/`XA ROLLBACK` statements (see [`xid_key`]).
 pub fn parse_xa_prepare(data: &[u8]) -> Option<(bool, String)> {
     let one_phase = *data.first()? != 0;
-    let format_id = i32::from_le_bytes(data.get(1..5)?.try_into().ok()?);
+    // Unsigned, as the server prints it in `XA COMMIT` (MySQL allows the full 32 bits).
+    let format_id = u32::from_le_bytes(data.get(1..5)?.try_into().ok()?);
     let gtrid = u32::from_le_bytes(data.get(5..9)?.try_into().ok()?) as usize;
     let bqual = u32::from_le_bytes(data.get(9..13)?.try_into().ok()?) as usize;
     let bytes = data.get(13..13usize.checked_add(gtrid)?.checked_add(bqual)?)?;

@@ -137,6 +137,9 @@ pub struct MysqlSource {
     identity: SourceIdentity,
     start: BinlogPosition,
     metrics: Arc<Metrics>,
+    /// Whether the checkpoint came from this very server (or names none). Then a server "behind" it
+    /// lost a binlog tail it had written (a crash with `sync_binlog=0`), which waiting cannot cure.
+    own_checkpoint: bool,
 }
 
 impl MysqlSource {
@@ -162,6 +165,11 @@ impl MysqlSource {
             system_identifier: None,
             slot: None,
         };
+        let own_checkpoint = resume.is_none_or(|(stored, _)| {
+            stored.server_id.is_none()
+                || (stored.server_id == identity.server_id
+                    && (stored.server_uuid.is_none() || stored.server_uuid == identity.server_uuid))
+        });
         let start = match resume {
             Some((stored, position)) => {
                 let start = BinlogPosition::from_position(position)?;
@@ -251,6 +259,7 @@ impl MysqlSource {
             identity,
             start,
             metrics,
+            own_checkpoint,
         })
     }
 
@@ -287,7 +296,13 @@ impl MysqlSource {
                         .remedy("outboxd reconnects by itself")
                         .transient())
                 }
-                Ok(Some(Err(e))) => return Err(map_stream_err(e, self.decoder.boundary())),
+                Ok(Some(Err(e))) => {
+                    return Err(map_stream_err(
+                        e,
+                        self.decoder.boundary(),
+                        self.own_checkpoint,
+                    ))
+                }
                 Ok(Some(Ok(event))) => event,
             };
             self.metrics.source_event();
@@ -560,12 +575,24 @@ fn map_err(e: mysql_async::Error, config: &Config) -> Error {
     }
 }
 
-fn map_stream_err(e: mysql_async::Error, at: &BinlogPosition) -> Error {
+fn map_stream_err(e: mysql_async::Error, at: &BinlogPosition, own_checkpoint: bool) -> Error {
     match e {
-        // The server has not (yet) written what the checkpoint says was read: a replica that lags
-        // behind the one outboxd read before, or a server whose binlog tail was lost in a crash
-        // (`sync_binlog=0`). Moving the checkpoint would skip rows; waiting (or the next host) is
-        // the cure.
+        // The server has not written what the checkpoint says was read. On the server that wrote
+        // the checkpoint, that means it lost a binlog tail in a crash (`sync_binlog=0`): its crash
+        // recovery rolled those transactions back, new ones reuse their positions and GTIDs, and
+        // waiting would resume after the new ones (skipping them) or never. Stop and say where to
+        // resume.
+        mysql_async::Error::Server(se)
+            if se.code == ER_BINLOG_GONE && server_is_behind(&se.message) && own_checkpoint =>
+        {
+            Error::source(format!(
+                "the server is behind the checkpoint {at}, which it wrote itself: its binlog lost events outboxd had already read (a crash with sync_binlog=0?): {}",
+                se.message
+            ))
+            .remedy("those transactions were rolled back by the server's crash recovery, and new ones may reuse their GTIDs/positions. Resume where the binlog continues after the restart: `outboxd checkpoint set FILE:4` with the first binlog file the server opened after the crash (SHOW BINARY LOGS)")
+        }
+        // A replica that lags behind the server outboxd read before: waiting (or the next host)
+        // is the cure; moving the checkpoint would skip rows.
         mysql_async::Error::Server(se) if se.code == ER_BINLOG_GONE && server_is_behind(&se.message) => {
             Error::source(format!(
                 "the server is behind the checkpoint {at}: {}",

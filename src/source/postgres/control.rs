@@ -205,10 +205,9 @@ impl Control {
     /// Creates the publication (`FOR TABLE … WITH (publish = 'insert', publish_via_partition_root =
     /// true)`) if missing; otherwise checks that it publishes inserts of every configured table.
     ///
-    /// A partitioned outbox is "in" a publication when its root or its leaves are listed: without
-    /// `publish_via_partition_root`, `pg_publication_tables` lists the leaves, and changes arrive under
-    /// the leaf names. outboxd maps those back to the root (see the decoder), but says how to set the
-    /// option, because with it new partitions need nothing at all.
+    /// A partitioned outbox needs `publish_via_partition_root`: with it every row, of partitions
+    /// added later too, arrives under the outbox's own name (decoded with the catalog of its time);
+    /// without it rows arrive under the partitions' names, so it is refused with the `ALTER` to run.
     pub async fn ensure_publication(&self, name: &str, tables: &[String]) -> Result<()> {
         let row = self
             .client
@@ -245,16 +244,16 @@ impl Control {
                 .publication_state(name, table)
                 .await
                 .map_err(|e| self.failed("reading pg_publication_tables", e))?;
+            // Without the option the rows arrive under the partitions' names, and a partition
+            // detached before outboxd reads its rows could no longer be told from any other table.
+            if state.partitioned && !via_root {
+                return Err(Error::source(format!(
+                    "{table} is partitioned, and publication {name} sends its rows under the partitions' names (publish_via_partition_root is off)"
+                ))
+                .remedy(via_root_sql(name)));
+            }
             if !all && !state.published {
                 missing.push(quote_table(table));
-            }
-            if state.partitioned && !via_root {
-                tracing::warn!(
-                    publication = name,
-                    table = %table,
-                    remedy = %via_root_sql(name),
-                    "the outbox is partitioned and the publication sends its rows under the partitions' names: outboxd maps them back to {table}, but set publish_via_partition_root = true so partitions added later need nothing"
-                );
             }
         }
         if !missing.is_empty() {
@@ -271,8 +270,9 @@ impl Control {
         Ok(())
     }
 
-    /// Whether `table` exists, is partitioned, and is published by `publication` (itself, or, for a
-    /// partitioned table, any of its partitions).
+    /// Whether `table` exists, is partitioned, and is published by `publication` under its own name
+    /// (for a partitioned table that needs `publish_via_partition_root`; without it the publication
+    /// lists the partitions instead, which outboxd refuses anyway).
     pub async fn publication_state(
         &self,
         publication: &str,
@@ -284,10 +284,7 @@ impl Control {
             .query_opt(
                 "SELECT c.relkind = 'p', EXISTS ( \
                    SELECT 1 FROM pg_publication_tables pt \
-                   JOIN pg_namespace pn ON pn.nspname = pt.schemaname \
-                   JOIN pg_class pc ON pc.relnamespace = pn.oid AND pc.relname = pt.tablename \
-                   WHERE pt.pubname = $3 AND (pc.oid = c.oid \
-                     OR pc.oid IN (SELECT relid FROM pg_partition_tree(c.oid)))) \
+                   WHERE pt.pubname = $3 AND pt.schemaname = n.nspname AND pt.tablename = c.relname) \
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                  WHERE n.nspname = $1 AND c.relname = $2",
                 &[&schema, &name, &publication],
@@ -305,31 +302,50 @@ impl Control {
 
     /// The relation `relid` and its partition ancestors up to the root, as `schema.table` names
     /// (empty for a table that is no partition), or `None` when no such relation exists (any more).
+    /// One statement, so one catalog snapshot answers both questions.
     pub async fn partition_ancestors(&self, relid: u32) -> Result<Option<Vec<String>>> {
-        let exists: bool = self
+        let row = self
             .client
             .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_class WHERE oid = $1::oid)",
-                &[&relid],
-            )
-            .await
-            .map_err(|e| self.failed("reading pg_class", e))?
-            .get(0);
-        if !exists {
-            return Ok(None);
-        }
-        let rows = self
-            .client
-            .query(
-                "SELECT n.nspname || '.' || c.relname \
-                 FROM pg_partition_ancestors($1::oid::regclass) WITH ORDINALITY a(relid, depth) \
-                 JOIN pg_class c ON c.oid = a.relid JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 ORDER BY a.depth",
+                "SELECT EXISTS (SELECT 1 FROM pg_class WHERE oid = $1::oid), \
+                   ARRAY(SELECT n.nspname || '.' || c.relname \
+                     FROM pg_partition_ancestors($1::oid::regclass) WITH ORDINALITY a(relid, depth) \
+                     JOIN pg_class c ON c.oid = a.relid JOIN pg_namespace n ON n.oid = c.relnamespace \
+                     ORDER BY a.depth)",
                 &[&relid],
             )
             .await
             .map_err(|e| self.failed("reading the relation's partition ancestors", e))?;
-        Ok(Some(rows.iter().map(|r| r.get(0)).collect()))
+        let exists: bool = row.get(0);
+        Ok(exists.then(|| row.get(1)))
+    }
+
+    /// The relation OIDs of every partition (at any level) of the configured partitioned `tables`,
+    /// with the configured table each belongs to. Taken at session start: a partition detached
+    /// later keeps its OID, so rows decoded from before its detachment are still recognised.
+    pub async fn outbox_partitions(
+        &self,
+        tables: &[String],
+    ) -> Result<std::collections::HashMap<u32, String>> {
+        let mut partitions = std::collections::HashMap::new();
+        for table in tables {
+            let (schema, name) = split_table(table);
+            let rows = self
+                .client
+                .query(
+                    "SELECT p.relid::oid FROM pg_class c \
+                     JOIN pg_namespace n ON n.oid = c.relnamespace, \
+                     LATERAL pg_partition_tree(c.oid) p \
+                     WHERE n.nspname = $1 AND c.relname = $2 AND p.relid::oid <> c.oid",
+                    &[&schema, &name],
+                )
+                .await
+                .map_err(|e| self.failed("reading the outbox's partitions", e))?;
+            for row in rows {
+                partitions.insert(row.get::<_, u32>(0), table.clone());
+            }
+        }
+        Ok(partitions)
     }
 
     /// The slot's `confirmed_flush_lsn`, creating the slot (pgoutput) if missing.

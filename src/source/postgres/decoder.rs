@@ -45,6 +45,9 @@ pub struct Decoder {
     watched: HashSet<String>,
     /// Layouts of relations waiting for [`Decoder::resolve_relation`].
     unresolved: HashMap<u32, Table>,
+    /// Partitions of the configured tables by relation OID (known at session start), with the
+    /// configured table each belongs to.
+    partitions: HashMap<u32, Arc<str>>,
     prefixes: HashSet<String>,
     /// Relation id -> its layout if it is an outbox table, `None` for any other table.
     relations: HashMap<u32, Option<Table>>,
@@ -100,6 +103,7 @@ impl Decoder {
         Decoder {
             watched: watched.into_iter().collect(),
             unresolved: HashMap::new(),
+            partitions: HashMap::new(),
             prefixes: prefixes.into_iter().collect(),
             relations: HashMap::new(),
             in_txn: false,
@@ -112,6 +116,14 @@ impl Decoder {
 
     pub fn ignored(&self) -> Ignored {
         self.ignored
+    }
+
+    /// The partitions of the configured tables, by OID (see `Control::outbox_partitions`).
+    pub fn set_partitions(&mut self, partitions: impl IntoIterator<Item = (u32, String)>) {
+        self.partitions = partitions
+            .into_iter()
+            .map(|(oid, root)| (oid, Arc::from(root.as_str())))
+            .collect();
     }
 
     pub fn on_event(
@@ -204,6 +216,15 @@ impl Decoder {
                 };
                 if self.watched.contains(&name) {
                     self.relations.insert(r.id, Some(table));
+                } else if let Some(root) = self.partitions.get(&r.id) {
+                    // A partition of an outbox (even if detached since): its rows are the outbox's.
+                    self.relations.insert(
+                        r.id,
+                        Some(Table {
+                            name: root.clone(),
+                            ..table
+                        }),
+                    );
                 } else {
                     // Not ours by name; until its ancestors are known, no row of it is decided.
                     self.relations.remove(&r.id);
@@ -507,6 +528,29 @@ mod tests {
         assert!(
             matches!(out.pop_front(), Some(Change::Commit(b)) if b.position.to_string() == "0/200")
         );
+    }
+
+    #[test]
+    fn a_partition_known_by_oid_is_the_outbox_without_asking_even_once_detached() {
+        let mut d = Decoder::new(0, ["public.events".to_string()], Vec::<String>::new());
+        let mut out = VecDeque::new();
+        let Step::NeedAncestors { relation_id, .. } =
+            Decoder::new(0, ["public.events".to_string()], Vec::<String>::new())
+                .on_event(xlog(RELATION_OUTBOX), &mut out)
+                .unwrap()
+        else {
+            panic!()
+        };
+        d.set_partitions([(relation_id, "public.events".to_string())]);
+        assert_eq!(
+            d.on_event(xlog(RELATION_OUTBOX), &mut out).unwrap(),
+            Step::Continue
+        );
+        d.on_event(xlog(INSERT_OUTBOX), &mut out).unwrap();
+        let Some(Change::Row(row)) = out.pop_front() else {
+            panic!("{out:?}")
+        };
+        assert_eq!(&*row.table, "public.events");
     }
 
     #[test]

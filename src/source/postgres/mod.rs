@@ -180,6 +180,7 @@ impl PostgresSource {
             position = %pgoutput::lsn_to_string(start),
             "replication stream opened"
         );
+        let partitions = control.outbox_partitions(&source.tables).await?;
         let busy_limit = control
             .wal_sender_timeout()
             .await
@@ -191,11 +192,15 @@ impl PostgresSource {
         Ok(PostgresSource {
             client,
             control,
-            decoder: Decoder::new(
-                start,
-                source.tables.iter().cloned(),
-                source.message_prefixes.iter().cloned(),
-            ),
+            decoder: {
+                let mut decoder = Decoder::new(
+                    start,
+                    source.tables.iter().cloned(),
+                    source.message_prefixes.iter().cloned(),
+                );
+                decoder.set_partitions(partitions);
+                decoder
+            },
             buffer: VecDeque::new(),
             identity,
             start,

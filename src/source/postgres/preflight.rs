@@ -203,7 +203,13 @@ async fn check(
             items.push(Item::pass(SUBJECT, format!("publication {publication} will be created for {table} at start (needs table ownership)")));
             continue;
         }
-        if state.published || all_tables {
+        if state.partitioned && !via_root {
+            items.push(Item::fail(
+                SUBJECT,
+                format!("{table} is partitioned and publication {publication} sends its rows under the partitions' names (publish_via_partition_root is off)"),
+                super::control::via_root_sql(publication),
+            ));
+        } else if state.published || all_tables {
             items.push(Item::pass(
                 SUBJECT,
                 format!("{table} is in publication {publication}"),
@@ -216,13 +222,6 @@ async fn check(
                     "ALTER PUBLICATION \"{publication}\" ADD TABLE {};",
                     quote_table(table)
                 ),
-            ));
-        }
-        if state.partitioned && !via_root {
-            items.push(Item::warn(
-                SUBJECT,
-                format!("{table} is partitioned and publication {publication} sends its rows under the partitions' names (publish_via_partition_root is off); outboxd maps them back to {table}"),
-                super::control::via_root_sql(publication),
             ));
         }
     }
