@@ -583,14 +583,19 @@ fn secrets_in(doc: &toml::Table) -> Vec<String> {
         }
         if let Some(url) = source.get("url").and_then(toml::Value::as_str) {
             for one in source_urls(url) {
-                if let Some(p) = url::Url::parse(&one)
-                    .ok()
-                    .and_then(|u| u.password().map(String::from))
-                {
-                    if let Ok(decoded) = percent_encoding::percent_decode_str(&p).decode_utf8() {
+                let Ok(parsed) = url::Url::parse(&one) else {
+                    continue;
+                };
+                if let Some(p) = parsed.password() {
+                    if let Ok(decoded) = percent_encoding::percent_decode_str(p).decode_utf8() {
                         secrets.push(decoded.into_owned());
                     }
-                    secrets.push(p);
+                    secrets.push(p.to_string());
+                }
+                for (key, value) in parsed.query_pairs() {
+                    if is_secret_key(&key) {
+                        secrets.push(value.into_owned());
+                    }
                 }
             }
         }

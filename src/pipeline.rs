@@ -269,8 +269,9 @@ async fn run_session(
     ));
 
     let mut open_rows = false;
-    // Topics this session found to exist (asked once each; see `KafkaSink::topic_exists`).
-    let mut topics: std::collections::HashSet<String> = std::collections::HashSet::new();
+    // What this session learned about each topic it asked about (exists or not; asked once each,
+    // see `KafkaSink::topic_exists`).
+    let mut topics: std::collections::HashMap<String, bool> = std::collections::HashMap::new();
     // One deadline for the whole drain (open transaction, then acks), from the moment stopping began.
     let drain_timeout = Duration::from_millis(config.kafka.drain_timeout_ms);
     let mut stopping: Option<Instant> = None;
@@ -337,8 +338,8 @@ async fn run_session(
             Some(Ok(Change::Row(row))) => {
                 open_rows = true;
                 let record = match router.route(&row) {
-                    // The hot path: a topic this session already knows.
-                    Ok(record) if topics.contains(&record.topic) => record,
+                    // The hot path: a topic this session already knows to exist.
+                    Ok(record) if topics.get(&record.topic) == Some(&true) => record,
                     // A new topic (asked about once), or a dead letter: may wait on the broker, so
                     // a shutdown request or the drain deadline interrupts it (the open transaction
                     // is then sent again on restart).
@@ -357,6 +358,7 @@ async fn run_session(
                                 Ok(record) => record,
                                 Err(e) => break Err(e),
                             },
+                            e = tracker.failed() => break Err(e),
                             _ = shutdown.wait_for(|stop| *stop), if stopping.is_none() => {
                                 tracing::info!("shutdown requested while asking the broker about a topic; the open transaction is sent again on restart");
                                 break Ok(SessionEnd::Shutdown);
@@ -629,21 +631,28 @@ async fn write_checkpoints(
 /// The record for `row` given what the router made of it (`routed`): the record, once its topic is
 /// known to exist, or its dead-letter record when it cannot be delivered (the router refuses it, or
 /// its topic does not exist and the broker does not create it), or the error that stops the
-/// pipeline. Each topic is asked about once per session (`topics` remembers the ones that exist).
+/// pipeline. Each topic is asked about once per session (`topics` remembers the answer, so rows for
+/// a missing topic do not wait for the broker again).
 async fn resolve_record(
     config: &Config,
     router: &Router,
     sink: &KafkaSink,
-    topics: &mut std::collections::HashSet<String>,
+    topics: &mut std::collections::HashMap<String, bool>,
     metrics: &Metrics,
     row: &Row,
     routed: std::result::Result<Record, Unroutable>,
 ) -> Result<Record> {
     let why = match routed {
-        Ok(record) if topics.contains(&record.topic) => return Ok(record),
         Ok(record) => {
-            if sink.topic_exists(&record.topic).await? {
-                topics.insert(record.topic.clone());
+            let exists = match topics.get(&record.topic) {
+                Some(known) => *known,
+                None => {
+                    let exists = sink.topic_exists(&record.topic).await?;
+                    topics.insert(record.topic.clone(), exists);
+                    exists
+                }
+            };
+            if exists {
                 return Ok(record);
             }
             Unroutable {
@@ -657,7 +666,7 @@ async fn resolve_record(
         Err(why) => why,
     };
     let record = dead_letter(config, router, row, &why)?;
-    if !topics.contains(&record.topic) {
+    if topics.get(&record.topic) != Some(&true) {
         if !sink.topic_exists(&record.topic).await? {
             return Err(Error::unroutable(format!(
                 "row of {} at {} cannot be routed ({}: {}), and the dead-letter topic {} does not exist",
@@ -668,7 +677,7 @@ async fn resolve_record(
                 record.topic
             )));
         }
-        topics.insert(record.topic.clone());
+        topics.insert(record.topic.clone(), true);
     }
     metrics.dead_letter(why.reason);
     Ok(record)

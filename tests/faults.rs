@@ -133,17 +133,28 @@ fn a_purged_binlog_is_an_error_with_a_remedy_not_a_restart_from_zero() {
     assert_eq!(env.outboxd.checkpoint()["position"]["file"], file.as_str());
 }
 
+/// Writes a checkpoint by hand: pipeline `name`, written against `server_id`, at the top of the first
+/// binlog file.
+fn write_checkpoint(env: &Env, name: &str, server_id: u32) {
+    let checkpoint = serde_json::json!({
+        "version": 1, "name": name, "source": {"kind": "mysql", "server_id": server_id},
+        "position": {"file": "mariadb-bin.000001", "pos": 4}, "updated_at": "2026-01-01T00:00:00Z",
+    });
+    std::fs::write(env.outboxd.checkpoint_path(), checkpoint.to_string()).unwrap();
+}
+
+/// `outboxd run` to its (failed) end; its stderr.
+fn failed_run(env: &Env) -> String {
+    let out = env.outboxd.command(&["run"]).output().unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn a_checkpoint_of_another_pipeline_is_refused() {
     let env = setup("mine", "");
-    let foreign = serde_json::json!({
-        "version": 1, "name": "theirs", "source": {"kind": "mysql", "server_id": 1},
-        "position": {"file": "mariadb-bin.000001", "pos": 4}, "updated_at": "2026-01-01T00:00:00Z",
-    });
-    std::fs::write(env.outboxd.checkpoint_path(), foreign.to_string()).unwrap();
-    let out = env.outboxd.command(&["run"]).output().unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    write_checkpoint(&env, "theirs", 1);
+    let stderr = failed_run(&env);
     assert!(
         stderr.contains("belongs to pipeline \"theirs\""),
         "{stderr}"
@@ -154,14 +165,8 @@ fn a_checkpoint_of_another_pipeline_is_refused() {
 fn checkpoint_set_is_the_remedy_that_works_for_a_checkpoint_from_another_server() {
     let mut env = setup("elsewhere", "");
     // Written against server 4242 by FILE:POS alone: meaningless here, so `run` refuses it.
-    let foreign = serde_json::json!({
-        "version": 1, "name": "elsewhere", "source": {"kind": "mysql", "server_id": 4242},
-        "position": {"file": "mariadb-bin.000001", "pos": 4}, "updated_at": "2026-01-01T00:00:00Z",
-    });
-    std::fs::write(env.outboxd.checkpoint_path(), foreign.to_string()).unwrap();
-    let out = env.outboxd.command(&["run"]).output().unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    write_checkpoint(&env, "elsewhere", 4242);
+    let stderr = failed_run(&env);
     assert!(
         stderr.contains("written against server_id") && stderr.contains("checkpoint set"),
         "{stderr}"
@@ -599,9 +604,7 @@ fn a_checkpoint_beyond_the_servers_own_binlog_stops_with_where_to_resume_instead
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = env.outboxd.command(&["run"]).output().unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = failed_run(&env);
     assert!(
         stderr.contains("behind the checkpoint") && stderr.contains("checkpoint set"),
         "{stderr}"

@@ -259,6 +259,21 @@ fn output_with_env(outboxd: &Outboxd, args: &[&str], env: &[(&str, &str)]) -> (b
     (out.status.success(), text)
 }
 
+/// stdout + stderr of `outboxd ARGS` without the rig's database password in the environment (the
+/// config's own password, planted, is used).
+fn output_without_password_env(outboxd: &Outboxd, args: &[&str]) -> String {
+    let out = outboxd
+        .command(args)
+        .env_remove("OUTBOXD_SOURCE__PASSWORD")
+        .output()
+        .unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 #[test]
 fn no_command_prints_a_planted_secret() {
     let mut env = setup("secrets", "");
@@ -311,17 +326,7 @@ fn no_command_prints_a_planted_secret() {
     env.outboxd
         .rewrite_config(&config_body(&url, &bootstrap, "", ""));
     for args in [&["check"][..], &["run"]] {
-        let out = env
-            .outboxd
-            .command(args)
-            .env_remove("OUTBOXD_SOURCE__PASSWORD")
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = output_without_password_env(&env.outboxd, args);
         assert!(
             text.contains("refused the login") || text.contains("Access denied"),
             "{text}"
@@ -336,17 +341,7 @@ fn no_command_prints_a_planted_secret() {
             &format!("[source]\npassword_file = \"{}\"\n", file.display()),
         ));
     for args in [&["check"][..], &["run"]] {
-        let out = env
-            .outboxd
-            .command(args)
-            .env_remove("OUTBOXD_SOURCE__PASSWORD")
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = output_without_password_env(&env.outboxd, args);
         assert_no_secret(&format!("{args:?} with a password file"), &text);
     }
     // A Postgres URL carrying its password as a query parameter is refused by the parameter's name.

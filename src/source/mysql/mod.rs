@@ -165,11 +165,20 @@ impl MysqlSource {
             system_identifier: None,
             slot: None,
         };
-        let own_checkpoint = resume.is_none_or(|(stored, _)| {
-            stored.server_id.is_none()
-                || (stored.server_id == identity.server_id
-                    && (stored.server_uuid.is_none() || stored.server_uuid == identity.server_uuid))
+        // "Behind its own checkpoint" is told from "a replica lagging behind another server" by the
+        // identity in the checkpoint. A FILE:POS position always belongs to this server (see
+        // `check_identity`); a GTID position only when the checkpoint names this server (one set
+        // by hand names none, and may be read on any host).
+        let gtid_resume = resume.is_some_and(|(_, p)| {
+            BinlogPosition::from_position(p)
+                .is_ok_and(|b| server.is_mariadb && b.gtid.as_ref().is_some_and(|g| !g.is_empty()))
         });
+        let own_checkpoint = !gtid_resume
+            || resume.is_some_and(|(stored, _)| {
+                stored.server_id.is_some()
+                    && stored.server_id == identity.server_id
+                    && (stored.server_uuid.is_none() || stored.server_uuid == identity.server_uuid)
+            });
         let start = match resume {
             Some((stored, position)) => {
                 let start = BinlogPosition::from_position(position)?;
@@ -627,6 +636,7 @@ fn server_is_behind(message: &str) -> bool {
         && !purged
         && (m.contains("not in the master's binlog")
             || m.contains("impossible position")
+            || m.contains("position > file size")
             || m.contains("beyond the end"))
 }
 
@@ -639,6 +649,10 @@ mod tests {
         // MariaDB 10.11's texts for error 1236.
         assert!(server_is_behind("Error: connecting slave requested to start from GTID 0-1-57, which is not in the master's binlog"));
         assert!(server_is_behind("Client requested master to start replication from impossible position; the first event 'mariadb-bin.000001' at 9999"));
+        // MySQL's text for the same case.
+        assert!(server_is_behind(
+            "Client requested master to start replication from position > file size"
+        ));
         assert!(!server_is_behind("Error: connecting slave requested to start from GTID 0-1-57, which is not in the master's binlog. Since the master's binlog contains GTIDs with higher sequence numbers, it probably means that the slave has diverged due to executing extra erroneous transactions"));
         assert!(!server_is_behind("Could not find GTID state requested by slave in any binlog files. Probably the slave state is too old and required binlog files have been purged."));
         assert!(!server_is_behind(

@@ -184,7 +184,14 @@ impl Decoder {
         let Some(mut table) = self.unresolved.remove(&relation_id) else {
             return Ok(());
         };
+        let known = self.partitions.get(&relation_id).cloned();
         let Some(ancestors) = ancestors else {
+            // Dropped since; a partition of an outbox at session start keeps its OID.
+            if let Some(root) = known {
+                table.name = root;
+                self.relations.insert(relation_id, Some(table));
+                return Ok(());
+            }
             return Err(Error::source(format!(
                 "rows of relation {} (oid {relation_id}) arrived, but the relation no longer exists, so outboxd cannot tell whether it was a partition of an outbox table",
                 table.name
@@ -192,6 +199,14 @@ impl Decoder {
             .remedy("set publish_via_partition_root = true on the publication (then partitions' rows arrive under the outbox's own name); if that relation was not part of the outbox, move the checkpoint past this transaction with `outboxd checkpoint set`"));
         };
         let root = ancestors.into_iter().find(|a| self.watched.contains(a));
+        if root.is_none() {
+            if let Some(outbox) = known {
+                // Detached since the session started. With publish_via_partition_root (which
+                // outboxd requires) its rows from before arrived under the outbox's own name; what
+                // arrives under its own name was written after it left the outbox.
+                tracing::warn!(relation = %table.name, outbox = %outbox, "a former partition of the outbox publishes rows of its own: not forwarded");
+            }
+        }
         let entry = root.map(|root| {
             table.name = root.into();
             table
@@ -216,15 +231,6 @@ impl Decoder {
                 };
                 if self.watched.contains(&name) {
                     self.relations.insert(r.id, Some(table));
-                } else if let Some(root) = self.partitions.get(&r.id) {
-                    // A partition of an outbox (even if detached since): its rows are the outbox's.
-                    self.relations.insert(
-                        r.id,
-                        Some(Table {
-                            name: root.clone(),
-                            ..table
-                        }),
-                    );
                 } else {
                     // Not ours by name; until its ancestors are known, no row of it is decided.
                     self.relations.remove(&r.id);
@@ -531,7 +537,7 @@ mod tests {
     }
 
     #[test]
-    fn a_partition_known_by_oid_is_the_outbox_without_asking_even_once_detached() {
+    fn a_partition_known_by_oid_at_session_start_is_the_outbox_even_once_dropped() {
         let mut d = Decoder::new(0, ["public.events".to_string()], Vec::<String>::new());
         let mut out = VecDeque::new();
         let Step::NeedAncestors { relation_id, .. } =
@@ -542,10 +548,12 @@ mod tests {
             panic!()
         };
         d.set_partitions([(relation_id, "public.events".to_string())]);
-        assert_eq!(
+        assert!(matches!(
             d.on_event(xlog(RELATION_OUTBOX), &mut out).unwrap(),
-            Step::Continue
-        );
+            Step::NeedAncestors { .. }
+        ));
+        // Dropped since the session started: still the outbox's, by its OID.
+        d.resolve_relation(relation_id, None).unwrap();
         d.on_event(xlog(INSERT_OUTBOX), &mut out).unwrap();
         let Some(Change::Row(row)) = out.pop_front() else {
             panic!("{out:?}")
