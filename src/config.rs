@@ -267,6 +267,8 @@ impl Config {
         config.kafka.properties =
             lowercase_properties(std::mem::take(&mut config.kafka.properties))?;
         config.validate()?;
+        // Now also what only the whole config knows (a password file's content).
+        crate::secrets::register(config.secret_values());
         Ok(config)
     }
 
@@ -539,21 +541,7 @@ impl Config {
         if let Ok(Some(p)) = self.source_password() {
             secrets.push(p);
         }
-        for one in source_urls(&self.source.url) {
-            if let Ok(url) = url::Url::parse(&one) {
-                if let Some(p) = url.password() {
-                    secrets.push(p.to_string());
-                    if let Ok(decoded) = percent_encoding::percent_decode_str(p).decode_utf8() {
-                        secrets.push(decoded.into_owned());
-                    }
-                }
-                for (key, value) in url.query_pairs() {
-                    if is_secret_key(&key) {
-                        secrets.push(value.into_owned());
-                    }
-                }
-            }
-        }
+        secrets.extend(url_secrets(&self.source.url));
         for (key, value) in &self.kafka.properties {
             if is_secret_key(key) {
                 secrets.push(value.clone());
@@ -582,22 +570,7 @@ fn secrets_in(doc: &toml::Table) -> Vec<String> {
             secrets.push(text(p));
         }
         if let Some(url) = source.get("url").and_then(toml::Value::as_str) {
-            for one in source_urls(url) {
-                let Ok(parsed) = url::Url::parse(&one) else {
-                    continue;
-                };
-                if let Some(p) = parsed.password() {
-                    if let Ok(decoded) = percent_encoding::percent_decode_str(p).decode_utf8() {
-                        secrets.push(decoded.into_owned());
-                    }
-                    secrets.push(p.to_string());
-                }
-                for (key, value) in parsed.query_pairs() {
-                    if is_secret_key(&key) {
-                        secrets.push(value.into_owned());
-                    }
-                }
-            }
+            secrets.extend(url_secrets(url));
         }
     }
     if let Some(properties) = section("kafka")
@@ -607,6 +580,29 @@ fn secrets_in(doc: &toml::Table) -> Vec<String> {
         for (key, value) in properties {
             if is_secret_key(key) {
                 secrets.push(text(value));
+            }
+        }
+    }
+    secrets
+}
+
+/// The secrets a `source.url` (one host or several) carries: its password, as written and decoded,
+/// and the values of secret-looking query parameters.
+fn url_secrets(raw: &str) -> Vec<String> {
+    let mut secrets = Vec::new();
+    for one in source_urls(raw) {
+        let Ok(url) = url::Url::parse(&one) else {
+            continue;
+        };
+        if let Some(p) = url.password() {
+            secrets.push(p.to_string());
+            if let Ok(decoded) = percent_encoding::percent_decode_str(p).decode_utf8() {
+                secrets.push(decoded.into_owned());
+            }
+        }
+        for (key, value) in url.query_pairs() {
+            if is_secret_key(&key) {
+                secrets.push(value.into_owned());
             }
         }
     }

@@ -158,8 +158,8 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
         return Ok(ExitCode::SUCCESS);
     }
     let path = cli.config.unwrap_or_else(|| PathBuf::from("outboxd.toml"));
+    // Loading registers the config's secrets for scrubbing (see `outboxd::secrets`).
     let config = Config::load(&path)?;
-    outboxd::secrets::register(config.secret_values());
     match cli.command {
         Command::Schema { .. } => unreachable!("handled above"),
         Command::Run { skip_checks } => runtime()?.block_on(async {

@@ -99,8 +99,7 @@ fn a_purged_binlog_is_an_error_with_a_remedy_not_a_restart_from_zero() {
     let checkpoint = env.outboxd.checkpoint();
     let file = checkpoint["position"]["file"].as_str().unwrap().to_string();
     env.db.sql_socket("FLUSH BINARY LOGS; FLUSH BINARY LOGS;");
-    let current = env.db.sql_socket("SHOW MASTER STATUS;");
-    let current = current.split('\t').next().unwrap();
+    let (current, _) = env.db.binlog_end();
     env.db
         .sql_socket(&format!("PURGE BINARY LOGS TO '{current}';"));
     // MariaDB resumes by GTID; make the position file-based to hit the purged file.
@@ -143,6 +142,20 @@ fn write_checkpoint(env: &Env, name: &str, server_id: u32) {
     std::fs::write(env.outboxd.checkpoint_path(), checkpoint.to_string()).unwrap();
 }
 
+/// `outboxd checkpoint set POSITION`, which must succeed.
+fn checkpoint_set(env: &Env, position: &str) {
+    let out = env
+        .outboxd
+        .command(&["checkpoint", "set", position])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `outboxd run` to its (failed) end; its stderr.
 fn failed_run(env: &Env) -> String {
     let out = env.outboxd.command(&["run"]).output().unwrap();
@@ -172,19 +185,8 @@ fn checkpoint_set_is_the_remedy_that_works_for_a_checkpoint_from_another_server(
         "{stderr}"
     );
     // The remedy it names: a position valid on this server.
-    let status = env.db.sql_socket("SHOW MASTER STATUS;");
-    let mut cols = status.split('\t');
-    let here = format!("{}:{}", cols.next().unwrap(), cols.next().unwrap());
-    let out = env
-        .outboxd
-        .command(&["checkpoint", "set", &here])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (file, pos) = env.db.binlog_end();
+    checkpoint_set(&env, &format!("{file}:{pos}"));
     env.outboxd.start();
     insert_rows(&env.db, 0, 3, 1);
     assert_eq!(consume_all(&env, 3).len(), 3, "{}", env.outboxd.log());
@@ -591,19 +593,8 @@ fn a_checkpoint_beyond_the_servers_own_binlog_stops_with_where_to_resume_instead
     // As if the server lost the binlog tail outboxd had read (a crash with sync_binlog=0): the
     // position is past the end of its own file. Waiting would never end (or, by GTID, would skip the
     // transactions that reuse the lost positions).
-    let status = env.db.sql_socket("SHOW MASTER STATUS;");
-    let file = status.split('\t').next().unwrap().to_string();
-    let beyond = format!("{file}:999999999");
-    let out = env
-        .outboxd
-        .command(&["checkpoint", "set", &beyond])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (file, _) = env.db.binlog_end();
+    checkpoint_set(&env, &format!("{file}:999999999"));
     let stderr = failed_run(&env);
     assert!(
         stderr.contains("behind the checkpoint") && stderr.contains("checkpoint set"),

@@ -60,12 +60,7 @@ fn sigterm_then_restart_forwards_rows_written_while_down_and_checkpoints_the_las
     check_records(&records, 0..520);
     env.outboxd.stop();
 
-    let status = env.db.sql_socket("SHOW MASTER STATUS;");
-    let mut cols = status.split('\t');
-    let (file, pos) = (
-        cols.next().unwrap().to_string(),
-        cols.next().unwrap().parse::<u64>().unwrap(),
-    );
+    let (file, pos) = env.db.binlog_end();
     let gtid = env
         .db
         .sql_socket("SELECT @@gtid_binlog_pos;")
@@ -598,8 +593,7 @@ fn sigterm_with_a_full_window_and_a_frozen_broker_exits_at_the_drain_deadline_wi
     env.outboxd.start();
     insert_rows(&env.db, 0, 5, 1);
     assert_eq!(consume_all(&env, 5).len(), 5);
-    let status = env.db.sql_socket("SHOW MASTER STATUS;");
-    let end: u64 = status.split('\t').nth(1).unwrap().parse().unwrap();
+    let (_, end) = env.db.binlog_end();
     wait_until("the first rows to be checkpointed", LIMIT, || {
         env.outboxd.checkpoint()["position"]["pos"] == end
     });

@@ -105,6 +105,15 @@ impl MariaDb {
         self.dir.path()
     }
 
+    /// The binlog's current end (`SHOW MASTER STATUS`): file and position.
+    pub fn binlog_end(&self) -> (String, u64) {
+        let status = self.sql_socket("SHOW MASTER STATUS;");
+        let mut cols = status.split('\t');
+        let file = cols.next().unwrap().to_string();
+        let pos = cols.next().unwrap().trim().parse().unwrap();
+        (file, pos)
+    }
+
     /// Runs SQL through the admin socket with the `mariadb` client; returns its tab-separated output.
     pub fn sql_socket(&self, sql: &str) -> String {
         sql_at(&self.socket(), sql)
