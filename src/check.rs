@@ -156,7 +156,7 @@ pub async fn run(config: &Config) -> Report {
             Ok(Some(c)) => {
                 items.push(Item::pass(
                     "checkpoint",
-                    format!("{} at {}", store.path().display(), c.position()),
+                    format!("{} at {}", store.path().display(), c.position),
                 ));
                 Some(c)
             }

@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::route::Router;
 use crate::sink::kafka::KafkaSink;
-use crate::source::mysql::{reached, BinlogFileSource};
+use crate::source::mysql::BinlogFileSource;
 use crate::source::{Change, Position};
 
 /// Text when the bytes are UTF-8, else `{"base64": …}`.
@@ -78,7 +78,7 @@ pub fn binlog_files(
                 }
             }
             Change::Commit(b) | Change::Idle(b) => {
-                if to.is_some_and(|to| reached(&b.position, to)) {
+                if to.is_some_and(|to| b.position.reached(to)) {
                     return Ok(rows);
                 }
                 continue;

@@ -261,7 +261,7 @@ fn starting_point(
 ) -> Result<(SourceIdentity, outboxd::source::Position), Error> {
     if store.list_saved()?.iter().any(|(label, _)| label == from) {
         let saved = store.load_saved(from)?;
-        return Ok((saved.source.clone(), saved.position()));
+        return Ok((saved.source.clone(), saved.position.clone()));
     }
     let position = outboxd::source::parse_position(config.source.kind, from).map_err(|e| {
         Error::config(format!(
@@ -292,7 +292,7 @@ fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), E
         CheckpointAction::Save { label } => {
             let store = Store::open_unlocked(dir, &config.name)?;
             let (path, c) = store.save(&label)?;
-            println!("saved {} as {label:?} ({})", c.position(), path.display());
+            println!("saved {} as {label:?} ({})", c.position, path.display());
         }
         CheckpointAction::List => {
             let store = Store::open_unlocked(dir, &config.name)?;
@@ -301,7 +301,7 @@ fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), E
                 println!("no saved checkpoints in {}", store.saved_dir().display());
             }
             for (label, c) in saved {
-                println!("{label}\t{}\t{}", c.position(), c.updated_at);
+                println!("{label}\t{}\t{}", c.position, c.updated_at);
             }
         }
         CheckpointAction::Set { position } => {
@@ -319,7 +319,7 @@ fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), E
             let c = store.write(&identity, &position)?;
             println!(
                 "checkpoint set to {} ({})",
-                c.position(),
+                c.position,
                 store.path().display()
             );
         }

@@ -223,7 +223,9 @@ async fn run_session(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<SessionEnd> {
     let stored = store.load()?;
-    let resume = stored.as_ref().map(|c| (c.source.clone(), c.position()));
+    let resume = stored
+        .as_ref()
+        .map(|c| (c.source.clone(), c.position.clone()));
     // The resumed position is durable already; the writer publishes every newer one.
     let (durable_tx, durable_rx) = watch::channel(resume.as_ref().map(|(_, p)| p.clone()));
     // The producer is created first so that it gets ready while the source connects.
@@ -409,9 +411,7 @@ async fn run_session(
             Some(Ok(Change::Commit(boundary) | Change::Idle(boundary))) => {
                 open_rows = false;
                 metrics.source_time(boundary.committed_at);
-                let done = until.is_some_and(|to| {
-                    crate::source::reached(config.source.kind, &boundary.position, to)
-                });
+                let done = until.is_some_and(|to| boundary.position.reached(to));
                 tracker.boundary(boundary.position);
                 if done && stopping.is_none() {
                     tracing::info!("replay reached its end position");

@@ -90,7 +90,7 @@ fn a_mariadb_outbox_file_yields_its_two_rows_with_their_gtids() {
     let commits: Vec<String> = changes
         .iter()
         .filter_map(|c| match c {
-            Change::Commit(b) => Some(b.position.json()["gtid_set"].as_str().unwrap().to_string()),
+            Change::Commit(b) => Some(b.position.binlog().unwrap().gtid_text().unwrap()),
             _ => None,
         })
         .collect();
@@ -174,7 +174,7 @@ fn a_tagged_gtid_is_tracked_in_the_position() {
             _ => None,
         })
         .unwrap();
-    let gtids = commit.json()["gtid_set"].as_str().unwrap();
+    let gtids = commit.binlog().unwrap().gtid_text().unwrap();
     assert_eq!(gtids, "55778904-0299-11f1-b1b8-4ef0c4956feb:1-13:mytag:1-3");
 }
 
@@ -291,8 +291,8 @@ fn a_file_source_opened_at_from_starts_there_and_yields_only_what_follows() {
         .unwrap();
     let text = format!(
         "{}:{}",
-        first_commit.json()["file"].as_str().unwrap(),
-        first_commit.json()["pos"]
+        first_commit.binlog().unwrap().file,
+        first_commit.binlog().unwrap().pos
     );
     let from = outboxd::source::parse_position(outboxd::config::SourceKind::Mysql, &text).unwrap();
     let mut source = BinlogFileSource::open(

@@ -20,14 +20,8 @@ pub struct Checkpoint {
     pub version: u32,
     pub name: String,
     pub source: SourceIdentity,
-    pub position: serde_json::Value,
+    pub position: Position,
     pub updated_at: String,
-}
-
-impl Checkpoint {
-    pub fn position(&self) -> Position {
-        Position::from_json(self.position.clone())
-    }
 }
 
 /// The pipeline's checkpoint file, held under a lock for as long as this value lives.
@@ -176,7 +170,7 @@ impl Store {
             version: VERSION,
             name: self.name.clone(),
             source: source.clone(),
-            position: position.json().clone(),
+            position: position.clone(),
             updated_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         };
         write_atomically(&self.dir, &self.path, &checkpoint)?;
@@ -354,10 +348,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open_locked(dir.path(), "orders").unwrap();
         assert!(store.load().unwrap().is_none());
-        let pos = Position::from_json(serde_json::json!({"file": "b.000001", "pos": 77}));
+        let pos: Position =
+            serde_json::from_value(serde_json::json!({"file": "b.000001", "pos": 77})).unwrap();
         store.write(&identity(), &pos).unwrap();
         let back = store.load().unwrap().unwrap();
-        assert_eq!(back.position(), pos);
+        assert_eq!(back.position, pos);
         assert_eq!(back.source, identity());
         let leftovers: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
@@ -404,18 +399,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open_locked(dir.path(), "orders").unwrap();
         assert!(store.save("x").is_err(), "nothing to save yet");
-        let pos = Position::from_json(serde_json::json!({"file": "b.000001", "pos": 77}));
+        let pos: Position =
+            serde_json::from_value(serde_json::json!({"file": "b.000001", "pos": 77})).unwrap();
         store.write(&identity(), &pos).unwrap();
         store.save("before-deploy").unwrap();
         assert!(store.save("../evil").is_err());
         let saved = store.list_saved().unwrap();
         assert_eq!(saved.len(), 1);
         assert_eq!(saved[0].0, "before-deploy");
-        assert_eq!(store.load_saved("before-deploy").unwrap().position(), pos);
+        assert_eq!(store.load_saved("before-deploy").unwrap().position, pos);
         let label = store.reset().unwrap().unwrap();
         assert!(store.load().unwrap().is_none());
         assert_eq!(
-            store.load_saved(&label).unwrap().position(),
+            store.load_saved(&label).unwrap().position,
             pos,
             "reset keeps a copy"
         );

@@ -189,7 +189,7 @@ mod tests {
     use super::*;
 
     fn pos(n: u64) -> Position {
-        Position::from_json(serde_json::json!({ "n": n }))
+        Position::Lsn(crate::source::postgres::Lsn(n))
     }
 
     #[test]

@@ -4,10 +4,11 @@
 //! million-row transaction never sits in memory), then `Commit` with the position just after that
 //! transaction, or `Idle` with a boundary position when transactions without outbox rows (or heartbeats)
 //! pass. Everything between two boundaries belongs to the transaction the second one closes. Positions
-//! are opaque outside `source/*`: the pipeline only stores them in the checkpoint and hands them back
-//! on restart. Protocol bytes never leave this module.
+//! are typed values ([`Position`]): the pipeline compares them (`--to`), stores them in the checkpoint
+//! and hands them back on restart. Protocol bytes never leave this module.
 
 pub mod mysql;
+mod position;
 pub mod postgres;
 mod value;
 
@@ -19,6 +20,7 @@ use crate::config::{Config, SourceKind};
 use crate::error::Result;
 use crate::metrics::Metrics;
 
+pub use position::Position;
 pub use value::Value;
 
 /// One INSERT into an outbox table, decoded.
@@ -86,92 +88,6 @@ pub struct Boundary {
 pub struct Ignored {
     pub updates: u64,
     pub deletes: u64,
-}
-
-/// A resumable log position. Opaque: built and read only by the source that made it.
-///
-/// Sources make one per transaction, but only the few that reach a checkpoint write (or a log line)
-/// are ever rendered, so a position keeps its source's own form and renders its JSON and text on first
-/// use. Clones share one rendering.
-#[derive(Clone)]
-pub struct Position(Arc<Lazy<dyn PositionData>>);
-
-/// A source's own form of a position.
-pub(crate) trait PositionData: Send + Sync {
-    /// The form stored in the checkpoint file.
-    fn to_json(&self) -> serde_json::Value;
-    /// The form shown to people (logs, `checkpoint show`).
-    fn to_text(&self) -> String;
-}
-
-struct Lazy<T: ?Sized> {
-    rendered: std::sync::OnceLock<(serde_json::Value, Arc<str>)>,
-    data: T,
-}
-
-/// A position that arrived rendered (read from a checkpoint, or built from JSON by a source).
-struct Rendered;
-
-impl PositionData for Rendered {
-    fn to_json(&self) -> serde_json::Value {
-        unreachable!("rendered when built")
-    }
-    fn to_text(&self) -> String {
-        unreachable!("rendered when built")
-    }
-}
-
-impl Position {
-    pub(crate) fn new(json: serde_json::Value, text: impl Into<Arc<str>>) -> Self {
-        let rendered = std::sync::OnceLock::new();
-        let _ = rendered.set((json, text.into()));
-        Position(Arc::new(Lazy {
-            rendered,
-            data: Rendered,
-        }))
-    }
-
-    /// A position rendered from `data` when first needed.
-    pub(crate) fn lazy(data: impl PositionData + 'static) -> Self {
-        Position(Arc::new(Lazy {
-            rendered: std::sync::OnceLock::new(),
-            data,
-        }))
-    }
-
-    /// Rebuilds a position from its stored JSON (the source re-validates it when it uses it).
-    pub fn from_json(json: serde_json::Value) -> Self {
-        let text = json.to_string();
-        Position::new(json, text)
-    }
-
-    fn rendered(&self) -> &(serde_json::Value, Arc<str>) {
-        self.0
-            .rendered
-            .get_or_init(|| (self.0.data.to_json(), self.0.data.to_text().into()))
-    }
-
-    pub fn json(&self) -> &serde_json::Value {
-        &self.rendered().0
-    }
-}
-
-impl PartialEq for Position {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0) || self.json() == other.json()
-    }
-}
-
-impl std::fmt::Debug for Position {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Position({})", self.rendered().1)
-    }
-}
-
-impl std::fmt::Display for Position {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.rendered().1)
-    }
 }
 
 /// Which server a position belongs to; stored beside it so a checkpoint is never applied to the wrong
@@ -278,14 +194,6 @@ pub fn parse_position(kind: SourceKind, text: &str) -> Result<Position> {
     match kind {
         SourceKind::Mysql => mysql::parse_position(text),
         SourceKind::Postgres => postgres::parse_position(text),
-    }
-}
-
-/// Whether boundary `current` is at or past `target`.
-pub fn reached(kind: SourceKind, current: &Position, target: &Position) -> bool {
-    match kind {
-        SourceKind::Mysql => mysql::reached(current, target),
-        SourceKind::Postgres => postgres::reached(current, target),
     }
 }
 

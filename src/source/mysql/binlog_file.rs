@@ -75,7 +75,7 @@ impl BinlogFileSource {
         let mut skip_to = None;
         let mut start_pos = 4;
         if let Some(from) = from {
-            let from = BinlogPosition::from_position(from)?;
+            let from = from.binlog()?;
             start_pos = from.pos;
             let index = files
                 .iter()

@@ -83,28 +83,6 @@ pub fn parse_position(text: &str) -> Result<Position> {
     Ok(position.to_position())
 }
 
-/// Whether boundary `current` is at or past `target` (both from this source).
-pub fn reached(current: &Position, target: &Position) -> bool {
-    let (Ok(current), Ok(target)) = (
-        BinlogPosition::from_position(current),
-        BinlogPosition::from_position(target),
-    ) else {
-        return false;
-    };
-    match (
-        &current.gtid,
-        &target.gtid,
-        &current.mysql_gtids,
-        &target.mysql_gtids,
-    ) {
-        // A state built from the events seen (a replay from FILE:POS) may lack quiet domains: then
-        // only the file position can tell.
-        (Some(c), Some(t), _, _) if !t.is_empty() && c.has_domains_of(t) => c.covers(t),
-        (_, _, Some(c), Some(t)) if !t.is_empty() => c.covers(t),
-        _ => (current.file.as_str(), current.pos) >= (target.file.as_str(), target.pos),
-    }
-}
-
 /// The server's current end, where a stream without a checkpoint starts.
 pub async fn current_end_position(config: &Config) -> Result<Position> {
     let mut conn = Conn::new(connect_opts(config)?)
@@ -170,7 +148,7 @@ impl MysqlSource {
         // `check_identity`); a GTID position only when the checkpoint names this server (one set
         // by hand names none, and may be read on any host).
         let gtid_resume = resume.is_some_and(|(_, p)| {
-            BinlogPosition::from_position(p)
+            p.binlog()
                 .is_ok_and(|b| server.is_mariadb && b.gtid.as_ref().is_some_and(|g| !g.is_empty()))
         });
         let own_checkpoint = !gtid_resume
@@ -181,7 +159,7 @@ impl MysqlSource {
             });
         let start = match resume {
             Some((stored, position)) => {
-                let start = BinlogPosition::from_position(position)?;
+                let start = position.binlog()?.clone();
                 check_identity(stored, &identity, &start, server.is_mariadb)?;
                 start
             }

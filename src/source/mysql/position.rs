@@ -8,8 +8,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde_json::json;
-
 use crate::error::{Error, Result};
 use crate::source::Position;
 
@@ -198,19 +196,6 @@ impl fmt::Display for MysqlGtidSet {
     }
 }
 
-impl crate::source::PositionData for BinlogPosition {
-    fn to_json(&self) -> serde_json::Value {
-        match self.gtid_text() {
-            Some(g) => json!({"file": self.file, "pos": self.pos, "gtid_set": g}),
-            None => json!({"file": self.file, "pos": self.pos}),
-        }
-    }
-
-    fn to_text(&self) -> String {
-        self.to_string()
-    }
-}
-
 /// Where a reader of one server's binlog stands: the next event starts at `file:pos`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BinlogPosition {
@@ -224,7 +209,7 @@ pub struct BinlogPosition {
 
 impl BinlogPosition {
     /// The stored GTID text: MariaDB's state or MySQL's set.
-    fn gtid_text(&self) -> Option<String> {
+    pub fn gtid_text(&self) -> Option<String> {
         match (&self.gtid, &self.mysql_gtids) {
             (Some(g), _) => Some(g.to_string()),
             (None, Some(m)) if !m.is_empty() => Some(m.to_string()),
@@ -233,32 +218,39 @@ impl BinlogPosition {
     }
 
     pub fn to_position(&self) -> Position {
-        Position::lazy(self.clone())
+        Position::from(self.clone())
     }
 
-    pub fn from_position(position: &Position) -> Result<Self> {
-        let json = position.json();
-        let bad = || {
-            Error::checkpoint(format!("{json} is not a MySQL/MariaDB binlog position"))
-                .remedy("set a position like mysql-bin.000003:1234 with `outboxd checkpoint set`, or remove the checkpoint file")
-        };
-        let file = json.get("file").and_then(|v| v.as_str()).ok_or_else(bad)?;
-        let pos = json.get("pos").and_then(|v| v.as_u64()).ok_or_else(bad)?;
-        let (gtid, mysql_gtids) = match json.get("gtid_set") {
-            None | Some(serde_json::Value::Null) => (None, None),
-            // MySQL sets name a server UUID (with ':'), MariaDB states are domain-server-seq.
-            Some(serde_json::Value::String(s)) if s.contains(':') => {
-                (None, Some(MysqlGtidSet::parse(s)?))
-            }
-            Some(serde_json::Value::String(s)) => (Some(MariaGtidState::parse(s)?), None),
-            Some(_) => return Err(bad()),
+    /// A position from its stored parts; `gtids` is told apart by its notation (MySQL sets name a
+    /// server UUID, with ':'; MariaDB states are domain-server-seq).
+    pub fn with_gtid_text(file: String, pos: u64, gtids: Option<&str>) -> Result<Self> {
+        let (gtid, mysql_gtids) = match gtids {
+            None => (None, None),
+            Some(s) if s.contains(':') => (None, Some(MysqlGtidSet::parse(s)?)),
+            Some(s) => (Some(MariaGtidState::parse(s)?), None),
         };
         Ok(BinlogPosition {
-            file: file.to_string(),
+            file,
             pos,
             gtid,
             mysql_gtids,
         })
+    }
+
+    /// Whether this boundary is at or past `target` (both from one topology).
+    pub fn reached(&self, target: &BinlogPosition) -> bool {
+        match (
+            &self.gtid,
+            &target.gtid,
+            &self.mysql_gtids,
+            &target.mysql_gtids,
+        ) {
+            // A state built from the events seen (a replay from FILE:POS) may lack quiet domains:
+            // then only the file position can tell.
+            (Some(c), Some(t), _, _) if !t.is_empty() && c.has_domains_of(t) => c.covers(t),
+            (_, _, Some(c), Some(t)) if !t.is_empty() => c.covers(t),
+            _ => (self.file.as_str(), self.pos) >= (target.file.as_str(), target.pos),
+        }
     }
 }
 
@@ -275,6 +267,7 @@ impl fmt::Display for BinlogPosition {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn gtid_state_round_trips_and_advances() {
@@ -301,13 +294,15 @@ mod tests {
         };
         let stored = p.to_position();
         assert_eq!(stored.to_string(), "mariadb-bin.000002:1234 gtid:0-1-5");
-        let back =
-            BinlogPosition::from_position(&Position::from_json(stored.json().clone())).unwrap();
-        assert_eq!(back, p);
+        let json = serde_json::to_value(&stored).unwrap();
+        let back: Position = serde_json::from_value(json).unwrap();
+        assert_eq!(back.binlog().unwrap(), &p);
         let no_gtid = BinlogPosition { gtid: None, ..p };
-        assert!(no_gtid.to_position().json().get("gtid_set").is_none());
-        assert!(
-            BinlogPosition::from_position(&Position::from_json(json!({"lsn": "0/1"}))).is_err()
-        );
+        let json = serde_json::to_value(no_gtid.to_position()).unwrap();
+        assert!(json.get("gtid_set").is_none());
+        assert!(serde_json::from_value::<Position>(json!({"lsn": "0/1"}))
+            .unwrap()
+            .binlog()
+            .is_err());
     }
 }

@@ -3,7 +3,7 @@
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
-use super::{connect_opts, BinlogPosition, ServerInfo};
+use super::{connect_opts, ServerInfo};
 use crate::check::Item;
 use crate::checkpoint::Checkpoint;
 use crate::config::{redact_url, Config};
@@ -288,7 +288,7 @@ async fn check_grants(conn: &mut Conn, items: &mut Vec<Item>) {
 
 async fn check_checkpoint(conn: &mut Conn, checkpoint: Option<&Checkpoint>, items: &mut Vec<Item>) {
     let Some(checkpoint) = checkpoint else { return };
-    let Ok(position) = BinlogPosition::from_position(&checkpoint.position()) else {
+    let Ok(position) = checkpoint.position.binlog() else {
         items.push(Item::fail(
             SUBJECT,
             "the checkpoint does not hold a binlog position",

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, NoTls};
 
-use super::pgoutput::parse_lsn;
+use super::lsn::parse_lsn;
 use crate::config::{redact_url, Config};
 use crate::error::{Error, Result};
 

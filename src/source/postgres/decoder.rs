@@ -14,7 +14,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pgwire_replication::ReplicationEvent;
 
-use super::pgoutput::{self, lsn_to_string, Message, TupleValue};
+use super::lsn::{lsn_to_string, Lsn};
+use super::pgoutput::{self, Message, TupleValue};
 use super::values;
 use crate::error::{Error, Result};
 use crate::source::{Boundary, Change, Ignored, Position, Row, Value};
@@ -59,34 +60,9 @@ pub struct Decoder {
     ignored: Ignored,
 }
 
+/// The position of a boundary at WAL position `lsn`.
 pub fn position(lsn: u64) -> Position {
-    Position::lazy(CommitLsn(lsn))
-}
-
-/// A WAL position, rendered as `X/Y` only when it is stored or shown.
-struct CommitLsn(u64);
-
-impl crate::source::PositionData for CommitLsn {
-    fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({ "lsn": lsn_to_string(self.0) })
-    }
-
-    fn to_text(&self) -> String {
-        lsn_to_string(self.0)
-    }
-}
-
-/// The LSN inside a position made by [`position`].
-pub fn lsn_of(position: &Position) -> Result<u64> {
-    position
-        .json()
-        .get("lsn")
-        .and_then(|v| v.as_str())
-        .and_then(pgoutput::parse_lsn)
-        .ok_or_else(|| {
-            Error::checkpoint(format!("{} is not a Postgres position", position.json()))
-                .remedy("set a position like 0/16B3748 with `outboxd checkpoint set`, or remove the checkpoint file")
-        })
+    Position::Lsn(Lsn(lsn))
 }
 
 fn pg_time(micros: i64) -> Option<SystemTime> {
@@ -456,7 +432,7 @@ mod tests {
             panic!("{out:?}")
         };
         assert_eq!(b.position.to_string(), "0/1531B38");
-        assert_eq!(lsn_of(&b.position).unwrap(), 0x1531B38);
+        assert_eq!(b.position.lsn().unwrap(), super::Lsn(0x1531B38));
     }
 
     #[test]

@@ -21,6 +21,7 @@
 
 mod control;
 mod decoder;
+pub mod lsn;
 pub mod pgoutput;
 mod preflight;
 mod values;
@@ -30,13 +31,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pgwire_replication::{
-    Lsn, PgWireError, ReplicationClient, ReplicationConfig, SslMode, TlsConfig,
+    Lsn as WireLsn, PgWireError, ReplicationClient, ReplicationConfig, SslMode, TlsConfig,
 };
 use tokio::sync::watch;
 
 pub use self::control::{quote_table, ConnInfo, Control};
 use self::decoder::Decoder;
-pub use self::decoder::{lsn_of, position, HEARTBEAT_PREFIX};
+pub use self::decoder::{position, HEARTBEAT_PREFIX};
+use self::lsn::lsn_to_string;
+pub use self::lsn::Lsn;
 pub use self::preflight::preflight;
 use crate::config::{Config, SourceKind, TlsMode};
 use crate::error::{Error, Result};
@@ -112,11 +115,11 @@ impl PostgresSource {
                     ))
                     .remedy("set source.slot back, or `outboxd checkpoint reset` to start the new slot at the current end"));
                 }
-                let lsn = lsn_of(position)?;
+                let lsn = position.lsn()?.0;
                 if slot_lsn > lsn {
                     tracing::warn!(
-                        checkpoint = %pgoutput::lsn_to_string(lsn),
-                        slot = %pgoutput::lsn_to_string(slot_lsn),
+                        checkpoint = %lsn_to_string(lsn),
+                        slot = %lsn_to_string(slot_lsn),
                         "the slot is ahead of the checkpoint (it was consumed elsewhere): starting at the slot, the server cannot go back"
                     );
                     slot_lsn
@@ -127,7 +130,7 @@ impl PostgresSource {
             None => {
                 tracing::warn!(
                     slot = %source.slot,
-                    lsn = %pgoutput::lsn_to_string(slot_lsn),
+                    lsn = %lsn_to_string(slot_lsn),
                     "no checkpoint: starting at the slot's position (for a new slot: now)"
                 );
                 slot_lsn
@@ -143,7 +146,7 @@ impl PostgresSource {
             source.publication.as_str(),
         )
         .with_port(info.port)
-        .with_start_lsn(Lsn(start))
+        .with_start_lsn(WireLsn(start))
         .with_status_interval(Duration::from_secs(1))
         .with_wakeup_interval(heartbeat)
         .with_application_name(&info.application_name)
@@ -177,7 +180,7 @@ impl PostgresSource {
             server = %info.shown,
             slot = %source.slot,
             publication = %source.publication,
-            position = %pgoutput::lsn_to_string(start),
+            position = %lsn_to_string(start),
             "replication stream opened"
         );
         let partitions = control.outbox_partitions(&source.tables).await?;
@@ -240,7 +243,7 @@ impl PostgresSource {
                         Ok(()) => {
                             let durable = self.durable.borrow_and_update().clone();
                             if let Some(p) = durable {
-                                self.client.update_applied_lsn(Lsn(lsn_of(&p)?));
+                                self.client.update_applied_lsn(WireLsn(p.lsn()?.0));
                             }
                         }
                         Err(_) => self.durable_open = false,
@@ -338,7 +341,7 @@ impl PostgresSource {
         if self.progress.is_none() {
             tracing::info!(
                 silent = ?silent,
-                sent_lsn = %sent.map(pgoutput::lsn_to_string).unwrap_or_else(|| "hidden (no pg_read_all_stats)".into()),
+                sent_lsn = %sent.map(lsn_to_string).unwrap_or_else(|| "hidden (no pg_read_all_stats)".into()),
                 allowed = ?self.busy_limit,
                 "the replication stream is silent, but the server's walsender for our slot is alive (decoding a large transaction?): waiting"
             );
@@ -443,15 +446,8 @@ pub async fn current_end_position(config: &Config) -> Result<Position> {
 
 /// Parses `0/16B3748`.
 pub fn parse_position(text: &str) -> Result<Position> {
-    pgoutput::parse_lsn(text.trim())
-        .map(position)
-        .ok_or_else(|| {
-            Error::config(format!("{text:?} is not a Postgres LSN"))
-                .remedy("write an LSN like 0/16B3748")
-        })
-}
-
-/// Whether boundary `current` is at or past `target`.
-pub fn reached(current: &Position, target: &Position) -> bool {
-    matches!((lsn_of(current), lsn_of(target)), (Ok(c), Ok(t)) if c >= t)
+    lsn::parse_lsn(text.trim()).map(position).ok_or_else(|| {
+        Error::config(format!("{text:?} is not a Postgres LSN"))
+            .remedy("write an LSN like 0/16B3748")
+    })
 }

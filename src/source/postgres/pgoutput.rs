@@ -251,25 +251,6 @@ pub fn pg_time_to_unix_micros(pg_micros: i64) -> Option<i64> {
     pg_micros.checked_add(PG_EPOCH_UNIX_MICROS)
 }
 
-/// Formats an LSN the way Postgres prints `pg_lsn`, e.g. `0/16B3748`.
-pub fn lsn_to_string(lsn: u64) -> String {
-    format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)
-}
-
-/// Parses an LSN written like Postgres's `pg_lsn` (`0/16B3748`; either case, 1 to 8 hex digits a side).
-pub fn parse_lsn(text: &str) -> Option<u64> {
-    let (high, low) = text.split_once('/')?;
-    Some((u64::from(lsn_half(high)?) << 32) | u64::from(lsn_half(low)?))
-}
-
-fn lsn_half(text: &str) -> Option<u32> {
-    // from_str_radix alone would also take a leading '+'.
-    if text.is_empty() || text.len() > 8 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    u32::from_str_radix(text, 16).ok()
-}
-
 fn is_data_tag(tag: u8) -> bool {
     matches!(tag, b'R' | b'Y' | b'I' | b'U' | b'D' | b'T' | b'M')
 }
@@ -657,6 +638,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::postgres::lsn::{lsn_to_string, parse_lsn};
 
     /// Builds messages byte by byte, so each test shows the wire layout it exercises.
     struct Wire(Vec<u8>);
@@ -1193,42 +1175,6 @@ mod tests {
             }
             let _ = decode(&bytes);
             let _ = decode_in_stream(&bytes);
-        }
-    }
-
-    #[test]
-    fn lsn_text_round_trips() {
-        assert_eq!(lsn_to_string(0x16B3748), "0/16B3748");
-        assert_eq!(lsn_to_string(0), "0/0");
-        assert_eq!(lsn_to_string(0x0000_00AB_0000_0001), "AB/1");
-        assert_eq!(lsn_to_string(u64::MAX), "FFFFFFFF/FFFFFFFF");
-        for lsn in [
-            0,
-            1,
-            0x16B3748,
-            0x1_0000_0000,
-            u64::MAX,
-            0x1234_5678_9ABC_DEF0,
-        ] {
-            assert_eq!(parse_lsn(&lsn_to_string(lsn)), Some(lsn));
-        }
-        assert_eq!(parse_lsn("0/16b3748"), Some(0x16B3748));
-        assert_eq!(parse_lsn("00000001/00000002"), Some(0x1_0000_0002));
-        for bad in [
-            "",
-            "/",
-            "0/",
-            "/0",
-            "0",
-            "0/0/0",
-            "+1/0",
-            "0/-1",
-            " 0/1",
-            "0/1 ",
-            "123456789/0",
-            "0/g",
-        ] {
-            assert_eq!(parse_lsn(bad), None, "{bad:?}");
         }
     }
 

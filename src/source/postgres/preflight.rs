@@ -1,7 +1,7 @@
 //! Postgres preflight: logical WAL, the REPLICATION attribute, the slot, the publication and the tables.
 
 use super::control::{quote_table, ConnInfo, Control};
-use super::pgoutput::parse_lsn;
+use super::lsn::{lsn_to_string, parse_lsn};
 use crate::check::Item;
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
@@ -140,11 +140,11 @@ async fn check(
                 ));
             }
             if let (Some(c), Some(cp)) = (confirmed.as_deref().and_then(parse_lsn), checkpoint) {
-                if let Ok(lsn) = super::lsn_of(&cp.position()) {
+                if let Ok(super::Lsn(lsn)) = cp.position.lsn() {
                     if c > lsn {
                         items.push(Item::warn(
                             SUBJECT,
-                            format!("slot {slot} is ahead of the checkpoint ({} > {}): changes in between were consumed elsewhere", super::pgoutput::lsn_to_string(c), super::pgoutput::lsn_to_string(lsn)),
+                            format!("slot {slot} is ahead of the checkpoint ({} > {}): changes in between were consumed elsewhere", lsn_to_string(c), lsn_to_string(lsn)),
                             "make sure only this outboxd pipeline uses the slot",
                         ));
                     }
