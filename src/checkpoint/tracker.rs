@@ -8,17 +8,12 @@
 //! so a busy database with a quiet outbox does not grow the queue.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use tokio::sync::Notify;
 
-use crate::error::Error;
+use crate::sink::Ticket;
 use crate::source::Position;
-
-/// A record's place in source order; resolved by [`Tracker::ack`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ticket(u64);
 
 #[derive(Default)]
 struct State {
@@ -30,7 +25,6 @@ struct State {
     boundaries: VecDeque<(u64, Position)>,
     /// Safe position not yet taken by the writer.
     safe: Option<Position>,
-    failure: Option<Error>,
     /// When each ticket in `acked` was issued (the front is the oldest unacknowledged one).
     issued_at: VecDeque<std::time::Instant>,
 }
@@ -60,12 +54,7 @@ impl State {
 #[derive(Default)]
 pub struct Tracker {
     state: Mutex<State>,
-    /// Set with the first failure: the main loop checks it for every change without taking the lock.
-    has_failed: AtomicBool,
-    /// Woken when a failure is recorded (the main loop waits on it for every change it handles,
-    /// so acks must not wake it).
-    failed: Notify,
-    /// Woken when nothing is in flight any more, or on failure (a draining shutdown waits on it).
+    /// Woken when nothing is in flight any more (a draining session waits on it).
     idle: Notify,
 }
 
@@ -110,28 +99,6 @@ impl Tracker {
         }
     }
 
-    /// A delivery failed: the session must end. The first failure is kept.
-    pub fn fail(&self, error: Error) {
-        let mut s = self.state.lock().expect("tracker lock");
-        s.failure.get_or_insert(error);
-        self.has_failed.store(true, Ordering::Release);
-        drop(s);
-        self.failed.notify_waiters();
-        self.idle.notify_waiters();
-    }
-
-    pub fn failure(&self) -> Option<Error> {
-        if !self.has_failed() {
-            return None;
-        }
-        self.state.lock().expect("tracker lock").failure.clone()
-    }
-
-    /// Whether a failure was recorded (no lock taken).
-    pub fn has_failed(&self) -> bool {
-        self.has_failed.load(Ordering::Acquire)
-    }
-
     /// Takes the newest safe position not taken before.
     pub fn take_safe(&self) -> Option<Position> {
         self.state.lock().expect("tracker lock").safe.take()
@@ -151,33 +118,16 @@ impl Tracker {
         s.acked.iter().filter(|a| !**a).count() as u64
     }
 
-    /// Waits until every issued ticket is acknowledged, or a failure is recorded.
-    pub async fn drained(&self) -> Result<(), Error> {
+    /// Waits until every issued ticket is acknowledged.
+    pub async fn drained(&self) {
         loop {
             let notified = self.idle.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             {
-                let s = self.state.lock().expect("tracker lock");
-                if let Some(e) = &s.failure {
-                    return Err(e.clone());
+                if self.state.lock().expect("tracker lock").acked.is_empty() {
+                    return;
                 }
-                if s.acked.is_empty() {
-                    return Ok(());
-                }
-            }
-            notified.await;
-        }
-    }
-
-    /// Waits until a failure is recorded.
-    pub async fn failed(&self) -> Error {
-        loop {
-            let notified = self.failed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if let Some(e) = self.failure() {
-                return e;
             }
             notified.await;
         }
@@ -256,7 +206,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn drained_and_failed_wake_up() {
+    async fn drained_wakes_up_when_the_last_ticket_is_acked() {
         let t = std::sync::Arc::new(Tracker::new());
         let a = t.issue();
         let waiter = tokio::spawn({
@@ -264,15 +214,7 @@ mod tests {
             async move { t.drained().await }
         });
         t.ack(a);
-        waiter.await.unwrap().unwrap();
-        let b = t.issue();
-        let _ = b;
-        let waiter = tokio::spawn({
-            let t = t.clone();
-            async move { t.failed().await }
-        });
-        t.fail(Error::sink("boom"));
-        assert_eq!(waiter.await.unwrap().message(), "boom");
-        assert!(t.drained().await.is_err());
+        waiter.await.unwrap();
+        t.drained().await;
     }
 }

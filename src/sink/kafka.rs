@@ -1,10 +1,12 @@
 //! Kafka sink on librdkafka: idempotent producer, `acks=all`, a bounded in-flight window.
 //!
-//! Delivery reports arrive on librdkafka's polling thread and go straight to the checkpoint
-//! [`Tracker`] (ack) or record the first failure (which ends the session: the pipeline stops producing,
-//! keeps the last good checkpoint, and reconnects). The window is a semaphore: a permit is taken before a
-//! record is enqueued and returned by its delivery report, so a slow or absent broker pauses the source
-//! instead of growing memory. With idempotence on, librdkafka's own retries neither reorder nor
+//! Sending is two steps, like a service that is first polled for readiness: [`KafkaSink::reserve`]
+//! waits for room in the bounded window (a count and a byte budget, both semaphores), then
+//! [`KafkaSink::send`] enqueues the record with the ticket the pipeline issued for it. The room is
+//! returned by the record's delivery report, so a slow or absent broker pauses the source instead of
+//! growing memory. Delivery reports arrive on librdkafka's polling thread and go straight to the
+//! session's [`Acks`] (acked, or the failure that ends the session: the pipeline stops producing,
+//! keeps the last good checkpoint, and reconnects). With idempotence on, librdkafka's own retries neither reorder nor
 //! duplicate records within a session.
 
 use std::sync::Arc;
@@ -17,11 +19,11 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::ClientContext;
 use tokio::sync::Semaphore;
 
-use crate::checkpoint::{Ticket, Tracker};
 use crate::config::KafkaConfig;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::route::Record;
+use crate::sink::{Acks, Ticket};
 
 /// How long a topic metadata request may take.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
@@ -33,7 +35,7 @@ const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(300);
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
 struct AckContext {
-    tracker: Arc<Tracker>,
+    acks: Arc<dyn Acks>,
     window: Arc<Semaphore>,
     /// The byte budget of the window (see [`KafkaSink::send`]).
     bytes: Arc<Semaphore>,
@@ -106,7 +108,7 @@ impl ProducerContext for AckContext {
         match result {
             Ok(message) => {
                 self.metrics.delivered_after(record.enqueued.elapsed());
-                self.tracker.ack(record.ticket);
+                self.acks.acked(record.ticket);
                 self.count_ack(message.topic());
             }
             // Purged when a session ended: resent by the next one, nothing failed.
@@ -118,7 +120,7 @@ impl ProducerContext for AckContext {
             )) => {}
             Err((e, message)) => {
                 self.metrics.delivery_error();
-                self.tracker.fail(delivery_error(e, message.topic()));
+                self.acks.failed(delivery_error(e, message.topic()));
             }
         }
     }
@@ -155,15 +157,22 @@ pub struct KafkaSink {
     window: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
     max_bytes: u32,
-    tracker: Arc<Tracker>,
     metrics: Arc<Metrics>,
+}
+
+/// Room in the window for one record, taken by [`KafkaSink::reserve`]. Given back when dropped
+/// unsent; once sent, the record's delivery report gives it back.
+pub struct Room {
+    window: tokio::sync::OwnedSemaphorePermit,
+    bytes: tokio::sync::OwnedSemaphorePermit,
+    cost: u32,
 }
 
 impl KafkaSink {
     pub fn new(
         name: &str,
         config: &KafkaConfig,
-        tracker: Arc<Tracker>,
+        acks: Arc<dyn Acks>,
         metrics: Arc<Metrics>,
     ) -> Result<KafkaSink> {
         let window = Arc::new(Semaphore::new(config.max_in_flight));
@@ -193,7 +202,7 @@ impl KafkaSink {
             .set("enable.idempotence", "true")
             .set("acks", "all");
         let context = AckContext {
-            tracker: tracker.clone(),
+            acks,
             window: window.clone(),
             bytes: bytes.clone(),
             metrics: metrics.clone(),
@@ -211,7 +220,6 @@ impl KafkaSink {
             window,
             bytes,
             max_bytes,
-            tracker,
             metrics,
         })
     }
@@ -240,26 +248,40 @@ impl KafkaSink {
             .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES)
     }
 
-    /// Waits for room in the window, issues the record's ticket (in call order) and enqueues it.
-    pub async fn send(&self, record: &Record) -> Result<Ticket> {
-        let permit = self
-            .window
-            .acquire()
-            .await
-            .map_err(|_| Error::sink("producer window closed"))?;
-        permit.forget();
-        // A record larger than the whole budget takes all of it: it goes alone.
+    /// Waits for room in the window for `record` (one of `kafka.max_in_flight`, and its size from
+    /// `kafka.max_in_flight_bytes`; a record larger than the whole budget takes all of it and goes
+    /// alone). Cancel-safe: dropping the future or the room takes nothing.
+    pub async fn reserve(&self, record: &Record) -> Result<Room> {
+        let closed = |_| Error::sink("producer window closed");
+        let window = self.window.clone().acquire_owned().await.map_err(closed)?;
         let cost = u32::try_from(record.size())
             .unwrap_or(u32::MAX)
             .clamp(1, self.max_bytes);
-        match self.bytes.acquire_many(cost).await {
-            Ok(permit) => permit.forget(),
-            Err(_) => {
-                self.window.add_permits(1);
-                return Err(Error::sink("producer window closed"));
-            }
-        }
-        let ticket = self.tracker.issue();
+        let bytes = self
+            .bytes
+            .clone()
+            .acquire_many_owned(cost)
+            .await
+            .map_err(closed)?;
+        Ok(Room {
+            window,
+            bytes,
+            cost,
+        })
+    }
+
+    /// Enqueues `record` in the `room` reserved for it; its delivery report hands `ticket` to the
+    /// session's [`Acks`]. Does not wait for the broker (only, briefly, for librdkafka's own queue,
+    /// which the window keeps from filling).
+    pub async fn send(&self, room: Room, record: &Record, ticket: Ticket) -> Result<()> {
+        let Room {
+            window,
+            bytes,
+            cost,
+        } = room;
+        // From here the delivery report gives the room back.
+        window.forget();
+        bytes.forget();
         let producer = self.producer.as_ref().expect("producer lives until close");
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
         for (key, value) in &record.headers {
@@ -286,13 +308,19 @@ impl KafkaSink {
                 Ok(()) => {
                     self.metrics.produced();
                     crate::fault::crash_point(crate::fault::AFTER_PRODUCE_BEFORE_ACK);
-                    return Ok(ticket);
+                    return Ok(());
                 }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     base = back;
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
-                Err((e, _)) => return Err(delivery_error(&e, &record.topic)),
+                Err((e, back)) => {
+                    // Never enqueued: no delivery report will give the room back.
+                    drop(back);
+                    self.bytes.add_permits(cost as usize);
+                    self.window.add_permits(1);
+                    return Err(delivery_error(&e, &record.topic));
+                }
             }
         }
     }

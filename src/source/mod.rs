@@ -90,6 +90,25 @@ pub struct Ignored {
     pub deletes: u64,
 }
 
+/// What a source may confirm to its server (a Postgres slot's `confirmed_flush_lsn`): the newest
+/// position the checkpoint holds durably. The checkpoint owns it; a source only asks, without
+/// waiting, so nothing newer than what is on disk is ever confirmed.
+pub struct Durable(watch::Receiver<Option<Position>>);
+
+impl Durable {
+    pub(crate) fn new(rx: watch::Receiver<Option<Position>>) -> Self {
+        Durable(rx)
+    }
+
+    /// The durable position, if it moved since the last call.
+    pub fn newer(&mut self) -> Option<Position> {
+        match self.0.has_changed() {
+            Ok(true) => self.0.borrow_and_update().clone(),
+            _ => None,
+        }
+    }
+}
+
 /// Which server a position belongs to; stored beside it so a checkpoint is never applied to the wrong
 /// server silently.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -137,13 +156,13 @@ pub enum Source {
 }
 
 impl Source {
-    /// Opens a session after `resume` (or at the source's start point). `durable` carries the newest
+    /// Opens a session after `resume` (or at the source's start point). `durable` tells the newest
     /// position written to the local checkpoint, for sources that confirm progress to the server.
     pub async fn connect(
         config: &Config,
         resume: Option<(&SourceIdentity, &Position)>,
         metrics: Arc<Metrics>,
-        durable: watch::Receiver<Option<Position>>,
+        durable: Durable,
     ) -> Result<Source> {
         Ok(match config.source.kind {
             SourceKind::Mysql => {

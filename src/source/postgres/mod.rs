@@ -4,7 +4,7 @@
 //! Checkpoints hold a commit's *end LSN* (or a keepalive's WAL end when nothing was open), and a
 //! session starts replication at that LSN: Postgres skips transactions that committed before it. The
 //! slot's `confirmed_flush_lsn` is advanced only to LSNs already durable in the local checkpoint (the
-//! pipeline tells us through a watch channel), so the server never discards WAL we may still need. If
+//! checkpoint's [`Durable`] handle says which), so the server never discards WAL we may still need. If
 //! the slot is ahead of the checkpoint (someone else consumed it), we say so and start at the slot:
 //! the server cannot go back. Without a checkpoint the stream starts at the slot's position, which for
 //! a slot outboxd just created is "now".
@@ -33,7 +33,6 @@ use std::time::Duration;
 use pgwire_replication::{
     Lsn as WireLsn, PgWireError, ReplicationClient, ReplicationConfig, SslMode, TlsConfig,
 };
-use tokio::sync::watch;
 
 pub use self::control::{quote_table, ConnInfo, Control};
 use self::decoder::Decoder;
@@ -44,7 +43,7 @@ pub use self::preflight::preflight;
 use crate::config::{Config, SourceKind, TlsMode};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::source::{Change, Ignored, Position, SourceIdentity};
+use crate::source::{Change, Durable, Ignored, Position, SourceIdentity};
 
 /// Silence allowed when no heartbeat can be emitted (walsender keepalives come every 30 s by default).
 const KEEPALIVE_SILENCE: Duration = Duration::from_secs(100);
@@ -57,8 +56,8 @@ pub struct PostgresSource {
     identity: SourceIdentity,
     start: u64,
     metrics: Arc<Metrics>,
-    durable: watch::Receiver<Option<Position>>,
-    durable_open: bool,
+    /// Where the slot may be confirmed to (what the local checkpoint holds).
+    durable: Durable,
     heartbeat: Option<tokio::time::Interval>,
     read_timeout: Duration,
     /// When the stream last said anything.
@@ -79,7 +78,7 @@ impl PostgresSource {
         config: &Config,
         resume: Option<(&SourceIdentity, &Position)>,
         metrics: Arc<Metrics>,
-        durable: watch::Receiver<Option<Position>>,
+        durable: Durable,
     ) -> Result<PostgresSource> {
         let info = ConnInfo::from_config(config)?;
         let control = Control::connect(&info).await?;
@@ -209,7 +208,6 @@ impl PostgresSource {
             start,
             metrics,
             durable,
-            durable_open: true,
             heartbeat: Some(ticker),
             read_timeout: heartbeat * 3,
             last_message: tokio::time::Instant::now(),
@@ -236,19 +234,13 @@ impl PostgresSource {
             if let Some(change) = self.buffer.pop_front() {
                 return Ok(change);
             }
+            // Asked once per wake-up (a heartbeat or keepalive wakes a quiet stream); the client
+            // reports it to the server with its next status update.
+            if let Some(durable) = self.durable.newer() {
+                self.client.update_applied_lsn(WireLsn(durable.lsn()?.0));
+            }
             tokio::select! {
                 biased;
-                changed = self.durable.changed(), if self.durable_open => {
-                    match changed {
-                        Ok(()) => {
-                            let durable = self.durable.borrow_and_update().clone();
-                            if let Some(p) = durable {
-                                self.client.update_applied_lsn(WireLsn(p.lsn()?.0));
-                            }
-                        }
-                        Err(_) => self.durable_open = false,
-                    }
-                }
                 event = self.client.recv() => {
                     let event = match event {
                         Ok(Some(event)) => event,

@@ -1,0 +1,95 @@
+//! The one owner of the two positions a session cares about.
+//!
+//! *Safe*: the newest transaction boundary with every record at or before it acknowledged (the
+//! [`Tracker`] decides it from tickets and boundaries). *Durable*: the newest position written to the
+//! [`Store`]. Only [`Checkpointer::flush`] turns one into the other (group commit: one write covers
+//! every ack since the last), so the periodic writer and the session's final write cannot differ.
+//! A source that confirms progress to its server (a Postgres slot's `confirmed_flush_lsn`) asks a
+//! [`Durable`] handle for the durable position; it never sees anything newer than what is on disk.
+
+use std::sync::{Arc, OnceLock};
+
+use tokio::sync::watch;
+
+use super::{Checkpoint, Store, Tracker};
+use crate::error::{Error, Result};
+use crate::sink::Ticket;
+use crate::source::{Durable, Position, SourceIdentity};
+
+pub struct Checkpointer {
+    store: Arc<Store>,
+    tracker: Tracker,
+    /// The source this session's positions belong to (known once the source is open).
+    identity: OnceLock<SourceIdentity>,
+    durable: watch::Sender<Option<Position>>,
+}
+
+impl Checkpointer {
+    /// Loads the stored checkpoint (which is durable already) for a new session.
+    pub fn resume(store: Arc<Store>) -> Result<(Arc<Checkpointer>, Option<Checkpoint>)> {
+        let stored = store.load()?;
+        let (durable, _) = watch::channel(stored.as_ref().map(|c| c.position.clone()));
+        let checkpointer = Checkpointer {
+            store,
+            tracker: Tracker::new(),
+            identity: OnceLock::new(),
+            durable,
+        };
+        Ok((Arc::new(checkpointer), stored))
+    }
+
+    /// A handle for the source: the durable position as it moves (the stored one is known to it).
+    pub fn durable(&self) -> Durable {
+        Durable::new(self.durable.subscribe())
+    }
+
+    /// The source is open: its positions belong to `identity`. Without a stored checkpoint, `start`
+    /// is written at once, so a restart before the first transaction does not move the start.
+    pub fn begin(&self, identity: SourceIdentity, start: &Position, stored: bool) -> Result<()> {
+        if !stored {
+            self.store.write(&identity, start)?;
+        }
+        let _ = self.identity.set(identity);
+        Ok(())
+    }
+
+    /// The next record's ticket (call in source order).
+    pub fn issue(&self) -> Ticket {
+        self.tracker.issue()
+    }
+
+    /// A transaction boundary: every ticket issued so far belongs at or before it.
+    pub fn boundary(&self, position: Position) {
+        self.tracker.boundary(position)
+    }
+
+    pub fn ack(&self, ticket: Ticket) {
+        self.tracker.ack(ticket)
+    }
+
+    /// The acknowledgements in flight (for draining and the delivery watchdog).
+    pub fn tracker(&self) -> &Tracker {
+        &self.tracker
+    }
+
+    /// Writes the newest safe position, if there is one newer than the last write, and makes it
+    /// the durable one. Returns what it wrote.
+    pub async fn flush(&self) -> Result<Option<Position>> {
+        let Some(identity) = self.identity.get() else {
+            return Ok(None);
+        };
+        let Some(position) = self.tracker.take_safe() else {
+            return Ok(None);
+        };
+        crate::fault::crash_point(crate::fault::AFTER_ACK_BEFORE_CHECKPOINT);
+        let store = self.store.clone();
+        let identity = identity.clone();
+        let written = position.clone();
+        tokio::task::spawn_blocking(move || store.advance(&identity, &written))
+            .await
+            .map_err(|e| Error::checkpoint(format!("checkpoint write task died: {e}")))??;
+        // Only now may the source confirm it to the server (Postgres: the slot).
+        self.durable.send_replace(Some(position.clone()));
+        Ok(Some(position))
+    }
+}

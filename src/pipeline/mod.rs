@@ -1,0 +1,213 @@
+//! The pipeline: source -> router -> sink, with acks flowing into the checkpoint.
+//!
+//! [`drive`] is the reconnect loop shared by `run`, `replay` and file replays; each turn runs one
+//! [`session::Session`] (one source connection, one producer; see there for how a change travels).
+//! The session owns its parts: the reader task ([`reader`]), the checkpointer (tickets, boundaries,
+//! the one checkpoint write), the sink and the failure signal ([`failure`]) that its background
+//! parts report to. What a routed row becomes when its topic is new or missing is [`records`].
+//!
+//! Any error ends the session. Transient errors (network, server restart, broker outage, delivery
+//! failure) reconnect with capped exponential backoff from the durable checkpoint, so nothing is
+//! skipped and the replay is bounded by what was acked but not yet checkpointed plus what was in
+//! flight. Anything else stops the process with the error's remedy.
+//!
+//! Shutdown (SIGINT/SIGTERM) finishes the transaction being read, waits for its acks and writes the
+//! final checkpoint exactly at the last acknowledged boundary.
+
+mod failure;
+mod reader;
+mod records;
+mod session;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use tokio::sync::watch;
+
+use self::session::{Session, SessionEnd};
+use crate::checkpoint::Store;
+use crate::config::{Config, SourceKind};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::route::Router;
+use crate::sink::kafka::KafkaSink;
+use crate::source::{Position, SourceIdentity};
+
+/// Where a pipeline's changes come from.
+#[derive(Clone)]
+pub enum Input {
+    /// The configured server, resuming from the checkpoint.
+    Live,
+    /// Local binlog files, read once from `from` (or their start).
+    Files {
+        paths: Vec<std::path::PathBuf>,
+        from: Option<Position>,
+    },
+}
+
+/// What outlives a session: the checkpoint store, the router, the metrics, the input and the end.
+pub(crate) struct Shared {
+    store: Arc<Store>,
+    router: Router,
+    metrics: Arc<Metrics>,
+    input: Input,
+    until: Option<Position>,
+}
+
+/// Runs until `shutdown` turns true (Ok) or a fatal error (Err).
+pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> Result<()> {
+    let store = Arc::new(Store::open_locked(&config.checkpoint.dir, &config.name)?);
+    let metrics = Metrics::new(
+        &config.name,
+        Duration::from_millis(config.source.heartbeat_interval_ms),
+    );
+    if !config.http.listen.is_empty() {
+        crate::http::serve(&config.http.listen, metrics.clone()).await?;
+    }
+    drive(&config, store, metrics, Input::Live, None, shutdown).await
+}
+
+/// Produces the outbox rows of local binlog files (from `from`, up to the boundary at or past `to`)
+/// through the normal sink, then returns how many records Kafka acknowledged. No checkpoint is kept:
+/// a failed file replay is simply run again.
+pub async fn replay_files(
+    config: &Config,
+    paths: Vec<std::path::PathBuf>,
+    from: Option<Position>,
+    to: Option<Position>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<u64> {
+    let scratch = tempfile::Builder::new()
+        .prefix("outboxd-replay-")
+        .tempdir()
+        .map_err(|e| Error::checkpoint(format!("cannot create a temporary directory: {e}")))?;
+    let store = Arc::new(Store::open_locked(scratch.path(), &config.name)?);
+    let metrics = Metrics::new(
+        &config.name,
+        Duration::from_millis(config.source.heartbeat_interval_ms),
+    );
+    let input = Input::Files { paths, from };
+    drive(config, store, metrics.clone(), input, to, shutdown).await?;
+    Ok(metrics.forwarded_total())
+}
+
+/// Forwards the outbox rows after `from` up to the boundary at or past `to` (default: the server's
+/// end when the replay starts), then returns how many records Kafka acknowledged. Progress lives in a
+/// temporary checkpoint: the live one is never read or written, and the replay registers with its own
+/// replica server id (`server_id` with the high bit flipped) so a running `outboxd run` is undisturbed.
+pub async fn replay(
+    config: &Config,
+    from: (SourceIdentity, Position),
+    to: Option<Position>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<u64> {
+    if config.source.kind == SourceKind::Postgres {
+        return Err(Error::config(
+            "replay is not possible for Postgres: a replication slot only moves forward, so the server cannot send WAL before its position again",
+        )
+        .remedy("to re-send rows, re-insert them or use pg_logical_emit_message; to skip ahead, use `outboxd checkpoint set LSN`"));
+    }
+    let mut config = config.clone();
+    config.source.server_id = Some(config.server_id() ^ 0x8000_0000);
+    config.http.listen.clear();
+    let to = match to {
+        Some(to) => to,
+        None => crate::source::current_end_position(&config).await?,
+    };
+    let scratch = tempfile::Builder::new()
+        .prefix("outboxd-replay-")
+        .tempdir()
+        .map_err(|e| Error::checkpoint(format!("cannot create a temporary directory: {e}")))?;
+    let store = Arc::new(Store::open_locked(scratch.path(), &config.name)?);
+    store.write(&from.0, &from.1)?;
+    tracing::info!(from = %from.1, to = %to, "replaying");
+    let metrics = Metrics::new(
+        &config.name,
+        Duration::from_millis(config.source.heartbeat_interval_ms),
+    );
+    drive(
+        &config,
+        store,
+        metrics.clone(),
+        Input::Live,
+        Some(to),
+        shutdown,
+    )
+    .await?;
+    Ok(metrics.forwarded_total())
+}
+
+/// The reconnect loop shared by `run` and `replay`.
+async fn drive(
+    config: &Config,
+    store: Arc<Store>,
+    metrics: Arc<Metrics>,
+    input: Input,
+    until: Option<Position>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<()> {
+    let shared = Shared {
+        store,
+        router: Router::new(
+            config.route.clone(),
+            KafkaSink::max_message_bytes(&config.kafka),
+        ),
+        metrics,
+        input,
+        until,
+    };
+    let metrics = &shared.metrics;
+    let mut backoff = new_backoff();
+    // Several hosts (replicas of one topology): one per session, the next after a failure.
+    let urls = crate::config::source_urls(&config.source.url);
+    let mut host = 0;
+    loop {
+        let started = Instant::now();
+        let mut session_config;
+        let config = if urls.len() > 1 {
+            session_config = config.clone();
+            session_config.source.url = urls[host].clone();
+            &session_config
+        } else {
+            config
+        };
+        let ended = match Session::open(config, &shared, shutdown.clone()).await {
+            Ok(mut session) => {
+                let result = session.run().await;
+                session.finish(result).await
+            }
+            Err(e) => Err(e),
+        };
+        match ended {
+            Ok(SessionEnd::Shutdown) => return Ok(()),
+            Err(e) if e.is_transient() => {
+                if started.elapsed() > Duration::from_secs(60) {
+                    backoff = new_backoff();
+                }
+                let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+                metrics.reconnect();
+                if urls.len() > 1 {
+                    host = (host + 1) % urls.len();
+                    tracing::warn!(next = %crate::config::redact_url(&urls[host]), "moving to the next source host");
+                }
+                tracing::warn!(error = %e, retry_in = ?delay, "session ended; reconnecting from the last checkpoint");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn new_backoff() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(30))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}

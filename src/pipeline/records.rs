@@ -1,0 +1,88 @@
+//! What a routed row becomes: its record once the topic is known to exist, or its dead-letter
+//! record, or the error that stops the pipeline (nothing is skipped without a dead-letter topic).
+
+use std::collections::HashMap;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::route::{Record, Router, Unroutable};
+use crate::sink::kafka::KafkaSink;
+use crate::source::Row;
+
+/// The record for `row` given what the router made of it (`routed`): the record, once its topic is
+/// known to exist, or its dead-letter record when it cannot be delivered (the router refuses it, or
+/// its topic does not exist and the broker does not create it), or the error that stops the
+/// pipeline. Each topic is asked about once per session (`topics` remembers the answer, so rows for
+/// a missing topic do not wait for the broker again).
+pub(super) async fn resolve_record(
+    config: &Config,
+    router: &Router,
+    sink: &KafkaSink,
+    topics: &mut HashMap<String, bool>,
+    metrics: &Metrics,
+    row: &Row,
+    routed: std::result::Result<Record, Unroutable>,
+) -> Result<Record> {
+    let why = match routed {
+        Ok(record) => {
+            let exists = match topics.get(&record.topic) {
+                Some(known) => *known,
+                None => {
+                    let exists = sink.topic_exists(&record.topic).await?;
+                    topics.insert(record.topic.clone(), exists);
+                    exists
+                }
+            };
+            if exists {
+                return Ok(record);
+            }
+            Unroutable {
+                reason: "unknown_topic",
+                detail: format!(
+                    "topic {} does not exist and the broker did not create it",
+                    record.topic
+                ),
+            }
+        }
+        Err(why) => why,
+    };
+    let record = dead_letter(config, router, row, &why)?;
+    if topics.get(&record.topic) != Some(&true) {
+        if !sink.topic_exists(&record.topic).await? {
+            return Err(Error::unroutable(format!(
+                "row of {} at {} cannot be routed ({}: {}), and the dead-letter topic {} does not exist",
+                row.table, row.origin, why.reason, why.detail, record.topic
+            ))
+            .remedy(format!(
+                "create the dead-letter topic {}, then restart outboxd (nothing was skipped)",
+                record.topic
+            )));
+        }
+        topics.insert(record.topic.clone(), true);
+    }
+    metrics.dead_letter(why.reason);
+    Ok(record)
+}
+
+/// The dead-letter record for an unroutable row, or the error that stops the pipeline without one.
+fn dead_letter(config: &Config, router: &Router, row: &Row, why: &Unroutable) -> Result<Record> {
+    let Some(topic) = &config.kafka.dead_letter_topic else {
+        if why.reason == "unknown_topic" {
+            return Err(Error::unroutable(format!(
+                "row of {} at {} cannot be delivered: {}",
+                row.table, row.origin, why.detail
+            ))
+            .remedy("create the topic (or let the broker auto-create topics), or change route.topic; or set kafka.dead_letter_topic to park such rows and continue. Nothing was skipped: restart outboxd after the fix"));
+        }
+        return Err(Error::unroutable(format!(
+            "row of {} at {} cannot be routed ({}): {}",
+            row.table, row.origin, why.reason, why.detail
+        ))
+        .remedy(
+            "fix the row's producer, or set kafka.dead_letter_topic to park such rows and continue",
+        ));
+    };
+    tracing::warn!(table = %row.table, position = %row.origin, reason = why.reason, detail = %why.detail, topic = %topic, "unroutable row sent to the dead-letter topic");
+    Ok(router.dead_letter(row, why, topic))
+}

@@ -1,0 +1,509 @@
+//! One session: one connection to the source and one producer, from open to finish.
+//!
+//! [`Session::open`] creates the producer (it gets ready while the source connects), connects the
+//! source after the durable checkpoint, and starts three tasks: the reader (source -> channel), the
+//! checkpoint writer (the checkpointer's `flush` every `checkpoint.interval_ms`) and the delivery
+//! watchdog. [`Session::run`] takes changes one [`Session::step`] at a time: a row is routed, gets
+//! its ticket from the checkpointer and room in the sink's window, and is sent; a boundary goes to
+//! the checkpointer. [`Session::finish`] drains what was sent, writes the final checkpoint through
+//! the same `flush` and closes the producer, whatever ended the session.
+//!
+//! Shutdown starts one drain deadline (`kafka.drain_timeout_ms`): the open transaction is finished if
+//! it can be within it, and no wait (a full window, a topic lookup, acks) outlasts it. What is cut
+//! off is sent again on restart.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+
+use super::failure::{Failure, SessionAcks};
+use super::reader::{self, Queued};
+use super::records::resolve_record;
+use super::{Input, Shared};
+use crate::checkpoint::Checkpointer;
+use crate::config::Config;
+use crate::error::{Error, Kind, Result};
+use crate::metrics::Metrics;
+use crate::route::Record;
+use crate::sink::kafka::KafkaSink;
+use crate::source::{Boundary, Change, Position, Row, Source, SourceIdentity};
+
+/// How long a session that lost its source waits for the acks of what it already produced.
+const SOURCE_ERROR_DRAIN: Duration = Duration::from_secs(5);
+
+/// How a session that did not fail ended.
+pub(super) enum SessionEnd {
+    /// Shutdown was requested, the input was exhausted, or a replay reached its end.
+    Shutdown,
+}
+
+pub(super) struct Session<'a> {
+    config: &'a Config,
+    shared: &'a Shared,
+    checkpointer: Arc<Checkpointer>,
+    failure: Arc<Failure>,
+    sink: KafkaSink,
+    changes: mpsc::Receiver<Queued>,
+    reader: tokio::task::JoinHandle<()>,
+    writer: tokio::task::JoinHandle<Result<()>>,
+    writer_stop: watch::Sender<bool>,
+    watchdog: Option<tokio::task::JoinHandle<()>>,
+    shutdown: watch::Receiver<bool>,
+    /// What this session learned about each topic it asked about (exists or not; asked once each,
+    /// see `KafkaSink::topic_exists`).
+    topics: HashMap<String, bool>,
+    /// Rows of a transaction whose boundary has not arrived yet were sent.
+    open_rows: bool,
+    /// When stopping began (shutdown requested, input exhausted, replay end reached).
+    stopping: Option<Instant>,
+    drain_timeout: Duration,
+    /// The deadline used while not stopping: never armed, it only spares a clock read per change.
+    idle_deadline: tokio::time::Instant,
+}
+
+/// What a step decided.
+type Step = Option<Result<SessionEnd>>;
+
+impl<'a> Session<'a> {
+    /// Connects the source (after the durable checkpoint) and the producer, and starts the tasks.
+    pub async fn open(
+        config: &'a Config,
+        shared: &'a Shared,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Session<'a>> {
+        let (checkpointer, stored) = Checkpointer::resume(shared.store.clone())?;
+        let resume = stored.map(|c| (c.source, c.position));
+        let failure = Arc::new(Failure::default());
+        let acks = Arc::new(SessionAcks {
+            checkpointer: checkpointer.clone(),
+            failure: failure.clone(),
+        });
+        // The producer is created first so that it gets ready while the source connects.
+        let sink = KafkaSink::new(&config.name, &config.kafka, acks, shared.metrics.clone())?;
+        let opened = async {
+            let source = open_source(config, shared, resume.as_ref(), &checkpointer).await?;
+            let identity = source.identity().clone();
+            checkpointer.begin(identity, &source.start(), resume.is_some())?;
+            Ok::<_, Error>(source)
+        };
+        let (opened, ()) = tokio::join!(opened, sink.warm_up());
+        let source = match opened {
+            Ok(source) => source,
+            Err(e) => {
+                sink.close().await;
+                return Err(e);
+            }
+        };
+        let metrics = &shared.metrics;
+        let watchdog = KafkaSink::delivery_timeout(&config.kafka).map(|limit| {
+            tokio::spawn(watch_deliveries(
+                checkpointer.clone(),
+                failure.clone(),
+                metrics.clone(),
+                limit,
+            ))
+        });
+        let (changes, reader) = reader::spawn(source, metrics.clone());
+        let (writer_stop, writer_stopped) = watch::channel(false);
+        let writer = tokio::spawn(write_checkpoints(
+            checkpointer.clone(),
+            failure.clone(),
+            metrics.clone(),
+            Duration::from_millis(config.checkpoint.interval_ms),
+            writer_stopped,
+        ));
+        let drain_timeout = Duration::from_millis(config.kafka.drain_timeout_ms);
+        Ok(Session {
+            config,
+            shared,
+            checkpointer,
+            failure,
+            sink,
+            changes,
+            reader,
+            writer,
+            writer_stop,
+            watchdog,
+            shutdown,
+            topics: HashMap::new(),
+            open_rows: false,
+            stopping: None,
+            drain_timeout,
+            idle_deadline: tokio::time::Instant::now() + drain_timeout,
+        })
+    }
+
+    /// While stopping, no wait may outlast the drain deadline (a broker outage must not hold a
+    /// shutdown past the orchestrator's grace period).
+    fn deadline(&self) -> tokio::time::Instant {
+        match self.stopping {
+            Some(since) => tokio::time::Instant::from_std(since + self.drain_timeout),
+            None => self.idle_deadline,
+        }
+    }
+
+    fn stop(&mut self, why: &str) {
+        if self.stopping.is_none() {
+            tracing::info!("{why}");
+            self.stopping = Some(Instant::now());
+        }
+    }
+
+    /// Takes changes until the session ends.
+    pub async fn run(&mut self) -> Result<SessionEnd> {
+        loop {
+            if let Some(since) = self.stopping {
+                if !self.open_rows || since.elapsed() > self.drain_timeout {
+                    return Ok(SessionEnd::Shutdown);
+                }
+            }
+            // Fast path while changes are queued: nothing to wait for, so no futures to build. The
+            // select below still sees a shutdown or failure first whenever one is pending.
+            let ready = if self.stopping.is_none()
+                && !self.shutdown.has_changed().unwrap_or(true)
+                && !self.failure.is_set()
+            {
+                self.changes.try_recv().ok()
+            } else {
+                None
+            };
+            let queued = match ready {
+                Some(queued) => Some(queued),
+                None => {
+                    let deadline = self.deadline();
+                    let stopping = self.stopping.is_some();
+                    let received = tokio::select! {
+                        biased;
+                        _ = self.shutdown.wait_for(|stop| *stop), if !stopping => None,
+                        e = self.failure.wait() => return Err(e),
+                        queued = self.changes.recv() => Some(queued),
+                        _ = tokio::time::sleep_until(deadline), if stopping => {
+                            tracing::warn!("the open transaction did not finish within the drain deadline; it is sent again on restart");
+                            return Ok(SessionEnd::Shutdown);
+                        }
+                    };
+                    match received {
+                        Some(queued) => queued,
+                        None => {
+                            self.stop("shutdown requested: finishing the open transaction, then draining acks");
+                            continue;
+                        }
+                    }
+                }
+            };
+            // The row's share of the reader's byte budget is held while it is routed and handed to
+            // the producer (under the sink's own byte budget from then on), and released at the end
+            // of this step: holding it longer could leave the reader waiting for room that only the
+            // next change (stuck behind it) would free.
+            let Some((change, _queued_bytes)) = queued else {
+                let error = Error::source("the source reader stopped");
+                // A file replay that broke cannot be cured by reading the files again.
+                return Err(match self.shared.input {
+                    Input::Live => error.transient(),
+                    Input::Files { .. } => error,
+                });
+            };
+            if let Some(end) = self.step(change?).await {
+                return end;
+            }
+        }
+    }
+
+    /// Handles one change; `Some` ends the session.
+    async fn step(&mut self, change: Change) -> Step {
+        match change {
+            Change::Row(row) => {
+                self.open_rows = true;
+                self.forward(row).await
+            }
+            Change::Exhausted => {
+                self.open_rows = false;
+                self.stop("the input is exhausted");
+                None
+            }
+            Change::Commit(boundary) | Change::Idle(boundary) => {
+                self.open_rows = false;
+                self.boundary(boundary);
+                None
+            }
+        }
+    }
+
+    fn boundary(&mut self, boundary: Boundary) {
+        self.shared.metrics.source_time(boundary.committed_at);
+        let done = self
+            .shared
+            .until
+            .as_ref()
+            .is_some_and(|to| boundary.position.reached(to));
+        self.checkpointer.boundary(boundary.position);
+        if done {
+            self.stop("replay reached its end position");
+        }
+    }
+
+    /// Routes `row`, takes its ticket and room in the window, and sends it.
+    async fn forward(&mut self, row: Row) -> Step {
+        let record = match self.shared.router.route(&row) {
+            // The hot path: a topic this session already knows to exist.
+            Ok(record) if self.topics.get(&record.topic) == Some(&true) => record,
+            // A new topic (asked about once), or a dead letter: may wait on the broker, so a
+            // shutdown request or the drain deadline interrupts it (the open transaction is then
+            // sent again on restart).
+            routed => match self.resolve(&row, routed).await {
+                Ok(record) => record,
+                Err(end) => return Some(end),
+            },
+        };
+        // Usually the window has room and the first poll takes it; only a full window waits, and
+        // then a failure, a shutdown request (which starts the drain clock: a frozen broker must not
+        // hold the exit until the message timeout) or the drain deadline can interrupt it.
+        let room = {
+            let mut reserve = std::pin::pin!(self.sink.reserve(&record));
+            match futures_util::poll!(reserve.as_mut()) {
+                std::task::Poll::Ready(room) => room,
+                std::task::Poll::Pending => loop {
+                    let deadline = match self.stopping {
+                        Some(since) => tokio::time::Instant::from_std(since + self.drain_timeout),
+                        None => self.idle_deadline,
+                    };
+                    let stopping = self.stopping.is_some();
+                    tokio::select! {
+                        room = reserve.as_mut() => break room,
+                        e = self.failure.wait() => return Some(Err(e)),
+                        _ = self.shutdown.wait_for(|stop| *stop), if !stopping => {
+                            tracing::info!("shutdown requested while the in-flight window is full: waiting for acks until the drain deadline");
+                            self.stopping = Some(Instant::now());
+                        }
+                        _ = tokio::time::sleep_until(deadline), if stopping => {
+                            tracing::warn!("the in-flight window did not drain within the drain deadline; the open transaction is sent again on restart");
+                            return Some(Ok(SessionEnd::Shutdown));
+                        }
+                    }
+                },
+            }
+        };
+        let room = match room {
+            Ok(room) => room,
+            Err(e) => return Some(Err(e)),
+        };
+        // The ticket is issued only once the record has room: every ticket is then sent (a send
+        // that fails ends the session), so a drain never waits for a record that was never sent.
+        let ticket = self.checkpointer.issue();
+        match self.sink.send(room, &record, ticket).await {
+            Ok(()) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// The record for a row whose topic is not known yet, or its dead letter; interruptible by a
+    /// failure, a shutdown request or the drain deadline (then `Err` holds how the session ends).
+    async fn resolve(
+        &mut self,
+        row: &Row,
+        routed: std::result::Result<Record, crate::route::Unroutable>,
+    ) -> std::result::Result<Record, Result<SessionEnd>> {
+        let deadline = self.deadline();
+        let stopping = self.stopping.is_some();
+        let Session {
+            config,
+            shared,
+            sink,
+            topics,
+            failure,
+            shutdown,
+            ..
+        } = self;
+        let resolved = resolve_record(
+            config,
+            &shared.router,
+            sink,
+            topics,
+            &shared.metrics,
+            row,
+            routed,
+        );
+        tokio::select! {
+            resolved = resolved => resolved.map_err(Err),
+            e = failure.wait() => Err(Err(e)),
+            _ = shutdown.wait_for(|stop| *stop), if !stopping => {
+                tracing::info!("shutdown requested while asking the broker about a topic; the open transaction is sent again on restart");
+                Err(Ok(SessionEnd::Shutdown))
+            }
+            _ = tokio::time::sleep_until(deadline), if stopping => Err(Ok(SessionEnd::Shutdown)),
+        }
+    }
+
+    /// Ends the session however `result` says it ended: stops the tasks, waits for the acks worth
+    /// waiting for, writes the final checkpoint and closes the producer.
+    pub async fn finish(self, result: Result<SessionEnd>) -> Result<SessionEnd> {
+        if let Some(watchdog) = &self.watchdog {
+            watchdog.abort();
+        }
+        self.reader.abort();
+        // A reader that panicked (third-party decoding code fed a malformed event) would panic again
+        // on the same event after a reconnect: stop instead of looping.
+        let result = match self.reader.await {
+            Err(e) if e.is_panic() => Err(Error::source(format!(
+                "the source reader panicked while decoding the log: {}",
+                panic_text(e.into_panic())
+            ))
+            .remedy("this is a bug or a malformed event; outboxd stops rather than skip it. Report it with the log line above, and check the event at the checkpoint's position with mariadb-binlog/mysqlbinlog")),
+            _ => result,
+        };
+        // Records already handed to Kafka are worth waiting for: every ack that lands before the
+        // final write shrinks what the next session sends again. Not after a delivery failure (the
+        // producer is the problem), and only briefly when the source broke.
+        let drain_for = match &result {
+            // What is left of the one drain deadline.
+            Ok(SessionEnd::Shutdown) => Some(match self.stopping {
+                Some(since) => {
+                    (since + self.drain_timeout).saturating_duration_since(Instant::now())
+                }
+                None => self.drain_timeout,
+            }),
+            Err(e) if e.kind() != Kind::Sink && !self.failure.is_set() => Some(SOURCE_ERROR_DRAIN),
+            Err(_) => None,
+        };
+        if let Some(limit) = drain_for {
+            let tracker = self.checkpointer.tracker();
+            let drained = async {
+                tokio::select! {
+                    () = tracker.drained() => Ok(()),
+                    e = self.failure.wait() => Err(e),
+                }
+            };
+            match tokio::time::timeout(limit, drained).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "a delivery failed while draining"),
+                Err(_) => tracing::warn!(
+                    in_flight = tracker.in_flight(),
+                    "acks did not arrive in time; unacknowledged records will be sent again on restart"
+                ),
+            }
+        }
+        let _ = self.writer_stop.send(true);
+        let written = self
+            .writer
+            .await
+            .unwrap_or_else(|e| Err(Error::checkpoint(format!("checkpoint writer died: {e}"))));
+        // Whatever became safe since the writer's last write is still safe after a failure.
+        let final_write = self.checkpointer.flush().await.map(|written| {
+            if let Some(position) = written {
+                tracing::info!(%position, "final checkpoint written");
+            }
+        });
+        self.sink.close().await;
+        self.shared.metrics.abandon_inflight();
+        written?;
+        final_write?;
+        result
+    }
+}
+
+/// Connects to the configured server (resuming after `resume`), or opens the binlog files.
+async fn open_source(
+    config: &Config,
+    shared: &Shared,
+    resume: Option<&(SourceIdentity, Position)>,
+    checkpointer: &Checkpointer,
+) -> Result<Source> {
+    Ok(match &shared.input {
+        Input::Live => {
+            let timeout = connect_timeout(config);
+            let connect = Source::connect(
+                config,
+                resume.map(|(i, p)| (i, p)),
+                shared.metrics.clone(),
+                checkpointer.durable(),
+            );
+            tokio::time::timeout(timeout, connect).await.map_err(|_| {
+                Error::source(format!(
+                    "connecting to the source took longer than {timeout:?}"
+                ))
+                .remedy("outboxd retries; check that the server is up and answering")
+                .transient()
+            })??
+        }
+        // After a failed session, continue from the scratch checkpoint rather than from the top.
+        Input::Files { paths, from } => {
+            Source::BinlogFiles(crate::source::mysql::BinlogFileSource::open(
+                paths.clone(),
+                config.source.tables.iter().cloned(),
+                resume.map(|(_, p)| p).or(from.as_ref()),
+            )?)
+        }
+    })
+}
+
+/// A server that accepts TCP but never answers (hung, or frozen) must not hang the reconnect loop.
+fn connect_timeout(config: &Config) -> Duration {
+    Duration::from_millis(config.source.heartbeat_interval_ms * 3).max(Duration::from_secs(10))
+}
+
+/// The writer task: the checkpointer's `flush` every `interval` until stopped (group commit).
+async fn write_checkpoints(
+    checkpointer: Arc<Checkpointer>,
+    failure: Arc<Failure>,
+    metrics: Arc<Metrics>,
+    interval: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> Result<()> {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        }
+        if let Err(e) = checkpointer.flush().await {
+            failure.fail(e.clone());
+            return Err(e);
+        }
+        // Either just written, or nothing newer was safe: the checkpoint is as new as the acks allow.
+        metrics.checkpoint_current();
+    }
+}
+
+/// Ends the session when a record waits longer than `limit` (the configured `message.timeout.ms`)
+/// for its acknowledgement: the session's producer is then purged and closed, and the next
+/// session resends from the checkpoint (librdkafka itself never times a record out; see the sink).
+async fn watch_deliveries(
+    checkpointer: Arc<Checkpointer>,
+    failure: Arc<Failure>,
+    metrics: Arc<Metrics>,
+    limit: Duration,
+) {
+    let tracker = checkpointer.tracker();
+    let mut tick = tokio::time::interval(Duration::from_millis(250).min(limit));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Some(age) = tracker.oldest_unacked_since().map(|since| since.elapsed()) {
+            if age > limit {
+                metrics.delivery_error();
+                failure.fail(
+                    Error::sink(format!(
+                        "a record has waited {age:?} for Kafka's acknowledgement ({} in flight; message.timeout.ms = {})",
+                        tracker.in_flight(),
+                        limit.as_millis()
+                    ))
+                    .remedy("outboxd purges what this session produced and resends from the last checkpoint; check the broker")
+                    .transient(),
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// The message of a panic payload.
+fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_string())
+}
