@@ -13,6 +13,8 @@
 //!
 //! It prints a Markdown table for BENCHMARKS.md. Numbers are not asserted anywhere.
 
+// The benchmark borrows the test rig and uses only part of it.
+#[allow(dead_code, unused_imports)]
 #[path = "../tests/rig/mod.rs"]
 mod rig;
 
@@ -246,7 +248,7 @@ fn main() {
         .lock()
         .unwrap()
         .extend([("MariaDB", db.pid()), ("broker", broker.pid())]);
-    *ROOT_URL.lock().unwrap() = db.root_url();
+    *ROOT_URL.lock().unwrap() = format!("mysql://root@127.0.0.1:{}/", db.port);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -640,7 +642,9 @@ async fn polling_relay(db: &MariaDb, broker: &Broker) -> (u64, u64, f64) {
         .set("acks", "all")
         .create()
         .unwrap();
-    let mut conn = mysql_async::Conn::from_url(db.root_url()).await.unwrap();
+    let mut conn = mysql_async::Conn::from_url(format!("mysql://root@127.0.0.1:{}/", db.port))
+        .await
+        .unwrap();
     let start = Instant::now();
     // Fair to the relay: the same producer warm-up outboxd does.
     warm_up(&producer);

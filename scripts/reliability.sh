@@ -6,8 +6,8 @@ cd "$(dirname "$0")/.."
 ./scripts/install-test-deps.sh >/dev/null
 log=$(mktemp)
 cargo test --locked -j 2 --features failpoints \
-  --test faults --test failpoints --test mysql_pipeline --test postgres_pipeline --test replicas \
-  -- --nocapture 2>&1 | tee "$log" | grep -E '^test result|RELIABILITY' || true
+  --test integration -- faults:: failpoints:: mysql_pipeline:: postgres_pipeline:: replicas:: \
+  --nocapture 2>&1 | tee "$log" | grep -E '^test result|RELIABILITY' || true
 if grep -q 'test result: FAILED' "$log"; then
   echo "reliability: a scenario failed; RELIABILITY.md not updated" >&2
   exit 1

@@ -2,14 +2,12 @@
 //! --dry-run`, damaged files, and a file of the private MariaDB replayed to the same records the live
 //! source produced.
 
-mod rig;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::rig::scenario::{consume_all, insert_rows, n_of, setup, uuid_of};
 use outboxd::source::mysql::BinlogFileSource;
 use outboxd::source::Change;
-use rig::scenario::{consume_all, insert_rows, n_of, setup, uuid_of};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

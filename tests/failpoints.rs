@@ -2,14 +2,12 @@
 //! (`--features failpoints`; `scripts/test.sh` enables it): the process aborts like `kill -9`, is
 //! started again, and every committed row must arrive.
 
-mod rig;
-
 use std::time::Instant;
 
+use crate::rig::scenario::*;
 use outboxd::fault::{
     AFTER_ACK_BEFORE_CHECKPOINT, AFTER_PRODUCE_BEFORE_ACK, DURING_CHECKPOINT_RENAME,
 };
-use rig::scenario::*;
 
 fn crash_at(point: &str, schedule: &str) {
     let name = point.replace('_', "-");
@@ -45,21 +43,25 @@ fn crash_at(point: &str, schedule: &str) {
 }
 
 #[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
 fn a_crash_after_produce_before_ack_loses_nothing() {
     crash_at(AFTER_PRODUCE_BEFORE_ACK, "120*off->return");
 }
 
 #[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
 fn a_crash_after_ack_before_the_checkpoint_write_loses_nothing() {
     crash_at(AFTER_ACK_BEFORE_CHECKPOINT, "3*off->return");
 }
 
 #[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
 fn a_crash_during_the_checkpoint_rename_loses_nothing_and_leaves_a_whole_checkpoint() {
     crash_at(DURING_CHECKPOINT_RENAME, "1*off->return");
 }
 
 #[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
 fn a_panic_while_decoding_the_live_stream_stops_with_a_remedy_instead_of_a_reconnect_loop() {
     let mut env = setup("decode-panic", "");
     env.outboxd.start_with_env(

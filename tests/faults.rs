@@ -1,12 +1,12 @@
 //! Trying to break "committed means delivered": crashes under load, outages, damaged and mismatched
 //! checkpoints, purged binlogs, schema changes mid-stream, and a catalogue of bad rows.
 
-mod rig;
+use crate::rig;
 
 use std::time::{Duration, Instant};
 
-use rig::scenario::*;
-use rig::{consume, wait_until};
+use crate::rig::scenario::*;
+use crate::rig::{consume, wait_until};
 
 #[test]
 fn crash_loop_of_ten_kill_9s_under_load_loses_nothing() {

@@ -1,11 +1,11 @@
 //! End-to-end: private MariaDB (ROW binlog) -> outboxd binary -> real broker -> real consumer.
 
-mod rig;
+use crate::rig;
 
 use std::time::Duration;
 
-use rig::scenario::*;
-use rig::{consume, wait_until};
+use crate::rig::scenario::*;
+use crate::rig::{consume, wait_until};
 
 #[test]
 fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_in_order() {

@@ -1,9 +1,9 @@
 //! Operating outboxd: `check`, `run`'s preflight, checkpoint commands, `replay`, `schema`.
 
-mod rig;
+use crate::rig;
 
-use rig::scenario::*;
-use rig::{wait_until, Broker, MariaDb, Outboxd};
+use crate::rig::scenario::*;
+use crate::rig::{wait_until, Broker, MariaDb, Outboxd};
 
 fn output(outboxd: &Outboxd, args: &[&str]) -> (bool, String) {
     let out = outboxd.command(args).output().unwrap();

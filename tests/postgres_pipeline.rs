@@ -1,14 +1,14 @@
 //! End-to-end: private PostgreSQL 15 (wal_level=logical) -> outboxd binary -> real broker -> consumer.
 
-mod rig;
+use crate::rig;
 
 use std::time::Duration;
 
-use rig::scenario::{
+use crate::rig::scenario::{
     check_per_key_order, check_per_key_order_by, check_records_by, consume_events, event,
     mixed_transactions, n_of, uuid_of, MixedSql, LIMIT,
 };
-use rig::{consume, create_topic, wait_until, Broker, Outboxd, Postgres};
+use crate::rig::{consume, create_topic, wait_until, Broker, Outboxd, Postgres};
 
 const SCHEMA: &str = "
 CREATE ROLE cdc WITH LOGIN REPLICATION;

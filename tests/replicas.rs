@@ -1,9 +1,11 @@
 //! Replica-first: outboxd reading MariaDB replicas, moving between them by GTID.
 
-mod rig;
+use crate::rig;
 
-use rig::scenario::{check_records, config_body, consume_events, insert_rows, LIMIT, SCHEMA};
-use rig::{create_topic, wait_until, Broker, MariaDb, Outboxd};
+use crate::rig::scenario::{
+    check_records, config_body, consume_events, insert_rows, LIMIT, SCHEMA,
+};
+use crate::rig::{create_topic, wait_until, Broker, MariaDb, Outboxd};
 
 struct Topology {
     primary: MariaDb,

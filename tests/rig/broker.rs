@@ -61,7 +61,7 @@ impl Broker {
         }
     }
 
-    /// The broker process (for CPU accounting in the benchmark).
+    /// The broker process (signals; CPU accounting in the benchmark).
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }
@@ -69,12 +69,12 @@ impl Broker {
     /// SIGSTOP: the broker keeps its sockets but answers nothing (an outage as clients see it,
     /// without losing the records it holds in memory).
     pub fn freeze(&self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let pid = nix::unistd::Pid::from_raw(self.pid());
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     }
 
     pub fn thaw(&self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let pid = nix::unistd::Pid::from_raw(self.pid());
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     }
 

@@ -128,11 +128,6 @@ impl MariaDb {
         format!("mysql://cdc@127.0.0.1:{}/app", self.port)
     }
 
-    /// URL for the test's own writes.
-    pub fn root_url(&self) -> String {
-        format!("mysql://root@127.0.0.1:{}/", self.port)
-    }
-
     /// Stops the server cleanly (SIGTERM) and waits for it to exit.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -173,20 +168,20 @@ impl MariaDb {
         assert_eq!(waited.trim(), "0", "replica did not catch up with {gtid}");
     }
 
-    /// The server process (for CPU accounting in the benchmark).
+    /// The server process (signals; CPU accounting in the benchmark).
     pub fn pid(&self) -> i32 {
         self.child.as_ref().expect("running").id() as i32
     }
 
     /// SIGSTOP: the server keeps its sockets open but says nothing (a hung server or a dead path).
     pub fn freeze(&self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.as_ref().unwrap().id() as i32);
+        let pid = nix::unistd::Pid::from_raw(self.pid());
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     }
 
     /// SIGCONT after [`MariaDb::freeze`].
     pub fn thaw(&self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.as_ref().unwrap().id() as i32);
+        let pid = nix::unistd::Pid::from_raw(self.pid());
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     }
 

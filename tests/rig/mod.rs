@@ -7,7 +7,6 @@
 //! - [`consume`]: reads records back with a real rdkafka consumer.
 //!
 //! Nothing here talks to a service the machine may run; every address is 127.0.0.1.
-#![allow(dead_code, unused_imports)]
 
 pub mod broker;
 pub mod kafka;

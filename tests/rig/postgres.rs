@@ -95,11 +95,6 @@ impl Postgres {
         self.dir.path()
     }
 
-    /// The server log (`pg_ctl -l`).
-    pub fn log_path(&self) -> &Path {
-        &self.log
-    }
-
     /// Runs SQL as the `postgres` superuser on database `db` through the unix socket with psql
     /// (`-X -q -A -t -v ON_ERROR_STOP=1`), feeding the SQL on stdin (it may be long); returns stdout;
     /// panics with stderr on failure.
@@ -140,34 +135,6 @@ impl Postgres {
     pub fn restart(&self) {
         self.pg_ctl(&["-m", "fast", "-w", "restart"]);
         self.wait_ready();
-    }
-
-    /// Stops with `-m immediate` (crash-like: no shutdown checkpoint, crash recovery on start) and
-    /// starts again on the same port and data; waits until it accepts connections.
-    pub fn crash_restart(&self) {
-        self.pg_ctl(&["-m", "immediate", "-w", "stop"]);
-        self.pg_ctl(&["-w", "start"]);
-        self.wait_ready();
-    }
-
-    /// SIGSTOP to the postmaster (pid from the first line of `DIR/postmaster.pid`): it accepts no
-    /// new connections (the kernel queues them, nothing answers), but its children keep running, so
-    /// sessions and walsenders that already exist go on working.
-    pub fn freeze(&self) {
-        nix::sys::signal::kill(
-            self.postmaster_pid().unwrap(),
-            nix::sys::signal::Signal::SIGSTOP,
-        )
-        .unwrap();
-    }
-
-    /// SIGCONT after [`Postgres::freeze`].
-    pub fn thaw(&self) {
-        nix::sys::signal::kill(
-            self.postmaster_pid().unwrap(),
-            nix::sys::signal::Signal::SIGCONT,
-        )
-        .unwrap();
     }
 
     /// The postmaster's pid, from the first line of `postmaster.pid` (None when no server runs).

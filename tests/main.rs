@@ -1,0 +1,12 @@
+//! The integration tests, one binary (the rig is compiled once): real MariaDB, PostgreSQL and a
+//! Kafka-protocol broker on loopback ports, and the real `outboxd` binary (see `rig`).
+
+mod rig;
+
+mod binlog_files;
+mod failpoints;
+mod faults;
+mod mysql_pipeline;
+mod operate;
+mod postgres_pipeline;
+mod replicas;
