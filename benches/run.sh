@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The benchmark: ./benches/run.sh [--quick] [--only SECTIONS] [--profile DIR]. Installs what is missing
+# The benchmark: ./benches/run.sh [--quick] [--only SECTIONS] [--profile DIR] [--baseline PATH]. Installs what is missing
 # (like the tests), builds in release, starts private servers and prints the tables BENCHMARKS.md is
 # made of; the full run also draws benches/latency-vs-rate.png.
 # --quick: 20k rows per measurement, 5 s per offered rate, a 100 MiB restart backlog (full: 200k rows,
 #          20 s, 1 GiB).
 # --only drain,huge,raw,relay,postgres,latency,restart: run only these sections.
 # --profile DIR: record every timed outboxd run with `perf record --call-graph dwarf` into DIR.
+# --baseline PATH[=LABEL]: also drain each backlog with another outboxd binary (e.g. an older
+#          commit's release build), interleaved with this build's runs: before/after in one run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-test-deps.sh >/dev/null

@@ -185,6 +185,9 @@ struct Args {
     profile: Option<String>,
     /// `--only a,b`: run only these sections (drain, huge, raw, relay, postgres, latency, restart).
     only: Option<Vec<String>>,
+    /// `--baseline PATH[=LABEL]`: also drain every backlog with this outboxd binary (an older
+    /// build), interleaved with this build's runs, for a before/after in one run.
+    baseline: Option<(std::path::PathBuf, String)>,
 }
 
 impl Args {
@@ -199,6 +202,10 @@ impl Args {
             quick: args.iter().any(|a| a == "--quick"),
             profile: value("--profile"),
             only: value("--only").map(|v| v.split(',').map(str::to_string).collect()),
+            baseline: value("--baseline").map(|v| match v.split_once('=') {
+                Some((path, label)) => (path.into(), label.to_string()),
+                None => (v.clone().into(), "baseline".to_string()),
+            }),
         }
     }
 
@@ -263,6 +270,17 @@ fn main() {
     );
     outboxd.start();
     outboxd.stop();
+    // The baseline build reads the same binlog from the same start, with its own checkpoint.
+    let mut baseline = args.baseline.as_ref().map(|(path, label)| {
+        let mut base = Outboxd::new(
+            "benchbase",
+            &config_body(&db.cdc_url(), &broker.bootstrap(), "", ""),
+        );
+        base.binary = path.clone();
+        base.start();
+        base.stop();
+        (base, label.clone())
+    });
     let mut loaded = 0;
     let mut binlogs = Vec::new();
     for (per_txn, key) in [(1u64, "drain1"), (10, "drain10"), (100, "drain100")] {
@@ -280,30 +298,62 @@ fn main() {
             continue;
         }
         let target = gtid_pos(&db);
-        // The same backlog drained REPEATS times (the checkpoint put back before each run).
+        // The same backlog drained REPEATS times (the checkpoint put back before each run), and as
+        // often by the baseline build, interleaved run by run.
         let checkpoint = std::fs::read(outboxd.checkpoint_path()).unwrap();
-        let runs: Vec<(f64, ProcessStats)> = (0..REPEATS)
-            .map(|_| {
-                std::fs::write(outboxd.checkpoint_path(), &checkpoint).unwrap();
-                timed_run(
-                    &mut outboxd,
-                    "outboxd to drain the backlog",
+        let base_checkpoint = baseline
+            .as_ref()
+            .map(|(base, _)| std::fs::read(base.checkpoint_path()).unwrap());
+        let mut runs: Vec<(f64, ProcessStats)> = Vec::new();
+        let mut base_runs: Vec<(f64, ProcessStats)> = Vec::new();
+        for _ in 0..REPEATS {
+            if let (Some((base, _)), Some(saved)) = (baseline.as_mut(), &base_checkpoint) {
+                std::fs::write(base.checkpoint_path(), saved).unwrap();
+                base_runs.push(timed_run(
+                    base,
+                    "the baseline to drain the backlog",
                     at_gtid(&target),
-                )
-            })
-            .collect();
-        let (seconds, stats, spread) = median(runs, n);
-        rows.push(Row {
-            key,
-            what: format!("outboxd, MariaDB backlog drain, {per_txn}-row transactions"),
-            events: n,
-            seconds,
-            bytes: n * record_bytes,
-            extra: format!(
-                "{spread}; {:.1} CPU s ({} CPU s), peak RSS {:.0} MB, {:.2} s of it to open the stream",
-                stats.cpu_seconds, stats.peers_cpu, stats.peak_rss_mb, stats.open_seconds
+                ));
+            }
+            std::fs::write(outboxd.checkpoint_path(), &checkpoint).unwrap();
+            runs.push(timed_run(
+                &mut outboxd,
+                "outboxd to drain the backlog",
+                at_gtid(&target),
+            ));
+        }
+        for (label, runs, row_key) in [
+            (None, runs, key),
+            (
+                baseline.as_ref().map(|(_, l)| l.as_str()),
+                base_runs,
+                match per_txn {
+                    1 => "base-drain1",
+                    10 => "base-drain10",
+                    _ => "base-drain100",
+                },
             ),
-        });
+        ] {
+            if runs.is_empty() {
+                continue;
+            }
+            let (seconds, stats, spread) = median(runs, n);
+            let who = match label {
+                Some(label) => format!("outboxd {label}"),
+                None => "outboxd".to_string(),
+            };
+            rows.push(Row {
+                key: row_key,
+                what: format!("{who}, MariaDB backlog drain, {per_txn}-row transactions"),
+                events: n,
+                seconds,
+                bytes: n * record_bytes,
+                extra: format!(
+                    "{spread}; {:.1} CPU s ({} CPU s), peak RSS {:.0} MB, {:.2} s of it to open the stream",
+                    stats.cpu_seconds, stats.peers_cpu, stats.peak_rss_mb, stats.open_seconds
+                ),
+            });
+        }
     }
 
     // One huge transaction: memory must not grow with it (rows are streamed, never buffered).
@@ -368,8 +418,15 @@ fn main() {
 
     let mut pg_latency_rows = Vec::new();
     if args.wants("postgres") {
-        let (pg_rows, pg_latency) =
-            postgres_section(&rt, &broker, n, record_bytes, quick, args.wants("latency"));
+        let (pg_rows, pg_latency) = postgres_section(
+            &rt,
+            &broker,
+            n,
+            record_bytes,
+            quick,
+            args.wants("latency"),
+            args.baseline.as_ref(),
+        );
         rows.extend(pg_rows);
         pg_latency_rows = pg_latency;
     }
@@ -437,6 +494,13 @@ fn main() {
         ratio("pg-drain", "pg-raw-source"),
         ratio("pg-drain", "raw-broker"),
     );
+    if rate("base-drain10").is_some() || rate("pg-base10").is_some() {
+        println!(
+            "ratios of the baseline build (10-row transactions): MariaDB outboxd / raw source = {}, Postgres outboxd / raw source = {}",
+            ratio("base-drain10", "raw-source"),
+            ratio("pg-base10", "pg-raw-source"),
+        );
+    }
     for (source, rows) in [("MariaDB", &latency_rows), ("Postgres", &pg_latency_rows)] {
         if rows.is_empty() {
             continue;
@@ -923,6 +987,7 @@ fn postgres_section(
     record_bytes: u64,
     quick: bool,
     latency: bool,
+    baseline: Option<&(std::path::PathBuf, String)>,
 ) -> (Vec<Row>, Vec<Latency>) {
     let pg = Postgres::start(&[]);
     pg.sql("postgres", "CREATE DATABASE app;");
@@ -945,6 +1010,19 @@ fn postgres_section(
     let mut outboxd = Outboxd::new("pgbench", &body);
     outboxd.start();
     outboxd.stop();
+    // The baseline build gets its own slot and publication over the same table: both read the
+    // same WAL, one after the other, into the same topic.
+    let mut base = baseline.map(|(path, label)| {
+        let base_body = body.replace(
+            "heartbeat_interval_ms = 1000\n",
+            "heartbeat_interval_ms = 1000\nslot = \"pgbase\"\npublication = \"pgbase\"\n",
+        );
+        let mut base = Outboxd::new("pgbase", &base_body);
+        base.binary = path.clone();
+        base.start();
+        base.stop();
+        (base, label.clone())
+    });
     let probe: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", broker.bootstrap())
         .create()
@@ -997,24 +1075,46 @@ fn postgres_section(
                 .trim()
                 .to_string();
         }
-        // A slot only moves forward: one drain per load (no median).
-        let target = acked() + n;
-        let (seconds, stats) = timed_run(
-            &mut outboxd,
-            "outboxd to drain the Postgres backlog",
-            |_| acked() >= target,
-        );
-        rows.push(Row {
-            key,
-            what: format!("outboxd, Postgres backlog drain, {per_txn}-row transactions"),
-            events: n,
-            seconds,
-            bytes: n * record_bytes,
-            extra: format!(
-                "{:.1} CPU s, peak RSS {:.0} MB (acked = topic high watermarks)",
-                stats.cpu_seconds, stats.peak_rss_mb
-            ),
-        });
+        // A slot only moves forward: one drain per load (no median). With a baseline, both builds
+        // drain it, the order alternating from one load to the next.
+        let base_first = per_txn != 10;
+        let mut drains: Vec<(Option<String>, f64, ProcessStats)> = Vec::new();
+        for turn in 0..2 {
+            let baseline_turn = (turn == 0) == base_first;
+            let (who, label) = match (&mut base, baseline_turn) {
+                (Some((b, label)), true) => (b, Some(label.clone())),
+                (None, true) => continue,
+                (_, false) => (&mut outboxd, None),
+            };
+            let target = acked() + n;
+            let (seconds, stats) = timed_run(who, "outboxd to drain the Postgres backlog", |_| {
+                acked() >= target
+            });
+            drains.push((label, seconds, stats));
+        }
+        drains.sort_by_key(|(label, _, _)| label.is_some());
+        for (label, seconds, stats) in drains {
+            let who = match &label {
+                Some(label) => format!("outboxd {label}"),
+                None => "outboxd".to_string(),
+            };
+            rows.push(Row {
+                key: match (label.is_some(), per_txn) {
+                    (false, _) => key,
+                    (true, 1) => "pg-base1",
+                    (true, 10) => "pg-base10",
+                    (true, _) => "pg-base100",
+                },
+                what: format!("{who}, Postgres backlog drain, {per_txn}-row transactions"),
+                events: n,
+                seconds,
+                bytes: n * record_bytes,
+                extra: format!(
+                    "{:.1} CPU s, peak RSS {:.0} MB (acked = topic high watermarks)",
+                    stats.cpu_seconds, stats.peak_rss_mb
+                ),
+            });
+        }
     }
 
     let start = Instant::now();

@@ -4,128 +4,9 @@
 //! start and refuses to start on a misconfiguration; "cannot reach" results do not block `run`, because
 //! the pipeline's own reconnect loop handles servers that are merely not up yet.
 
-use std::fmt;
-
 use crate::checkpoint::Store;
-use crate::config::{Config, SourceKind};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Pass,
-    /// Works, but not as recommended.
-    Warn,
-    /// Misconfigured: `run` refuses to start.
-    Fail,
-    /// Could not be checked because the server did not answer: FAIL for `check`, a retry for `run`.
-    Unreachable,
-}
-
-#[derive(Debug, Clone)]
-pub struct Item {
-    pub status: Status,
-    pub subject: String,
-    pub detail: String,
-    pub remedy: Option<String>,
-}
-
-impl Item {
-    pub fn pass(subject: &str, detail: impl Into<String>) -> Item {
-        Item {
-            status: Status::Pass,
-            subject: subject.into(),
-            detail: detail.into(),
-            remedy: None,
-        }
-    }
-
-    pub fn warn(subject: &str, detail: impl Into<String>, remedy: impl Into<String>) -> Item {
-        Item {
-            status: Status::Warn,
-            subject: subject.into(),
-            detail: detail.into(),
-            remedy: Some(remedy.into()),
-        }
-    }
-
-    pub fn fail(subject: &str, detail: impl Into<String>, remedy: impl Into<String>) -> Item {
-        Item {
-            status: Status::Fail,
-            subject: subject.into(),
-            detail: detail.into(),
-            remedy: Some(remedy.into()),
-        }
-    }
-
-    pub fn unreachable(
-        subject: &str,
-        detail: impl Into<String>,
-        remedy: impl Into<String>,
-    ) -> Item {
-        Item {
-            status: Status::Unreachable,
-            subject: subject.into(),
-            detail: detail.into(),
-            remedy: Some(remedy.into()),
-        }
-    }
-}
-
-impl fmt::Display for Item {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let tag = match self.status {
-            Status::Pass => "PASS",
-            Status::Warn => "WARN",
-            Status::Fail | Status::Unreachable => "FAIL",
-        };
-        write!(f, "{tag}  {}: {}", self.subject, self.detail)?;
-        if let Some(remedy) = &self.remedy {
-            if self.status != Status::Pass {
-                write!(f, "\n      fix: {remedy}")?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The PASS/FAIL item for outbox table `table` whose columns are `columns` (empty: no such table):
-/// it must have every column the route reads.
-pub fn routed_columns_item(
-    subject: &str,
-    config: &Config,
-    table: &str,
-    columns: &[String],
-    schema_kind: &str,
-) -> Item {
-    if columns.is_empty() {
-        return Item::fail(
-            subject,
-            format!("outbox table {table} does not exist (or the user cannot see it)"),
-            format!("create it (see `outboxd schema --kind {schema_kind}`) or fix source.tables; GRANT SELECT on it"),
-        );
-    }
-    let route = &config.route;
-    let mut wanted: Vec<&str> = vec![&route.by, &route.key, &route.payload, &route.id];
-    wanted.extend(route.headers.values().map(String::as_str));
-    let missing: Vec<&str> = wanted
-        .into_iter()
-        .filter(|w| !columns.iter().any(|c| c == w))
-        .collect();
-    if missing.is_empty() {
-        Item::pass(
-            subject,
-            format!("outbox table {table} has the routed columns"),
-        )
-    } else {
-        Item::fail(
-            subject,
-            format!(
-                "outbox table {table} lacks the routed column(s) {}",
-                missing.join(", ")
-            ),
-            "add the columns, or point [route] at the table's own column names",
-        )
-    }
-}
+use crate::config::{Config, SourceDb};
+pub use crate::preflight::{Item, Status};
 
 pub struct Report {
     pub items: Vec<Item>,
@@ -151,6 +32,13 @@ impl Report {
 /// Runs every check for `config`.
 pub async fn run(config: &Config) -> Report {
     let mut items = vec![Item::pass("config", "parsed and valid")];
+    for unused in config.source.unused_keys() {
+        items.push(Item::warn(
+            "config",
+            unused,
+            "remove it, or check source.kind",
+        ));
+    }
     let checkpoint = match Store::open_unlocked(&config.checkpoint.dir, &config.name) {
         Ok(store) => match store.load() {
             Ok(Some(c)) => {
@@ -188,18 +76,19 @@ pub async fn run(config: &Config) -> Report {
             None
         }
     };
-    match config.source.kind {
-        SourceKind::Mysql => {
-            for url in crate::config::source_urls(&config.source.url) {
-                let mut one = config.clone();
-                one.source.url = url;
-                items.extend(crate::source::mysql::preflight(&one, checkpoint.as_ref()).await)
+    let position = checkpoint.as_ref().map(|c| &c.position);
+    let wanted = config.route.columns();
+    match &config.source.db {
+        SourceDb::Mysql(_) => {
+            for url in config.source.urls() {
+                let one = config.source.with_url(url);
+                items.extend(crate::source::mysql::preflight(&one, position, &wanted).await)
             }
         }
-        SourceKind::Postgres => {
-            items.extend(crate::source::postgres::preflight(config, checkpoint.as_ref()).await)
-        }
+        SourceDb::Postgres(own) => items.extend(
+            crate::source::postgres::preflight(&config.source, own, position, &wanted).await,
+        ),
     }
-    items.extend(crate::sink::kafka::preflight(config).await);
+    items.extend(crate::sink::kafka::preflight(&config.kafka).await);
     Report { items }
 }

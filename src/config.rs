@@ -13,6 +13,13 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+pub use crate::route::RouteConfig;
+pub use crate::secrets::is_secret_key;
+use crate::source::config::url_secrets;
+pub use crate::source::config::{
+    redact_url, source_urls, MysqlOptions, PostgresOptions, SourceConfig, SourceDb, SourceKind,
+    TlsConfig, TlsMode,
+};
 
 /// Environment variable naming the config file when `--config` is absent.
 pub const CONFIG_ENV: &str = "OUTBOXD_CONFIG";
@@ -31,113 +38,6 @@ pub struct Config {
     pub checkpoint: CheckpointConfig,
     #[serde(default)]
     pub http: HttpConfig,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SourceKind {
-    Mysql,
-    Postgres,
-}
-
-impl SourceKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SourceKind::Mysql => "mysql",
-            SourceKind::Postgres => "postgres",
-        }
-    }
-}
-
-#[derive(Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SourceConfig {
-    pub kind: SourceKind,
-    pub url: String,
-    /// Set through `OUTBOXD_SOURCE__PASSWORD`; never logged.
-    #[serde(default)]
-    pub password: Option<String>,
-    #[serde(default)]
-    pub password_file: Option<PathBuf>,
-    pub tables: Vec<String>,
-    /// MySQL: this reader's replica server id. Defaults to a value derived from the pipeline name.
-    #[serde(default)]
-    pub server_id: Option<u32>,
-    #[serde(default)]
-    pub tls: Option<TlsConfig>,
-    #[serde(default = "default_slot")]
-    pub slot: String,
-    #[serde(default = "default_slot")]
-    pub publication: String,
-    #[serde(default)]
-    pub message_prefixes: Vec<String>,
-    /// Heartbeat the server sends when idle; a stream silent for 3x this long is treated as dead.
-    #[serde(default = "default_heartbeat_ms")]
-    pub heartbeat_interval_ms: u64,
-}
-
-impl std::fmt::Debug for SourceConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SourceConfig")
-            .field("kind", &self.kind)
-            .field("url", &redact_url(&self.url))
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("password_file", &self.password_file)
-            .field("tables", &self.tables)
-            .field("server_id", &self.server_id)
-            .finish_non_exhaustive()
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TlsMode {
-    Disable,
-    Prefer,
-    Require,
-    VerifyCa,
-    VerifyFull,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    pub mode: TlsMode,
-    #[serde(default)]
-    pub ca: Option<PathBuf>,
-}
-
-fn default_slot() -> String {
-    "outboxd".to_string()
-}
-
-fn default_heartbeat_ms() -> u64 {
-    5_000
-}
-
-/// How a row becomes a Kafka record. Defaults are those of Debezium's Outbox Event Router.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RouteConfig {
-    pub by: String,
-    pub topic: String,
-    pub key: String,
-    pub payload: String,
-    pub id: String,
-    pub headers: BTreeMap<String, String>,
-}
-
-impl Default for RouteConfig {
-    fn default() -> Self {
-        RouteConfig {
-            by: "aggregatetype".into(),
-            topic: "outbox.event.${routedByValue}".into(),
-            key: "aggregateid".into(),
-            payload: "payload".into(),
-            id: "id".into(),
-            headers: BTreeMap::new(),
-        }
-    }
 }
 
 #[derive(Clone, Deserialize)]
@@ -289,90 +189,7 @@ impl Config {
                 "use letters, digits, '-', '_' or '.' (e.g. name = \"orders\")",
             );
         }
-        let scheme = self.source.url.split("://").next().unwrap_or("");
-        let expected: &[&str] = match self.source.kind {
-            SourceKind::Mysql => &["mysql", "mariadb"],
-            SourceKind::Postgres => &["postgres", "postgresql"],
-        };
-        if !self.source.url.contains("://") || !expected.contains(&scheme) {
-            return bad(
-                "source.url",
-                format!(
-                    "{} is not a {} URL",
-                    redact_url(&self.source.url),
-                    self.source.kind.as_str()
-                ),
-                match self.source.kind {
-                    SourceKind::Mysql => "use mysql://USER@HOST:PORT/DB",
-                    SourceKind::Postgres => "use postgres://USER@HOST:PORT/DB",
-                },
-            );
-        }
-        let urls = source_urls(&self.source.url);
-        if urls.iter().any(|u| url::Url::parse(u).is_err()) {
-            return bad(
-                "source.url",
-                format!("{} is not a valid URL", redact_url(&self.source.url)),
-                "percent-encode special characters in the user and password",
-            );
-        }
-        if urls.len() > 1 && self.source.kind != SourceKind::Mysql {
-            return bad(
-                "source.url",
-                "several hosts are supported for MySQL/MariaDB sources only".into(),
-                "list one host",
-            );
-        }
-        if self.source.password.is_some() && self.source.password_file.is_some() {
-            return bad(
-                "source.password_file",
-                "both a password and a password_file are set".into(),
-                "keep one of them",
-            );
-        }
-        if self.source.tables.is_empty() {
-            return bad(
-                "source.tables",
-                "no outbox table listed".into(),
-                "list the schema-qualified outbox tables, e.g. tables = [\"app.outbox\"]",
-            );
-        }
-        for t in &self.source.tables {
-            let parts: Vec<&str> = t.split('.').collect();
-            if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
-                return bad(
-                    "source.tables",
-                    format!("{t:?} is not schema-qualified"),
-                    "write each table as \"schema.table\" (MySQL: database.table)",
-                );
-            }
-        }
-        if self.source.server_id == Some(0) {
-            return bad(
-                "source.server_id",
-                "0 is not a valid replica server id".into(),
-                "pick a number unique among the server's replicas, e.g. 4242",
-            );
-        }
-        if self
-            .source
-            .tls
-            .as_ref()
-            .is_some_and(|t| t.mode != TlsMode::Disable)
-        {
-            return bad(
-                "source.tls",
-                "TLS to the database is not supported yet".into(),
-                "set source.tls = { mode = \"disable\" } (or remove it) and reach the server over a trusted network or a local TLS tunnel",
-            );
-        }
-        if self.source.heartbeat_interval_ms < 100 {
-            return bad(
-                "source.heartbeat_interval_ms",
-                format!("{} ms is too short", self.source.heartbeat_interval_ms),
-                "use at least 100 (default 5000)",
-            );
-        }
+        self.source.validate()?;
         if !self.route.topic.contains("${routedByValue}") && self.route.topic.contains("${") {
             return bad(
                 "route.topic",
@@ -504,41 +321,12 @@ impl Config {
         Ok(())
     }
 
-    /// The replica server id this reader registers with (configured, or derived from the name).
-    pub fn server_id(&self) -> u32 {
-        self.source.server_id.unwrap_or_else(|| {
-            // Stable across restarts, distinct per pipeline name, far from the small ids people use.
-            let hash = self.name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-                (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-            });
-            1_000_000 + (hash % 1_000_000_000) as u32
-        })
-    }
-
-    /// The source password, from the URL, `source.password` or `source.password_file`.
-    pub fn source_password(&self) -> Result<Option<String>> {
-        if let Some(p) = &self.source.password {
-            return Ok(Some(p.clone()));
-        }
-        if let Some(path) = &self.source.password_file {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                Error::config(format!(
-                    "cannot read source.password_file {}: {e}",
-                    path.display()
-                ))
-                .remedy("check the path and that outboxd may read it")
-            })?;
-            return Ok(Some(text.trim_end_matches(['\n', '\r']).to_string()));
-        }
-        Ok(None)
-    }
-
     /// Every secret value this configuration holds: the database password (setting, file or URL,
     /// plain and decoded) and the values of librdkafka properties that carry credentials. For
     /// [`crate::secrets::register`].
     pub fn secret_values(&self) -> Vec<String> {
         let mut secrets = Vec::new();
-        if let Ok(Some(p)) = self.source_password() {
+        if let Ok(Some(p)) = self.source.password() {
             secrets.push(p);
         }
         secrets.extend(url_secrets(&self.source.url));
@@ -586,29 +374,6 @@ fn secrets_in(doc: &toml::Table) -> Vec<String> {
     secrets
 }
 
-/// The secrets a `source.url` (one host or several) carries: its password, as written and decoded,
-/// and the values of secret-looking query parameters.
-fn url_secrets(raw: &str) -> Vec<String> {
-    let mut secrets = Vec::new();
-    for one in source_urls(raw) {
-        let Ok(url) = url::Url::parse(&one) else {
-            continue;
-        };
-        if let Some(p) = url.password() {
-            secrets.push(p.to_string());
-            if let Ok(decoded) = percent_encoding::percent_decode_str(p).decode_utf8() {
-                secrets.push(decoded.into_owned());
-            }
-        }
-        for (key, value) in url.query_pairs() {
-            if is_secret_key(&key) {
-                secrets.push(value.into_owned());
-            }
-        }
-    }
-    secrets
-}
-
 /// librdkafka's property names are lower case; `SASL.PASSWORD` (as an environment variable spells
 /// it) means `sasl.password`. Two spellings of one property are refused rather than one picked.
 fn lowercase_properties(properties: BTreeMap<String, String>) -> Result<BTreeMap<String, String>> {
@@ -623,16 +388,6 @@ fn lowercase_properties(properties: BTreeMap<String, String>) -> Result<BTreeMap
         }
     }
     Ok(out)
-}
-
-/// Whether a librdkafka property or URL parameter named `key` holds a credential.
-pub fn is_secret_key(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    ["password", "secret", "passphrase", "token", "credential"]
-        .iter()
-        .any(|s| key.contains(s))
-        || key == "sasl.oauthbearer.config"
-        || key.ends_with("key.pem")
 }
 
 /// Top-level sections an `OUTBOXD_` variable may address; other `OUTBOXD_*` variables (a platform's
@@ -731,76 +486,6 @@ fn parse_env_value(raw: &str) -> toml::Value {
     }
 }
 
-/// One URL per host of `source.url`: `mysql://cdc@r1:3306,r2:3306/app` lists two servers of one
-/// replication topology (tried in order; outboxd moves on when one fails and resumes by GTID).
-pub fn source_urls(raw: &str) -> Vec<String> {
-    let Some((scheme, rest)) = raw.split_once("://") else {
-        return vec![raw.to_string()];
-    };
-    let (userinfo, rest) = match rest.rsplit_once('@') {
-        Some((u, r)) if !r.contains('@') => (Some(u), r),
-        _ => (None, rest),
-    };
-    let split = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (hosts, tail) = rest.split_at(split);
-    hosts
-        .split(',')
-        .map(|host| match userinfo {
-            Some(u) => format!("{scheme}://{u}@{host}{tail}"),
-            None => format!("{scheme}://{host}{tail}"),
-        })
-        .collect()
-}
-
-/// `scheme://user:secret@host/db` -> `scheme://user:***@host/db` (each host of a list); anything
-/// unparsable is hidden whole.
-pub fn redact_url(raw: &str) -> String {
-    let urls = source_urls(raw);
-    let mut hosts = Vec::with_capacity(urls.len());
-    let mut first = None;
-    for one in &urls {
-        match url::Url::parse(one) {
-            Ok(mut u) => {
-                if u.password().is_some() {
-                    let _ = u.set_password(Some("***"));
-                }
-                if u.query_pairs().any(|(k, _)| is_secret_key(&k)) {
-                    let pairs: Vec<(String, String)> = u
-                        .query_pairs()
-                        .map(|(k, v)| {
-                            let v = if is_secret_key(&k) {
-                                "***".into()
-                            } else {
-                                v.into_owned()
-                            };
-                            (k.into_owned(), v)
-                        })
-                        .collect();
-                    u.query_pairs_mut().clear().extend_pairs(pairs);
-                }
-                hosts.push(match u.port() {
-                    Some(p) => format!("{}:{p}", u.host_str().unwrap_or("")),
-                    None => u.host_str().unwrap_or("").to_string(),
-                });
-                first.get_or_insert(u);
-            }
-            Err(_) => return "<unparsable url>".to_string(),
-        }
-    }
-    match first {
-        Some(u) if urls.len() > 1 => {
-            let shown = u.to_string();
-            let host = match u.port() {
-                Some(p) => format!("{}:{p}", u.host_str().unwrap_or("")),
-                None => u.host_str().unwrap_or("").to_string(),
-            };
-            shown.replacen(&host, &hosts.join(","), 1)
-        }
-        Some(u) => u.to_string(),
-        None => "<unparsable url>".to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -837,9 +522,15 @@ brokers = "127.0.0.1:9092"
             PathBuf::from("checkpoints/orders.json")
         );
         assert_eq!(c.http.listen, "127.0.0.1:9187");
-        assert_eq!(c.source.slot, "outboxd");
-        assert_eq!(c.server_id(), parse(MINIMAL, &[]).unwrap().server_id());
-        assert!(c.server_id() >= 1_000_000);
+        let SourceDb::Mysql(own) = &c.source.db else {
+            panic!("a MySQL source")
+        };
+        let again = parse(MINIMAL, &[]).unwrap();
+        let SourceDb::Mysql(again) = &again.source.db else {
+            panic!("a MySQL source")
+        };
+        assert_eq!(own.server_id(&c.name), again.server_id(&c.name));
+        assert!(own.server_id(&c.name) >= 1_000_000);
     }
 
     #[test]
@@ -877,7 +568,17 @@ interval_ms = 200
 listen = ""
 "#;
         let c = parse(text, &[]).unwrap();
-        assert_eq!(c.source.kind, SourceKind::Postgres);
+        assert_eq!(c.source.kind(), SourceKind::Postgres);
+        // The MySQL-only key is kept apart and named, not used.
+        assert_eq!(
+            c.source.unused_keys(),
+            ["source.server_id does not apply to a postgres source and is not used"]
+        );
+        let SourceDb::Postgres(own) = &c.source.db else {
+            panic!("a Postgres source")
+        };
+        assert_eq!((own.slot.as_str(), own.publication.as_str()), ("s1", "p1"));
+        assert_eq!(own.message_prefixes, ["outbox"]);
         assert_eq!(c.source.tls.as_ref().unwrap().mode, TlsMode::Disable);
         let tls = text.replace("mode = \"disable\"", "mode = \"verify-full\"");
         assert!(parse(&tls, &[])
@@ -923,7 +624,7 @@ listen = ""
         assert_eq!(c.kafka.max_in_flight, 7);
         assert_eq!(c.kafka.dead_letter_topic.as_deref(), Some("dlq"));
         assert_eq!(c.source.tables, vec!["a.b", "c.d"]);
-        assert_eq!(c.source_password().unwrap().as_deref(), Some("s3cr:et@"));
+        assert_eq!(c.source.password().unwrap().as_deref(), Some("s3cr:et@"));
         assert_eq!(c.checkpoint.interval_ms, 9);
         assert!(!format!("{:?}", c.source).contains("s3cr"));
     }
@@ -943,7 +644,7 @@ listen = ""
             ],
         )
         .unwrap();
-        assert_eq!(c.source_password().unwrap().as_deref(), Some("123456"));
+        assert_eq!(c.source.password().unwrap().as_deref(), Some("123456"));
         assert_eq!(c.kafka.properties["sasl.password"], "\"quoted\"");
         assert_eq!(c.kafka.properties["linger.ms"], "5");
         assert_eq!(c.route.headers["eventType"], "type");

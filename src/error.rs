@@ -5,7 +5,7 @@
 //! [`Error::is_transient`]: network and delivery trouble is retried from the last durable checkpoint,
 //! anything that a retry cannot fix (bad config, a corrupt checkpoint, an event we cannot decode) ends the
 //! process with a non-zero status. Secrets never reach these strings: URLs are redacted before they are
-//! formatted into a message (see [`crate::config::redact_url`]).
+//! formatted into a message (see [`crate::source::config::redact_url`]).
 
 use std::fmt;
 

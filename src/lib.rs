@@ -14,6 +14,7 @@ pub mod fault;
 pub mod http;
 pub mod metrics;
 pub mod pipeline;
+pub mod preflight;
 pub mod route;
 pub mod schema;
 pub mod secrets;

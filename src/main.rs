@@ -197,7 +197,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             binlog_file,
             dry_run,
         } if !binlog_file.is_empty() => {
-            if config.source.kind != SourceKind::Mysql {
+            if config.source.kind() != SourceKind::Mysql {
                 return Err(Error::config("--binlog-file needs source.kind = \"mysql\"")
                     .remedy("binlog files come from MySQL/MariaDB servers"));
             }
@@ -237,7 +237,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             let from = from.expect("clap requires --from without --binlog-file");
             let from = starting_point(&store, &config, &from)?;
             let to = to
-                .map(|t| outboxd::source::parse_position(config.source.kind, &t))
+                .map(|t| outboxd::source::parse_position(config.source.kind(), &t))
                 .transpose()?;
             runtime()?.block_on(async {
                 let count =
@@ -263,7 +263,7 @@ fn starting_point(
         let saved = store.load_saved(from)?;
         return Ok((saved.source.clone(), saved.position.clone()));
     }
-    let position = outboxd::source::parse_position(config.source.kind, from).map_err(|e| {
+    let position = outboxd::source::parse_position(config.source.kind(), from).map_err(|e| {
         Error::config(format!(
             "--from {from:?} is neither a saved label nor a position"
         ))
@@ -273,7 +273,7 @@ fn starting_point(
 }
 
 fn anonymous_identity(config: &Config) -> SourceIdentity {
-    SourceIdentity::anonymous(config.source.kind)
+    SourceIdentity::anonymous(config.source.kind())
 }
 
 fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), Error> {
@@ -306,7 +306,7 @@ fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), E
         }
         CheckpointAction::Set { position } => {
             let store = Store::open_locked(dir, &config.name)?;
-            let position = outboxd::source::parse_position(config.source.kind, &position)?;
+            let position = outboxd::source::parse_position(config.source.kind(), &position)?;
             // A position set by hand is the operator's word for the configured server: it names no
             // server, so the next run takes it there (keeping the old identity would refuse it again
             // when that identity is the "checkpoint from another server" being fixed).

@@ -6,8 +6,48 @@
 //! transaction starts in the source log). A row that cannot become a valid record is [`Unroutable`]
 //! with a reason that labels the dead-letter metric.
 
-use crate::config::RouteConfig;
+use std::collections::BTreeMap;
+
 use crate::source::{Row, Value};
+
+/// How a row becomes a Kafka record. Defaults are those of Debezium's Outbox Event Router.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteConfig {
+    pub by: String,
+    pub topic: String,
+    pub key: String,
+    pub payload: String,
+    pub id: String,
+    pub headers: BTreeMap<String, String>,
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        RouteConfig {
+            by: "aggregatetype".into(),
+            topic: "outbox.event.${routedByValue}".into(),
+            key: "aggregateid".into(),
+            payload: "payload".into(),
+            id: "id".into(),
+            headers: BTreeMap::new(),
+        }
+    }
+}
+
+impl RouteConfig {
+    /// The columns the route reads from every row (for preflight's table check).
+    pub fn columns(&self) -> Vec<String> {
+        let mut wanted = vec![
+            self.by.clone(),
+            self.key.clone(),
+            self.payload.clone(),
+            self.id.clone(),
+        ];
+        wanted.extend(self.headers.values().cloned());
+        wanted
+    }
+}
 
 /// A record ready to produce.
 #[derive(Debug, Clone, PartialEq)]

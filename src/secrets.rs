@@ -2,7 +2,7 @@
 //! process in text: not in a log line, an error or `check` output.
 //!
 //! Messages are written so that they never format a secret in the first place (URLs go through
-//! [`crate::config::redact_url`], property maps through the redacting `Debug`). But the text of
+//! [`crate::source::config::redact_url`], property maps through the redacting `Debug`). But the text of
 //! third-party errors (librdkafka, the database drivers) is not ours to write, and an error may quote a
 //! value back. So every secret the configuration holds is registered here once the configuration is
 //! loaded, and everything outboxd prints passes through [`scrub`]: the log writer ([`Scrubbing`]), the
@@ -77,6 +77,16 @@ impl<W: Write> Write for Scrubbing<W> {
 /// For `tracing_subscriber::fmt().with_writer(...)`: stderr, scrubbed.
 pub fn stderr() -> Scrubbing<std::io::Stderr> {
     Scrubbing(std::io::stderr())
+}
+
+/// Whether a librdkafka property or URL parameter named `key` holds a credential.
+pub fn is_secret_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    ["password", "secret", "passphrase", "token", "credential"]
+        .iter()
+        .any(|s| key.contains(s))
+        || key == "sasl.oauthbearer.config"
+        || key.ends_with("key.pem")
 }
 
 #[cfg(test)]

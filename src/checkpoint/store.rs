@@ -331,7 +331,7 @@ fn write_atomically(dir: &Path, path: &Path, checkpoint: &Checkpoint) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::SourceKind;
+    use crate::source::config::SourceKind;
 
     fn identity() -> SourceIdentity {
         SourceIdentity {

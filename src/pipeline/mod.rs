@@ -27,7 +27,7 @@ use tokio::sync::watch;
 
 use self::session::{Session, SessionEnd};
 use crate::checkpoint::Store;
-use crate::config::{Config, SourceKind};
+use crate::config::{Config, SourceDb, SourceKind};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::route::Router;
@@ -57,6 +57,9 @@ pub(crate) struct Shared {
 
 /// Runs until `shutdown` turns true (Ok) or a fatal error (Err).
 pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> Result<()> {
+    for unused in config.source.unused_keys() {
+        tracing::warn!("{unused}; remove it, or check source.kind");
+    }
     let store = Arc::new(Store::open_locked(&config.checkpoint.dir, &config.name)?);
     let metrics = Metrics::new(
         &config.name,
@@ -102,18 +105,20 @@ pub async fn replay(
     to: Option<Position>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<u64> {
-    if config.source.kind == SourceKind::Postgres {
+    if config.source.kind() == SourceKind::Postgres {
         return Err(Error::config(
             "replay is not possible for Postgres: a replication slot only moves forward, so the server cannot send WAL before its position again",
         )
         .remedy("to re-send rows, re-insert them or use pg_logical_emit_message; to skip ahead, use `outboxd checkpoint set LSN`"));
     }
     let mut config = config.clone();
-    config.source.server_id = Some(config.server_id() ^ 0x8000_0000);
+    if let SourceDb::Mysql(own) = &mut config.source.db {
+        own.server_id = Some(own.server_id(&config.name) ^ 0x8000_0000);
+    }
     config.http.listen.clear();
     let to = match to {
         Some(to) => to,
-        None => crate::source::current_end_position(&config).await?,
+        None => crate::source::current_end_position(&config.source).await?,
     };
     let scratch = tempfile::Builder::new()
         .prefix("outboxd-replay-")
@@ -160,7 +165,7 @@ async fn drive(
     let metrics = &shared.metrics;
     let mut backoff = new_backoff();
     // Several hosts (replicas of one topology): one per session, the next after a failure.
-    let urls = crate::config::source_urls(&config.source.url);
+    let urls = config.source.urls();
     let mut host = 0;
     loop {
         let started = Instant::now();

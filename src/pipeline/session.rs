@@ -414,7 +414,8 @@ async fn open_source(
         Input::Live => {
             let timeout = connect_timeout(config);
             let connect = Source::connect(
-                config,
+                &config.source,
+                &config.name,
                 resume.map(|(i, p)| (i, p)),
                 shared.metrics.clone(),
                 checkpointer.durable(),

@@ -22,6 +22,7 @@ use tokio::sync::Semaphore;
 use crate::config::KafkaConfig;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+use crate::preflight::Item;
 use crate::route::Record;
 use crate::sink::{Acks, Ticket};
 
@@ -430,10 +431,9 @@ impl KafkaSink {
 }
 
 /// Preflight: the brokers answer, and the dead-letter topic (if any) exists.
-pub async fn preflight(config: &crate::config::Config) -> Vec<crate::check::Item> {
-    use crate::check::Item;
+pub async fn preflight(config: &KafkaConfig) -> Vec<Item> {
     use rdkafka::producer::BaseProducer;
-    let kafka = config.kafka.clone();
+    let kafka = config.clone();
     let result = tokio::task::spawn_blocking(move || {
         let mut client = ClientConfig::new();
         for (k, v) in &kafka.properties {
@@ -459,9 +459,9 @@ pub async fn preflight(config: &crate::config::Config) -> Vec<crate::check::Item
         Ok((brokers, topics)) => {
             items.push(Item::pass(
                 "kafka",
-                format!("{} reachable ({brokers} broker(s))", config.kafka.brokers),
+                format!("{} reachable ({brokers} broker(s))", config.brokers),
             ));
-            if let Some(dlq) = &config.kafka.dead_letter_topic {
+            if let Some(dlq) = &config.dead_letter_topic {
                 if topics.iter().any(|t| t == dlq) {
                     items.push(Item::pass(
                         "kafka",
@@ -479,7 +479,7 @@ pub async fn preflight(config: &crate::config::Config) -> Vec<crate::check::Item
         }
         Err(e) => items.push(Item::unreachable(
             "kafka",
-            format!("{} did not answer: {e}", config.kafka.brokers),
+            format!("{} did not answer: {e}", config.brokers),
             "check kafka.brokers and the security settings in kafka.properties",
         )),
     }

@@ -7,6 +7,7 @@
 //! are typed values ([`Position`]): the pipeline compares them (`--to`), stores them in the checkpoint
 //! and hands them back on restart. Protocol bytes never leave this module.
 
+pub mod config;
 pub mod mysql;
 mod position;
 pub mod postgres;
@@ -16,7 +17,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::config::{Config, SourceKind};
+use self::config::{SourceConfig, SourceDb, SourceKind};
 use crate::error::Result;
 use crate::metrics::Metrics;
 
@@ -113,7 +114,7 @@ impl Durable {
 /// server silently.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SourceIdentity {
-    pub kind: crate::config::SourceKind,
+    pub kind: SourceKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_id: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -128,7 +129,7 @@ pub struct SourceIdentity {
 
 impl SourceIdentity {
     /// An identity naming no server: a position typed by hand, valid wherever it is used.
-    pub fn anonymous(kind: crate::config::SourceKind) -> Self {
+    pub fn anonymous(kind: SourceKind) -> Self {
         SourceIdentity {
             kind,
             server_id: None,
@@ -158,18 +159,20 @@ pub enum Source {
 impl Source {
     /// Opens a session after `resume` (or at the source's start point). `durable` tells the newest
     /// position written to the local checkpoint, for sources that confirm progress to the server.
+    /// `pipeline` names the pipeline (MySQL derives its replica server id from it).
     pub async fn connect(
-        config: &Config,
+        source: &SourceConfig,
+        pipeline: &str,
         resume: Option<(&SourceIdentity, &Position)>,
         metrics: Arc<Metrics>,
         durable: Durable,
     ) -> Result<Source> {
-        Ok(match config.source.kind {
-            SourceKind::Mysql => {
-                Source::Mysql(mysql::MysqlSource::connect(config, resume, metrics).await?)
-            }
-            SourceKind::Postgres => Source::Postgres(
-                postgres::PostgresSource::connect(config, resume, metrics, durable).await?,
+        Ok(match &source.db {
+            SourceDb::Mysql(own) => Source::Mysql(
+                mysql::MysqlSource::connect(source, own, pipeline, resume, metrics).await?,
+            ),
+            SourceDb::Postgres(own) => Source::Postgres(
+                postgres::PostgresSource::connect(source, own, resume, metrics, durable).await?,
             ),
         })
     }
@@ -217,9 +220,9 @@ pub fn parse_position(kind: SourceKind, text: &str) -> Result<Position> {
 }
 
 /// The source's current end (where a stream without a checkpoint would start).
-pub async fn current_end_position(config: &Config) -> Result<Position> {
-    match config.source.kind {
-        SourceKind::Mysql => mysql::current_end_position(config).await,
-        SourceKind::Postgres => postgres::current_end_position(config).await,
+pub async fn current_end_position(source: &SourceConfig) -> Result<Position> {
+    match &source.db {
+        SourceDb::Mysql(_) => mysql::current_end_position(source).await,
+        SourceDb::Postgres(_) => postgres::current_end_position(source).await,
     }
 }

@@ -15,6 +15,8 @@ pub struct Outboxd {
     pub name: String,
     child: Option<Child>,
     runs: usize,
+    /// The binary run: this build's, or another one (the benchmark's `--baseline`).
+    pub binary: PathBuf,
 }
 
 impl Outboxd {
@@ -36,6 +38,7 @@ impl Outboxd {
             name: name.to_string(),
             child: None,
             runs: 0,
+            binary: PathBuf::from(env!("CARGO_BIN_EXE_outboxd")),
         }
     }
 
@@ -66,7 +69,7 @@ impl Outboxd {
 
     /// A command for `outboxd ARGS` with this pipeline's config and the source password in the env.
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
+        let mut cmd = Command::new(&self.binary);
         cmd.arg("--config")
             .arg(self.config_path())
             .args(args)

@@ -20,6 +20,7 @@ use mysql_common::binlog::EventStreamReader;
 
 use super::columns::TableColumns;
 use super::decoder::{Decoder, Step};
+use super::event_types;
 use super::event_types as et;
 use super::position::BinlogPosition;
 use crate::error::{Error, Result};
@@ -210,7 +211,7 @@ impl BinlogFileSource {
                 .map_err(|e| Self::corrupt(&f.path, at, e))?;
             let size = u32::from_le_bytes(bytes[9..13].try_into().expect("4 bytes")) as u64;
             let event_type = bytes[4];
-            let min = if event_type == 15 {
+            let min = if event_type == event_types::FORMAT_DESCRIPTION {
                 HEADER_LEN + 5
             } else {
                 HEADER_LEN
@@ -230,7 +231,7 @@ impl BinlogFileSource {
                 .read_exact(&mut bytes[HEADER_LEN..])
                 .map_err(|e| Self::corrupt(&f.path, at, e))?;
             f.offset += size;
-            let checksummed = event_type != 15
+            let checksummed = event_type != event_types::FORMAT_DESCRIPTION
                 && matches!(
                     self.esr.get_fde().footer().get_checksum_alg(),
                     Ok(Some(
@@ -247,7 +248,7 @@ impl BinlogFileSource {
             let event =
                 parse(&mut self.esr, &bytes, false).map_err(|e| Self::corrupt(&f.path, at, e))?;
             if let Some(skip) = self.skip_to.take() {
-                if event_type == 15 && f.offset < skip {
+                if event_type == event_types::FORMAT_DESCRIPTION && f.offset < skip {
                     // Keep the format description, then jump to the requested offset.
                     f.reader
                         .seek_relative((skip - f.offset) as i64)

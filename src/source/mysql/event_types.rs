@@ -3,6 +3,7 @@
 
 pub const QUERY: u8 = 2;
 pub const ROTATE: u8 = 4;
+pub const FORMAT_DESCRIPTION: u8 = 15;
 pub const XID: u8 = 16;
 pub const TABLE_MAP: u8 = 19;
 pub const WRITE_ROWS_V1: u8 = 23;

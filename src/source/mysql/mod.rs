@@ -36,9 +36,9 @@ use self::columns::TableColumns;
 pub use self::decoder::{Decoder, Step};
 pub use self::position::{BinlogPosition, MariaGtidState, MysqlGtidSet};
 pub use self::preflight::preflight;
-use crate::config::{redact_url, Config, SourceKind};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+use crate::source::config::{redact_url, MysqlOptions, SourceConfig, SourceKind};
 use crate::source::{Change, Ignored, Position, SourceIdentity};
 
 /// `ER_MASTER_FATAL_ERROR_READING_BINLOG`: the requested position is not (or no longer) on the server.
@@ -84,7 +84,7 @@ pub fn parse_position(text: &str) -> Result<Position> {
 }
 
 /// The server's current end, where a stream without a checkpoint starts.
-pub async fn current_end_position(config: &Config) -> Result<Position> {
+pub async fn current_end_position(config: &SourceConfig) -> Result<Position> {
     let mut conn = Conn::new(connect_opts(config)?)
         .await
         .map_err(|e| map_err(e, config))?;
@@ -124,7 +124,9 @@ impl MysqlSource {
     /// Connects, checks the server's binlog settings, and opens the stream after `resume` (the
     /// checkpoint's identity and position), or at the server's current end.
     pub async fn connect(
-        config: &Config,
+        config: &SourceConfig,
+        own: &MysqlOptions,
+        pipeline: &str,
         resume: Option<(&SourceIdentity, &Position)>,
         metrics: Arc<Metrics>,
     ) -> Result<MysqlSource> {
@@ -181,7 +183,7 @@ impl MysqlSource {
             ))
             .remedy("use a FILE:POS position on this server"));
         }
-        let heartbeat = Duration::from_millis(config.source.heartbeat_interval_ms);
+        let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
         let mut replica = Conn::new(opts).await.map_err(|e| map_err(e, config))?;
         let use_gtid = server.is_mariadb && start.gtid.as_ref().is_some_and(|g| !g.is_empty());
         let setup = async {
@@ -215,7 +217,7 @@ impl MysqlSource {
             Ok::<_, mysql_async::Error>(())
         };
         setup.await.map_err(|e| map_err(e, config))?;
-        let server_id = config.server_id();
+        let server_id = own.server_id(pipeline);
         let request = if use_gtid {
             BinlogStreamRequest::new(server_id)
                 .with_filename(b"")
@@ -230,7 +232,7 @@ impl MysqlSource {
             .await
             .map_err(|e| map_err(e, config))?;
         tracing::info!(
-            server = %redact_url(&config.source.url),
+            server = %redact_url(&config.url),
             server_id = server.server_id,
             version = %server.version,
             position = %start,
@@ -240,7 +242,7 @@ impl MysqlSource {
         Ok(MysqlSource {
             stream,
             control,
-            decoder: Decoder::new(start.clone(), config.source.tables.iter().cloned()),
+            decoder: Decoder::new(start.clone(), config.tables.iter().cloned()),
             buffer: VecDeque::new(),
             read_timeout: heartbeat * 3,
             identity,
@@ -406,30 +408,52 @@ impl ServerInfo {
         })
     }
 
-    fn require_row_binlog(&self) -> Result<()> {
-        if !self.log_bin {
-            return Err(
-                Error::source("the server's binary log is off (log_bin=OFF)").remedy(
-                    "start the server with log-bin (and binlog_format=ROW, binlog_row_image=FULL)",
+    /// The binlog settings outboxd depends on, judged once for both `run` (which refuses the first
+    /// bad one) and `check` (which lists them all).
+    pub(super) fn binlog_settings(&self) -> [Setting; 3] {
+        [
+            Setting {
+                ok: self.log_bin,
+                shown: "log_bin = ON".into(),
+                problem: "log_bin = OFF: the server writes no binary log".into(),
+                remedy: "start the server with log-bin (and binlog_format=ROW, binlog_row_image=FULL) in its config file",
+            },
+            Setting {
+                ok: self.binlog_format.eq_ignore_ascii_case("ROW"),
+                shown: "binlog_format = ROW".into(),
+                problem: format!(
+                    "binlog_format = {}: outbox rows written as statements are invisible",
+                    self.binlog_format
                 ),
-            );
-        }
-        if !self.binlog_format.eq_ignore_ascii_case("ROW") {
-            return Err(Error::source(format!(
-                "binlog_format is {}; outbox rows written as statements would be invisible to outboxd",
-                self.binlog_format
-            ))
-            .remedy("SET GLOBAL binlog_format = 'ROW' (and in the server's config file)"));
-        }
-        if !self.row_image.eq_ignore_ascii_case("FULL") {
-            return Err(Error::source(format!(
-                "binlog_row_image is {}; inserted rows may lack columns",
-                self.row_image
-            ))
-            .remedy("SET GLOBAL binlog_row_image = 'FULL' (and in the server's config file)"));
-        }
-        Ok(())
+                remedy: "SET GLOBAL binlog_format = 'ROW'; and binlog_format=ROW in the server's config file",
+            },
+            Setting {
+                ok: self.row_image.eq_ignore_ascii_case("FULL"),
+                shown: "binlog_row_image = FULL".into(),
+                problem: format!(
+                    "binlog_row_image = {}: inserted rows may lack columns",
+                    self.row_image
+                ),
+                remedy: "SET GLOBAL binlog_row_image = 'FULL'; and binlog_row_image=FULL in the server's config file",
+            },
+        ]
     }
+
+    fn require_row_binlog(&self) -> Result<()> {
+        match self.binlog_settings().into_iter().find(|s| !s.ok) {
+            Some(bad) => Err(Error::source(bad.problem).remedy(bad.remedy)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A server setting as [`ServerInfo::binlog_settings`] judged it.
+pub(super) struct Setting {
+    pub ok: bool,
+    /// What a good value looks like in `check`.
+    pub shown: String,
+    pub problem: String,
+    pub remedy: &'static str,
 }
 
 /// The checkpoint must come from this server, unless MariaDB GTIDs make the position portable.
@@ -514,30 +538,24 @@ async fn current_end(conn: &mut Conn, info: &ServerInfo) -> mysql_async::Result<
     })
 }
 
-fn connect_opts(config: &Config) -> Result<Opts> {
+fn connect_opts(config: &SourceConfig) -> Result<Opts> {
     // With several hosts, the pipeline picks one per session; other callers use the first.
-    let url = crate::config::source_urls(&config.source.url)
-        .into_iter()
-        .next()
-        .unwrap_or_default();
+    let url = config.urls().into_iter().next().unwrap_or_default();
     let opts = Opts::from_url(&url).map_err(|e| {
-        Error::config(format!(
-            "source.url {}: {e}",
-            redact_url(&config.source.url)
-        ))
-        .remedy("use mysql://USER[:PASSWORD]@HOST:PORT/DB")
+        Error::config(format!("source.url {}: {e}", redact_url(&config.url)))
+            .remedy("use mysql://USER[:PASSWORD]@HOST:PORT/DB")
     })?;
     let mut builder = OptsBuilder::from_opts(opts)
         .prefer_socket(false)
         .tcp_keepalive(Some(Duration::from_secs(10)));
-    if let Some(password) = config.source_password()? {
+    if let Some(password) = config.password()? {
         builder = builder.pass(Some(password));
     }
     Ok(builder.into())
 }
 
-fn map_err(e: mysql_async::Error, config: &Config) -> Error {
-    let server = redact_url(&config.source.url);
+fn map_err(e: mysql_async::Error, config: &SourceConfig) -> Error {
+    let server = redact_url(&config.url);
     match e {
         mysql_async::Error::Server(se) if se.code == ER_ACCESS_DENIED => {
             Error::source(format!("{server} refused the login: {}", se.message))

@@ -4,13 +4,19 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
 use super::{connect_opts, ServerInfo};
-use crate::check::Item;
-use crate::checkpoint::Checkpoint;
-use crate::config::{redact_url, Config};
+use crate::preflight::{routed_columns_item, Item};
+use crate::source::config::{redact_url, SourceConfig};
+use crate::source::Position;
 
 const SUBJECT: &str = "mysql";
 
-pub async fn preflight(config: &Config, checkpoint: Option<&Checkpoint>) -> Vec<Item> {
+/// Checks the server behind `config` (its first host) for what outboxd needs; `checkpoint` is the
+/// stored position, `wanted` the columns the route reads.
+pub async fn preflight(
+    config: &SourceConfig,
+    checkpoint: Option<&Position>,
+    wanted: &[String],
+) -> Vec<Item> {
     let mut items = Vec::new();
     let opts = match connect_opts(config) {
         Ok(o) => o,
@@ -23,7 +29,7 @@ pub async fn preflight(config: &Config, checkpoint: Option<&Checkpoint>) -> Vec<
             return items;
         }
     };
-    let server = redact_url(&config.source.url);
+    let server = redact_url(&config.url);
     let connect = tokio::time::timeout(std::time::Duration::from_secs(10), Conn::new(opts)).await;
     let mut conn = match connect {
         Ok(Ok(conn)) => conn,
@@ -57,7 +63,7 @@ pub async fn preflight(config: &Config, checkpoint: Option<&Checkpoint>) -> Vec<
             return items;
         }
     };
-    match check_server(&mut conn, config, checkpoint, &mut items).await {
+    match check_server(&mut conn, config, checkpoint, wanted, &mut items).await {
         Ok(()) => {}
         Err(e) => items.push(Item::unreachable(
             SUBJECT,
@@ -71,8 +77,9 @@ pub async fn preflight(config: &Config, checkpoint: Option<&Checkpoint>) -> Vec<
 
 async fn check_server(
     conn: &mut Conn,
-    config: &Config,
-    checkpoint: Option<&Checkpoint>,
+    config: &SourceConfig,
+    checkpoint: Option<&Position>,
+    wanted: &[String],
     items: &mut Vec<Item>,
 ) -> mysql_async::Result<()> {
     let info = ServerInfo::read(conn).await?;
@@ -83,35 +90,11 @@ async fn check_server(
             info.version, info.server_id
         ),
     ));
-    if info.log_bin {
-        items.push(Item::pass(SUBJECT, "log_bin = ON"));
-    } else {
-        items.push(Item::fail(
-            SUBJECT,
-            "log_bin = OFF: the server writes no binary log",
-            "start the server with log-bin (and binlog_format=ROW, binlog_row_image=FULL) in its config file",
-        ));
-    }
-    if info.binlog_format.eq_ignore_ascii_case("ROW") {
-        items.push(Item::pass(SUBJECT, "binlog_format = ROW"));
-    } else {
-        items.push(Item::fail(
-            SUBJECT,
-            format!(
-                "binlog_format = {}: outbox rows written as statements are invisible",
-                info.binlog_format
-            ),
-            "SET GLOBAL binlog_format = 'ROW'; and binlog_format=ROW in the server's config file",
-        ));
-    }
-    if info.row_image.eq_ignore_ascii_case("FULL") {
-        items.push(Item::pass(SUBJECT, "binlog_row_image = FULL"));
-    } else {
-        items.push(Item::fail(
-            SUBJECT,
-            format!("binlog_row_image = {}: inserted rows may lack columns", info.row_image),
-            "SET GLOBAL binlog_row_image = 'FULL'; and binlog_row_image=FULL in the server's config file",
-        ));
+    for setting in info.binlog_settings() {
+        items.push(match setting.ok {
+            true => Item::pass(SUBJECT, setting.shown),
+            false => Item::fail(SUBJECT, setting.problem, setting.remedy),
+        });
     }
     let metadata: Option<String> = conn
         .query_first("SELECT @@binlog_row_metadata")
@@ -148,7 +131,7 @@ async fn check_server(
     check_replica(conn, &info, items).await;
     check_grants(conn, items).await;
     check_checkpoint(conn, checkpoint, items).await;
-    check_tables(conn, config, items).await?;
+    check_tables(conn, config, wanted, items).await?;
     Ok(())
 }
 
@@ -286,9 +269,9 @@ async fn check_grants(conn: &mut Conn, items: &mut Vec<Item>) {
     }
 }
 
-async fn check_checkpoint(conn: &mut Conn, checkpoint: Option<&Checkpoint>, items: &mut Vec<Item>) {
+async fn check_checkpoint(conn: &mut Conn, checkpoint: Option<&Position>, items: &mut Vec<Item>) {
     let Some(checkpoint) = checkpoint else { return };
-    let Ok(position) = checkpoint.position.binlog() else {
+    let Ok(position) = checkpoint.binlog() else {
         items.push(Item::fail(
             SUBJECT,
             "the checkpoint does not hold a binlog position",
@@ -320,10 +303,11 @@ async fn check_checkpoint(conn: &mut Conn, checkpoint: Option<&Checkpoint>, item
 
 async fn check_tables(
     conn: &mut Conn,
-    config: &Config,
+    config: &SourceConfig,
+    wanted: &[String],
     items: &mut Vec<Item>,
 ) -> mysql_async::Result<()> {
-    for table in &config.source.tables {
+    for table in &config.tables {
         let (schema, name) = table.split_once('.').unwrap_or(("", table));
         let columns: Vec<String> = conn
             .exec(
@@ -331,8 +315,8 @@ async fn check_tables(
                 (schema, name),
             )
             .await?;
-        items.push(crate::check::routed_columns_item(
-            SUBJECT, config, table, &columns, "mysql",
+        items.push(routed_columns_item(
+            SUBJECT, table, &columns, wanted, "mysql",
         ));
     }
     Ok(())

@@ -6,8 +6,8 @@ use std::time::Duration;
 use tokio_postgres::{Client, NoTls};
 
 use super::lsn::parse_lsn;
-use crate::config::{redact_url, Config};
 use crate::error::{Error, Result};
+use crate::source::config::{redact_url, SourceConfig};
 
 /// Where and as whom to connect, from `source.url` and the password settings.
 #[derive(Clone)]
@@ -24,17 +24,13 @@ pub struct ConnInfo {
 }
 
 impl ConnInfo {
-    pub fn from_config(config: &Config) -> Result<ConnInfo> {
-        let url = url::Url::parse(&config.source.url).map_err(|e| {
-            Error::config(format!(
-                "source.url {}: {e}",
-                redact_url(&config.source.url)
-            ))
-        })?;
+    pub fn from_config(config: &SourceConfig) -> Result<ConnInfo> {
+        let url = url::Url::parse(&config.url)
+            .map_err(|e| Error::config(format!("source.url {}: {e}", redact_url(&config.url))))?;
         let bad = |what: &str| {
             Error::config(format!(
                 "source.url {} has no {what}",
-                redact_url(&config.source.url)
+                redact_url(&config.url)
             ))
             .remedy("use postgres://USER@HOST:PORT/DATABASE")
         };
@@ -53,7 +49,7 @@ impl ConnInfo {
                 .map(|(_, v)| v.into_owned())
                 .unwrap_or_default()
         };
-        let password = match config.source_password()? {
+        let password = match config.password()? {
             Some(p) => Some(p),
             None => url.password().map(decode),
         };
@@ -89,7 +85,7 @@ impl ConnInfo {
             user: decode(user),
             password,
             dbname: decode(dbname),
-            shown: redact_url(&config.source.url),
+            shown: redact_url(&config.url),
             application_name: application_name.unwrap_or_else(|| "outboxd".to_string()),
         })
     }

@@ -40,9 +40,9 @@ pub use self::decoder::{position, HEARTBEAT_PREFIX};
 use self::lsn::lsn_to_string;
 pub use self::lsn::Lsn;
 pub use self::preflight::preflight;
-use crate::config::{Config, SourceKind, TlsMode};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+use crate::source::config::{PostgresOptions, SourceConfig, SourceKind, TlsMode};
 use crate::source::{Change, Durable, Ignored, Position, SourceIdentity};
 
 /// Silence allowed when no heartbeat can be emitted (walsender keepalives come every 30 s by default).
@@ -75,28 +75,29 @@ pub struct PostgresSource {
 
 impl PostgresSource {
     pub async fn connect(
-        config: &Config,
+        config: &SourceConfig,
+        own: &PostgresOptions,
         resume: Option<(&SourceIdentity, &Position)>,
         metrics: Arc<Metrics>,
         durable: Durable,
     ) -> Result<PostgresSource> {
         let info = ConnInfo::from_config(config)?;
         let control = Control::connect(&info).await?;
-        let source = &config.source;
+        let source = config;
         control
-            .ensure_publication(&source.publication, &source.tables)
+            .ensure_publication(&own.publication, &source.tables)
             .await?;
         let slot_lsn = match resume {
             // With a checkpoint, a missing slot means the changes since it are gone with the slot:
             // creating a new one would silently skip them.
-            Some(_) => control.slot_confirmed(&source.slot).await?.ok_or_else(|| {
+            Some(_) => control.slot_confirmed(&own.slot).await?.ok_or_else(|| {
                 Error::source(format!(
                     "replication slot {} does not exist, but a checkpoint does: the changes since the checkpoint went with the slot (dropped, or a failover to a server without it)",
-                    source.slot
+                    own.slot
                 ))
                 .remedy("if losing those changes is acceptable, run `outboxd checkpoint reset` (outboxd then creates the slot at the current end); otherwise restore the slot before starting")
             })?,
-            None => control.ensure_slot(&source.slot).await?,
+            None => control.ensure_slot(&own.slot).await?,
         };
         let start = match resume {
             Some((stored, position)) => {
@@ -107,12 +108,12 @@ impl PostgresSource {
                     ))
                     .remedy("point checkpoint.dir or name at this source's checkpoint"));
                 }
-                if let Some(slot) = stored.slot.as_deref().filter(|s| *s != source.slot) {
+                if let Some(slot) = stored.slot.as_deref().filter(|s| *s != own.slot) {
                     return Err(Error::checkpoint(format!(
-                        "the checkpoint was written for replication slot {slot}, but source.slot is {}",
-                        source.slot
+                        "the checkpoint was written for replication slot {slot}, but own.slot is {}",
+                        own.slot
                     ))
-                    .remedy("set source.slot back, or `outboxd checkpoint reset` to start the new slot at the current end"));
+                    .remedy("set own.slot back, or `outboxd checkpoint reset` to start the new slot at the current end"));
                 }
                 let lsn = position.lsn()?.0;
                 if slot_lsn > lsn {
@@ -128,7 +129,7 @@ impl PostgresSource {
             }
             None => {
                 tracing::warn!(
-                    slot = %source.slot,
+                    slot = %own.slot,
                     lsn = %lsn_to_string(slot_lsn),
                     "no checkpoint: starting at the slot's position (for a new slot: now)"
                 );
@@ -141,8 +142,8 @@ impl PostgresSource {
             info.user.clone(),
             info.password.clone().unwrap_or_default(),
             info.dbname.clone(),
-            source.slot.clone(),
-            source.publication.as_str(),
+            own.slot.clone(),
+            own.publication.as_str(),
         )
         .with_port(info.port)
         .with_start_lsn(WireLsn(start))
@@ -150,7 +151,7 @@ impl PostgresSource {
         .with_wakeup_interval(heartbeat)
         .with_application_name(&info.application_name)
         .with_max_message_size(512 * 1024 * 1024)
-        .with_tls(tls_config(config)?);
+        .with_tls(tls_config(config));
         let mut client = ReplicationClient::connect_gated(replication)
             .await
             .map_err(|e| stream_error(e, &info.shown))?;
@@ -160,7 +161,7 @@ impl PostgresSource {
             server_id: None,
             server_uuid: None,
             system_identifier: Some(system.system_id.clone()),
-            slot: Some(source.slot.clone()),
+            slot: Some(own.slot.clone()),
         };
         if let Some((stored, _)) = resume {
             if stored.system_identifier.is_some()
@@ -177,8 +178,8 @@ impl PostgresSource {
         within(client.wait_started(), &info.shown).await?;
         tracing::info!(
             server = %info.shown,
-            slot = %source.slot,
-            publication = %source.publication,
+            slot = %own.slot,
+            publication = %own.publication,
             position = %lsn_to_string(start),
             "replication stream opened"
         );
@@ -198,7 +199,7 @@ impl PostgresSource {
                 let mut decoder = Decoder::new(
                     start,
                     source.tables.iter().cloned(),
-                    source.message_prefixes.iter().cloned(),
+                    own.message_prefixes.iter().cloned(),
                 );
                 decoder.set_partitions(partitions);
                 decoder
@@ -408,9 +409,11 @@ fn stream_error(e: PgWireError, server: &str) -> Error {
         .transient()
 }
 
-fn tls_config(config: &Config) -> Result<TlsConfig> {
-    let Some(tls) = &config.source.tls else {
-        return Ok(TlsConfig::disabled());
+/// The replication client's TLS settings (the config admits only `disable` in this build; see
+/// `SourceConfig::validate`).
+fn tls_config(config: &SourceConfig) -> TlsConfig {
+    let Some(tls) = &config.tls else {
+        return TlsConfig::disabled();
     };
     let mode = match tls.mode {
         TlsMode::Disable => SslMode::Disable,
@@ -419,19 +422,15 @@ fn tls_config(config: &Config) -> Result<TlsConfig> {
         TlsMode::VerifyCa => SslMode::VerifyCa,
         TlsMode::VerifyFull => SslMode::VerifyFull,
     };
-    if mode != SslMode::Disable {
-        return Err(Error::config("source.tls: TLS to the database is not supported yet")
-            .remedy("set source.tls.mode = \"disable\" and reach the server over a trusted network or a local TLS tunnel"));
-    }
-    Ok(TlsConfig {
+    TlsConfig {
         mode,
         ca_pem_path: tls.ca.clone(),
         ..TlsConfig::default()
-    })
+    }
 }
 
 /// The server's current WAL position, for `replay` and tests.
-pub async fn current_end_position(config: &Config) -> Result<Position> {
+pub async fn current_end_position(config: &SourceConfig) -> Result<Position> {
     let control = Control::connect(&ConnInfo::from_config(config)?).await?;
     Ok(position(control.current_lsn().await?))
 }

@@ -2,13 +2,20 @@
 
 use super::control::{quote_table, ConnInfo, Control};
 use super::lsn::{lsn_to_string, parse_lsn};
-use crate::check::Item;
-use crate::checkpoint::Checkpoint;
-use crate::config::Config;
+use crate::preflight::{routed_columns_item, Item};
+use crate::source::config::{PostgresOptions, SourceConfig};
+use crate::source::Position;
 
 const SUBJECT: &str = "postgres";
 
-pub async fn preflight(config: &Config, checkpoint: Option<&Checkpoint>) -> Vec<Item> {
+/// Checks the server behind `config` for what outboxd needs; `checkpoint` is the stored position,
+/// `wanted` the columns the route reads.
+pub async fn preflight(
+    config: &SourceConfig,
+    own: &PostgresOptions,
+    checkpoint: Option<&Position>,
+    wanted: &[String],
+) -> Vec<Item> {
     let mut items = Vec::new();
     let info = match ConnInfo::from_config(config) {
         Ok(i) => i,
@@ -40,7 +47,7 @@ pub async fn preflight(config: &Config, checkpoint: Option<&Checkpoint>) -> Vec<
             return items;
         }
     };
-    if let Err(e) = check(&control, config, checkpoint, &mut items).await {
+    if let Err(e) = check(&control, config, own, checkpoint, wanted, &mut items).await {
         items.push(Item::unreachable(
             SUBJECT,
             format!("checking {} failed: {e}", info.shown),
@@ -52,8 +59,10 @@ pub async fn preflight(config: &Config, checkpoint: Option<&Checkpoint>) -> Vec<
 
 async fn check(
     control: &Control,
-    config: &Config,
-    checkpoint: Option<&Checkpoint>,
+    config: &SourceConfig,
+    own: &PostgresOptions,
+    checkpoint: Option<&Position>,
+    wanted: &[String],
     items: &mut Vec<Item>,
 ) -> Result<(), tokio_postgres::Error> {
     let client = control.client();
@@ -113,7 +122,7 @@ async fn check(
             "GRANT pg_read_all_stats TO <user>; (optional: lets outboxd wait for a walsender that is still reading WAL)",
         ));
     }
-    let slot = &config.source.slot;
+    let slot = &own.slot;
     let slot_row = client
         .query_opt(
             "SELECT plugin, confirmed_flush_lsn::text, active FROM pg_replication_slots WHERE slot_name = $1",
@@ -140,7 +149,7 @@ async fn check(
                 ));
             }
             if let (Some(c), Some(cp)) = (confirmed.as_deref().and_then(parse_lsn), checkpoint) {
-                if let Ok(super::Lsn(lsn)) = cp.position.lsn() {
+                if let Ok(super::Lsn(lsn)) = cp.lsn() {
                     if c > lsn {
                         items.push(Item::warn(
                             SUBJECT,
@@ -170,7 +179,7 @@ async fn check(
             }
         }
     }
-    let publication = &config.source.publication;
+    let publication = &own.publication;
     let publication_row = client
         .query_opt(
             "SELECT puballtables, pubviaroot FROM pg_publication WHERE pubname = $1",
@@ -181,7 +190,7 @@ async fn check(
     let (all_tables, via_root) = publication_row
         .map(|r| (r.get::<_, bool>(0), r.get::<_, bool>(1)))
         .unwrap_or((false, true));
-    for table in &config.source.tables {
+    for table in &config.tables {
         let (schema, name) = super::control::split_table(table);
         let columns: Vec<String> = client
             .query(
@@ -192,7 +201,7 @@ async fn check(
             .iter()
             .map(|r| r.get(0))
             .collect();
-        let item = crate::check::routed_columns_item(SUBJECT, config, table, &columns, "postgres");
+        let item = routed_columns_item(SUBJECT, table, &columns, wanted, "postgres");
         let missing_table = columns.is_empty();
         items.push(item);
         if missing_table {
