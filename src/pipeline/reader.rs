@@ -9,13 +9,18 @@ use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::source::{Change, Source};
 
-/// Changes buffered between the reader task and the session.
-pub(super) const CHANNEL_DEPTH: usize = 1024;
+/// Changes handed over in one channel message, at most: a batch is sent when the source would
+/// wait, when it is this long, or when the byte budget runs out. Batches cut the task wake-ups per
+/// change (the session handles a whole batch per wake-up when the source is ahead of it).
+pub(super) const BATCH: usize = 256;
+/// Batches buffered between the reader task and the session (with [`BATCH`]: about 1024 changes).
+pub(super) const CHANNEL_DEPTH: usize = 4;
 /// Bytes of rows buffered between the reader task and the session (large rows would otherwise let
 /// 1024 changes hold a gigabyte). A row larger than this takes all of it.
 pub(super) const CHANNEL_BYTES: u32 = 16 * 1024 * 1024;
 
-/// A change from the reader task, with the part of the channel's byte budget it holds.
+/// A change from the reader task, with the part of the channel's byte budget it holds (released
+/// per change, as the session handles it).
 pub(super) type Queued = (Result<Change>, Option<OwnedSemaphorePermit>);
 
 /// Starts the reader task; the receiver ends when the source fails, is exhausted, or the task is
@@ -23,23 +28,37 @@ pub(super) type Queued = (Result<Change>, Option<OwnedSemaphorePermit>);
 pub(super) fn spawn(
     source: Source,
     metrics: Arc<Metrics>,
-) -> (mpsc::Receiver<Queued>, tokio::task::JoinHandle<()>) {
-    let (tx, rx) = mpsc::channel::<Queued>(CHANNEL_DEPTH);
+) -> (mpsc::Receiver<Vec<Queued>>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel::<Vec<Queued>>(CHANNEL_DEPTH);
     let budget = Arc::new(Semaphore::new(CHANNEL_BYTES as usize));
     (rx, tokio::spawn(read_changes(source, tx, budget, metrics)))
 }
 
 /// Pulls changes until the source fails or the channel closes. Rows take their size from the
-/// channel's byte budget before they are queued.
+/// channel's byte budget before they are queued. Changes the source has ready are gathered into
+/// one batch; the source's pending call is never dropped (it is not cancel-safe), only awaited
+/// after the batch so far was sent.
 async fn read_changes(
     mut source: Source,
-    tx: mpsc::Sender<Queued>,
+    tx: mpsc::Sender<Vec<Queued>>,
     budget: Arc<Semaphore>,
     metrics: Arc<Metrics>,
 ) {
     let mut reported = source.ignored();
+    let mut batch: Vec<Queued> = Vec::new();
     loop {
-        let change = source.next().await;
+        let change = {
+            let mut next = std::pin::pin!(source.next());
+            match futures_util::poll!(next.as_mut()) {
+                std::task::Poll::Ready(change) => change,
+                std::task::Poll::Pending => {
+                    if !batch.is_empty() && !send(&tx, &mut batch).await {
+                        return;
+                    }
+                    next.await
+                }
+            }
+        };
         let ended = matches!(change, Ok(Change::Exhausted));
         let ignored = source.ignored();
         metrics.ignored("update", ignored.updates - reported.updates);
@@ -51,15 +70,63 @@ async fn read_changes(
                 let cost = u32::try_from(row.size())
                     .unwrap_or(u32::MAX)
                     .clamp(1, CHANNEL_BYTES);
-                match budget.clone().acquire_many_owned(cost).await {
-                    Ok(permit) => Some(permit),
-                    Err(_) => return,
-                }
+                // The budget comes back as the session handles the changes: never wait for it
+                // while holding changes it has not been sent.
+                let permit = match budget.clone().try_acquire_many_owned(cost) {
+                    Ok(permit) => permit,
+                    Err(_) => {
+                        if !batch.is_empty() && !send(&tx, &mut batch).await {
+                            return;
+                        }
+                        match budget.clone().acquire_many_owned(cost).await {
+                            Ok(permit) => permit,
+                            Err(_) => return,
+                        }
+                    }
+                };
+                Some(permit)
             }
             _ => None,
         };
-        if tx.send((change, permit)).await.is_err() || failed || ended {
+        batch.push((change, permit));
+        if failed || ended {
+            let _ = send(&tx, &mut batch).await;
             return;
         }
+        if batch.len() >= BATCH && !send(&tx, &mut batch).await {
+            return;
+        }
+    }
+}
+
+/// Sends the batch (leaving `batch` empty); `false` once the session is gone.
+async fn send(tx: &mpsc::Sender<Vec<Queued>>, batch: &mut Vec<Queued>) -> bool {
+    tx.send(std::mem::take(batch)).await.is_ok()
+}
+
+/// The next change: from the batch being handled, or else the next batch (waiting for it).
+/// Cancel-safe.
+pub(super) async fn next_queued(
+    pending: &mut std::vec::IntoIter<Queued>,
+    changes: &mut mpsc::Receiver<Vec<Queued>>,
+) -> Option<Queued> {
+    loop {
+        if let Some(queued) = pending.next() {
+            return Some(queued);
+        }
+        *pending = changes.recv().await?.into_iter();
+    }
+}
+
+/// [`next_queued`] without waiting: `None` when nothing is queued.
+pub(super) fn try_next_queued(
+    pending: &mut std::vec::IntoIter<Queued>,
+    changes: &mut mpsc::Receiver<Vec<Queued>>,
+) -> Option<Queued> {
+    loop {
+        if let Some(queued) = pending.next() {
+            return Some(queued);
+        }
+        *pending = changes.try_recv().ok()?.into_iter();
     }
 }

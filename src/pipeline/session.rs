@@ -45,7 +45,9 @@ pub(super) struct Session<'a> {
     checkpointer: Arc<Checkpointer>,
     failure: Arc<Failure>,
     sink: KafkaSink,
-    changes: mpsc::Receiver<Queued>,
+    changes: mpsc::Receiver<Vec<Queued>>,
+    /// The rest of the batch being handled.
+    pending: std::vec::IntoIter<Queued>,
     reader: tokio::task::JoinHandle<()>,
     writer: tokio::task::JoinHandle<Result<()>>,
     writer_stop: watch::Sender<bool>,
@@ -122,6 +124,7 @@ impl<'a> Session<'a> {
             failure,
             sink,
             changes,
+            pending: Vec::new().into_iter(),
             reader,
             writer,
             writer_stop,
@@ -165,7 +168,7 @@ impl<'a> Session<'a> {
                 && !self.shutdown.has_changed().unwrap_or(true)
                 && !self.failure.is_set()
             {
-                self.changes.try_recv().ok()
+                reader::try_next_queued(&mut self.pending, &mut self.changes)
             } else {
                 None
             };
@@ -178,7 +181,7 @@ impl<'a> Session<'a> {
                         biased;
                         _ = self.shutdown.wait_for(|stop| *stop), if !stopping => None,
                         e = self.failure.wait() => return Err(e),
-                        queued = self.changes.recv() => Some(queued),
+                        queued = reader::next_queued(&mut self.pending, &mut self.changes) => Some(queued),
                         _ = tokio::time::sleep_until(deadline), if stopping => {
                             tracing::warn!("the open transaction did not finish within the drain deadline; it is sent again on restart");
                             return Ok(SessionEnd::Shutdown);

@@ -237,13 +237,14 @@ impl Decoder {
                     ))
                     .transient());
                 }
+                // Consumed: a text value's bytes become its String without a copy.
                 let values = tuple
-                    .iter()
+                    .into_iter()
                     .zip(&table.types)
                     .map(|(v, oid)| match v {
                         TupleValue::Null | TupleValue::UnchangedToast => Value::Null,
-                        TupleValue::Text(b) => values::from_text(*oid, b),
-                        TupleValue::Binary(b) => Value::Binary(b.clone()),
+                        TupleValue::Text(b) => values::from_text_owned(*oid, b),
+                        TupleValue::Binary(b) => Value::Binary(b),
                     })
                     .collect();
                 self.txn_rows += 1;

@@ -151,6 +151,9 @@ impl PostgresSource {
         .with_wakeup_interval(heartbeat)
         .with_application_name(&info.application_name)
         .with_max_message_size(512 * 1024 * 1024)
+        // Events queued between the client's worker and us (8192 by default, each holding a buffer of at
+        // least 4 KiB): enough to ride out a burst, without tens of megabytes behind back-pressure.
+        .with_buffer_size(1024)
         .with_tls(tls_config(config));
         let mut client = ReplicationClient::connect_gated(replication)
             .await

@@ -19,6 +19,23 @@ const TIMESTAMPTZ: u32 = 1184;
 const NUMERIC: u32 = 1700;
 const JSONB: u32 = 3802;
 
+/// [`from_text`] for a value the caller owns: text, JSON and numbers keep its buffer.
+pub fn from_text_owned(type_oid: u32, bytes: Vec<u8>) -> Value {
+    match type_oid {
+        BOOL | INT2 | INT4 | INT8 | OID | BYTEA | TIMESTAMP | TIMESTAMPTZ => {
+            from_text(type_oid, &bytes)
+        }
+        _ => match String::from_utf8(bytes) {
+            Ok(text) => match type_oid {
+                FLOAT4 | FLOAT8 | NUMERIC => Value::Decimal(text),
+                JSON | JSONB => Value::Json(text),
+                _ => Value::Text(text),
+            },
+            Err(e) => from_text(type_oid, e.as_bytes()),
+        },
+    }
+}
+
 /// Converts one text-format value of a column of type `type_oid`.
 pub fn from_text(type_oid: u32, bytes: &[u8]) -> Value {
     let Ok(text) = std::str::from_utf8(bytes) else {
@@ -107,5 +124,30 @@ mod tests {
             from_text(TIMESTAMP, b"2024-01-02 03:04:05.000001"),
             Value::Temporal("2024-01-02T03:04:05.000001Z".into())
         );
+    }
+
+    #[test]
+    fn owned_values_convert_exactly_like_borrowed_ones() {
+        let cases: [(u32, &[u8]); 12] = [
+            (INT8, b"-42"),
+            (INT8, b"x"),
+            (BOOL, b"f"),
+            (OID, b"7"),
+            (JSONB, br#"{"a": 1}"#),
+            (JSON, b"[]"),
+            (NUMERIC, b"12.50"),
+            (FLOAT8, b"1e3"),
+            (BYTEA, b"\\x00ff"),
+            (25, "café".as_bytes()),
+            (25, &[0xff, 0x41]),
+            (TIMESTAMPTZ, b"2024-01-02 03:04:05.5+02"),
+        ];
+        for (oid, bytes) in cases {
+            assert_eq!(
+                from_text_owned(oid, bytes.to_vec()),
+                from_text(oid, bytes),
+                "{oid}"
+            );
+        }
     }
 }
