@@ -283,7 +283,14 @@ fn main() {
     });
     let mut loaded = 0;
     let mut binlogs = Vec::new();
+    // The MariaDB backlogs are loaded when a section reads them.
+    let mariadb_backlog = ["drain", "huge", "raw", "relay"]
+        .iter()
+        .any(|s| args.wants(s));
     for (per_txn, key) in [(1u64, "drain1"), (10, "drain10"), (100, "drain100")] {
+        if !mariadb_backlog {
+            break;
+        }
         db.sql_socket("FLUSH BINARY LOGS;");
         let file = db
             .sql_socket("SHOW MASTER STATUS;")
@@ -1010,19 +1017,6 @@ fn postgres_section(
     let mut outboxd = Outboxd::new("pgbench", &body);
     outboxd.start();
     outboxd.stop();
-    // The baseline build gets its own slot and publication over the same table: both read the
-    // same WAL, one after the other, into the same topic.
-    let mut base = baseline.map(|(path, label)| {
-        let base_body = body.replace(
-            "heartbeat_interval_ms = 1000\n",
-            "heartbeat_interval_ms = 1000\nslot = \"pgbase\"\npublication = \"pgbase\"\n",
-        );
-        let mut base = Outboxd::new("pgbase", &base_body);
-        base.binary = path.clone();
-        base.start();
-        base.stop();
-        (base, label.clone())
-    });
     let probe: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", broker.bootstrap())
         .create()
@@ -1048,6 +1042,35 @@ fn postgres_section(
                 "SELECT pg_create_logical_replication_slot('raw', 'test_decoding');",
             );
         }
+        // A slot only moves forward, so each repeat drains the load with a pipeline of its own (own
+        // slot, publication and checkpoint) created just before it: the same WAL every time. The
+        // long-lived pipeline is this build's first repeat (it stays caught up for the latency
+        // section); with a baseline, as many baseline pipelines drain it too.
+        let fresh = |label: &str, rep: usize, binary: Option<&std::path::PathBuf>| {
+            let name = format!("pg{label}{per_txn}r{rep}");
+            let own_body = body.replace(
+                "heartbeat_interval_ms = 1000\n",
+                &format!(
+                    "heartbeat_interval_ms = 1000\nslot = \"{name}\"\npublication = \"{name}\"\n"
+                ),
+            );
+            let mut pipeline = Outboxd::new(&name, &own_body);
+            if let Some(binary) = binary {
+                pipeline.binary = binary.clone();
+            }
+            pipeline.start();
+            pipeline.stop();
+            (name, pipeline)
+        };
+        let mut extra: Vec<(String, Outboxd)> =
+            (1..REPEATS).map(|rep| fresh("new", rep, None)).collect();
+        let mut base_pipelines: Vec<(String, Outboxd)> = baseline
+            .map(|(path, _)| {
+                (0..REPEATS)
+                    .map(|rep| fresh("base", rep, Some(path)))
+                    .collect()
+            })
+            .unwrap_or_default();
         let mut script = String::new();
         let mut m = loaded;
         while m < loaded + n {
@@ -1075,26 +1098,41 @@ fn postgres_section(
                 .trim()
                 .to_string();
         }
-        // A slot only moves forward: one drain per load (no median). With a baseline, both builds
-        // drain it, the order alternating from one load to the next.
-        let base_first = per_txn != 10;
-        let mut drains: Vec<(Option<String>, f64, ProcessStats)> = Vec::new();
-        for turn in 0..2 {
-            let baseline_turn = (turn == 0) == base_first;
-            let (who, label) = match (&mut base, baseline_turn) {
-                (Some((b, label)), true) => (b, Some(label.clone())),
-                (None, true) => continue,
-                (_, false) => (&mut outboxd, None),
+        // Interleaved: baseline, this build, baseline, ...
+        let mut runs: Vec<(f64, ProcessStats)> = Vec::new();
+        let mut base_runs: Vec<(f64, ProcessStats)> = Vec::new();
+        for rep in 0..REPEATS {
+            if let Some((_, pipeline)) = base_pipelines.get_mut(rep) {
+                let target = acked() + n;
+                base_runs.push(timed_run(
+                    pipeline,
+                    "the baseline to drain the Postgres backlog",
+                    |_| acked() >= target,
+                ));
+            }
+            let pipeline = match rep {
+                0 => &mut outboxd,
+                _ => &mut extra[rep - 1].1,
             };
             let target = acked() + n;
-            let (seconds, stats) = timed_run(who, "outboxd to drain the Postgres backlog", |_| {
-                acked() >= target
-            });
-            drains.push((label, seconds, stats));
+            runs.push(timed_run(
+                pipeline,
+                "outboxd to drain the Postgres backlog",
+                |_| acked() >= target,
+            ));
         }
-        drains.sort_by_key(|(label, _, _)| label.is_some());
-        for (label, seconds, stats) in drains {
-            let who = match &label {
+        for (name, _) in extra.iter().chain(base_pipelines.iter()) {
+            pg.sql(
+                "app",
+                &format!("SELECT pg_drop_replication_slot('{name}');"),
+            );
+        }
+        for (label, runs) in [(None, runs), (baseline.map(|(_, l)| l.as_str()), base_runs)] {
+            if runs.is_empty() {
+                continue;
+            }
+            let (seconds, stats, spread) = median(runs, n);
+            let who = match label {
                 Some(label) => format!("outboxd {label}"),
                 None => "outboxd".to_string(),
             };
@@ -1110,7 +1148,7 @@ fn postgres_section(
                 seconds,
                 bytes: n * record_bytes,
                 extra: format!(
-                    "{:.1} CPU s, peak RSS {:.0} MB (acked = topic high watermarks)",
+                    "{spread}; {:.1} CPU s, peak RSS {:.0} MB (acked = topic high watermarks)",
                     stats.cpu_seconds, stats.peak_rss_mb
                 ),
             });

@@ -532,3 +532,47 @@ fn a_huge_transaction_on_another_table_is_ridden_out_without_a_reconnect_loop() 
     assert!(!log.contains("reconnecting"), "{log}");
     env.outboxd.stop();
 }
+
+#[test]
+fn a_scram_login_streams_rows_and_a_wrong_password_stops_with_the_remedy() {
+    let mut env = setup("scram", "");
+    // outboxd's connections must log in with SCRAM-SHA-256 (the first matching line wins; a
+    // logical replication connection matches its database's lines, not `replication`).
+    let hba = env.pg.dir().join("pg_hba.conf");
+    let rules = std::fs::read_to_string(&hba).unwrap();
+    std::fs::write(
+        &hba,
+        format!("host app cdc 127.0.0.1/32 scram-sha-256\n{rules}"),
+    )
+    .unwrap();
+    env.pg.sql(
+        "app",
+        &format!(
+            "ALTER ROLE cdc PASSWORD '{}'; SELECT pg_reload_conf();",
+            rig::mariadb::CDC_PASSWORD
+        ),
+    );
+    env.outboxd.start();
+    let script: String = (0..20).map(insert_sql).collect();
+    env.pg.sql("app", &script);
+    let records = consume_events(&env.broker.bootstrap(), 20);
+    assert_eq!(check_records_by(&records, 0..20, pg_payload), 0);
+    assert_eq!(records.len(), 20, "{}", env.outboxd.log());
+    env.outboxd.stop();
+
+    // A password the server no longer takes: a clear stop, not a reconnect loop.
+    env.pg
+        .sql("app", "ALTER ROLE cdc PASSWORD 'a-different-one';");
+    let out = env
+        .outboxd
+        .command(&["run", "--skip-checks"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("password authentication failed"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(rig::mariadb::CDC_PASSWORD), "{stderr}");
+}

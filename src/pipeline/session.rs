@@ -268,10 +268,7 @@ impl<'a> Session<'a> {
             match futures_util::poll!(reserve.as_mut()) {
                 std::task::Poll::Ready(room) => room,
                 std::task::Poll::Pending => loop {
-                    let deadline = match self.stopping {
-                        Some(since) => tokio::time::Instant::from_std(since + self.drain_timeout),
-                        None => self.idle_deadline,
-                    };
+                    let deadline = self.deadline();
                     let stopping = self.stopping.is_some();
                     tokio::select! {
                         room = reserve.as_mut() => break room,

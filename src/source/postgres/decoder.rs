@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use pgwire_replication::ReplicationEvent;
+use super::stream::Frame;
 
 use super::lsn::{lsn_to_string, Lsn};
 use super::pgoutput::{self, Message, TupleValue};
@@ -102,47 +102,46 @@ impl Decoder {
             .collect();
     }
 
-    pub fn on_event(
-        &mut self,
-        event: ReplicationEvent,
-        out: &mut VecDeque<Change>,
-    ) -> Result<Step> {
-        match event {
-            ReplicationEvent::Begin { final_lsn, .. } => {
+    /// Takes one message of the stream: a pgoutput message (decoded here, where its bytes are) or a
+    /// keepalive.
+    pub fn on_frame(&mut self, frame: Frame<'_>, out: &mut VecDeque<Change>) -> Result<Step> {
+        let data = match frame {
+            // Nothing open: everything before the walsender's position was sent, so it is a boundary.
+            Frame::KeepAlive { wal_end } => {
+                if !self.in_txn && wal_end > self.last {
+                    self.last = wal_end;
+                    out.push_back(Change::Idle(Boundary {
+                        position: position(wal_end),
+                        committed_at: None,
+                    }));
+                }
+                return Ok(Step::Continue);
+            }
+            Frame::XLogData { data } => data,
+        };
+        let message = pgoutput::decode(data).map_err(|e| {
+            Error::source(format!("cannot decode a pgoutput message: {e}")).remedy(
+                "this is a bug or an unsupported server version; outboxd stops rather than skip it",
+            )
+        })?;
+        match message {
+            Message::Begin { final_lsn, .. } => {
                 self.in_txn = true;
                 self.txn_rows = 0;
-                self.txn_origin = Some(lsn_to_string(final_lsn.0).into());
+                self.txn_origin = Some(lsn_to_string(final_lsn).into());
             }
-            ReplicationEvent::Commit {
+            Message::Commit {
                 end_lsn,
-                commit_time_micros,
+                commit_time_us,
                 ..
-            } => self.close(end_lsn.0, pg_time(commit_time_micros), out),
-            // Nothing open: everything before the walsender's position was sent, so it is a boundary.
-            ReplicationEvent::KeepAlive { wal_end, .. }
-                if !self.in_txn && wal_end.0 > self.last =>
-            {
-                self.last = wal_end.0;
-                out.push_back(Change::Idle(Boundary {
-                    position: position(wal_end.0),
-                    committed_at: None,
-                }));
-            }
-            ReplicationEvent::Message {
+            } => self.close(end_lsn, pg_time(commit_time_us), out),
+            Message::Logical {
                 transactional,
                 lsn,
                 prefix,
                 content,
-            } => self.on_message(transactional, lsn.0, &prefix, &content, out),
-            ReplicationEvent::XLogData { data, .. } => {
-                let message = pgoutput::decode(&data).map_err(|e| {
-                    Error::source(format!("cannot decode a pgoutput message: {e}")).remedy(
-                        "this is a bug or an unsupported server version; outboxd stops rather than skip it",
-                    )
-                })?;
-                return self.on_pgoutput(message, out);
-            }
-            _ => {}
+            } => self.on_message(transactional, lsn, &prefix, &content, out),
+            other => return self.on_pgoutput(other, out),
         }
         Ok(Step::Continue)
     }
@@ -265,9 +264,7 @@ impl Decoder {
                     self.ignored.deletes += 1;
                 }
             }
-            Message::Begin { .. } | Message::Commit { .. } | Message::Logical { .. } => {
-                // The replication client turns these into typed events before we see them.
-            }
+            // Begin, Commit and Logical are taken by `on_frame`; the rest needs nothing.
             _ => {}
         }
         Ok(Step::Continue)
@@ -375,20 +372,42 @@ fn envelope_row(prefix: &str, lsn: u64, content: &[u8], origin: Arc<str>) -> Row
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
-    use pgwire_replication::Lsn;
 
     const RELATION_OUTBOX: &[u8] =
         include_bytes!("../../../tests/data/pgoutput/relation_outbox.bin");
     const INSERT_OUTBOX: &[u8] = include_bytes!("../../../tests/data/pgoutput/insert_outbox.bin");
 
-    fn xlog(bytes: &'static [u8]) -> ReplicationEvent {
-        ReplicationEvent::XLogData {
-            wal_start: Lsn(0),
-            wal_end: Lsn(0),
-            server_time_micros: 0,
-            data: Bytes::from_static(bytes),
-        }
+    fn xlog(bytes: &[u8]) -> Frame<'_> {
+        Frame::XLogData { data: bytes }
+    }
+
+    /// pgoutput 'B' for a transaction whose commit record is at `final_lsn`.
+    fn begin(final_lsn: u64) -> Vec<u8> {
+        let mut b = vec![b'B'];
+        b.extend(final_lsn.to_be_bytes());
+        b.extend(0i64.to_be_bytes());
+        b.extend(730u32.to_be_bytes());
+        b
+    }
+
+    /// pgoutput 'C' ending at `end_lsn`.
+    fn commit(lsn: u64, end_lsn: u64) -> Vec<u8> {
+        let mut b = vec![b'C', 0];
+        b.extend(lsn.to_be_bytes());
+        b.extend(end_lsn.to_be_bytes());
+        b.extend(0i64.to_be_bytes());
+        b
+    }
+
+    /// pgoutput 'M' (a `pg_logical_emit_message`).
+    fn message(transactional: bool, lsn: u64, prefix: &str, content: &[u8]) -> Vec<u8> {
+        let mut b = vec![b'M', u8::from(transactional)];
+        b.extend(lsn.to_be_bytes());
+        b.extend(prefix.as_bytes());
+        b.push(0);
+        b.extend((content.len() as u32).to_be_bytes());
+        b.extend(content);
+        b
     }
 
     fn decoder() -> Decoder {
@@ -399,26 +418,11 @@ mod tests {
     fn a_captured_insert_becomes_a_row_and_the_commit_a_boundary() {
         let mut d = decoder();
         let mut out = VecDeque::new();
-        d.on_event(
-            ReplicationEvent::Begin {
-                final_lsn: Lsn(0x1531B08),
-                xid: 730,
-                commit_time_micros: 0,
-            },
-            &mut out,
-        )
-        .unwrap();
-        d.on_event(xlog(RELATION_OUTBOX), &mut out).unwrap();
-        d.on_event(xlog(INSERT_OUTBOX), &mut out).unwrap();
-        d.on_event(
-            ReplicationEvent::Commit {
-                lsn: Lsn(0x1531B08),
-                end_lsn: Lsn(0x1531B38),
-                commit_time_micros: 0,
-            },
-            &mut out,
-        )
-        .unwrap();
+        d.on_frame(xlog(&begin(0x1531B08)), &mut out).unwrap();
+        d.on_frame(xlog(RELATION_OUTBOX), &mut out).unwrap();
+        d.on_frame(xlog(INSERT_OUTBOX), &mut out).unwrap();
+        d.on_frame(xlog(&commit(0x1531B08, 0x1531B38)), &mut out)
+            .unwrap();
         let Some(Change::Row(row)) = out.pop_front() else {
             panic!("{out:?}")
         };
@@ -440,46 +444,24 @@ mod tests {
     fn other_tables_and_unknown_prefixes_are_skipped_and_keepalives_move_the_boundary() {
         let mut d = Decoder::new(0, ["public.other".to_string()], Vec::<String>::new());
         let mut out = VecDeque::new();
-        let step = d.on_event(xlog(RELATION_OUTBOX), &mut out).unwrap();
+        let step = d.on_frame(xlog(RELATION_OUTBOX), &mut out).unwrap();
         let Step::NeedAncestors { relation_id, name } = step else {
             panic!("{step:?}")
         };
         assert_eq!(name, "public.outbox");
         // Not a partition of anything.
         d.resolve_relation(relation_id, Some(vec![])).unwrap();
-        d.on_event(xlog(INSERT_OUTBOX), &mut out).unwrap();
-        d.on_event(
-            ReplicationEvent::Message {
-                transactional: false,
-                lsn: Lsn(50),
-                prefix: "outbox".into(),
-                content: Bytes::from_static(b"{}"),
-            },
-            &mut out,
-        )
-        .unwrap();
+        d.on_frame(xlog(INSERT_OUTBOX), &mut out).unwrap();
+        d.on_frame(xlog(&message(false, 50, "outbox", b"{}")), &mut out)
+            .unwrap();
         assert!(out.is_empty(), "{out:?}");
-        d.on_event(
-            ReplicationEvent::KeepAlive {
-                wal_end: Lsn(100),
-                reply_requested: false,
-                server_time_micros: 0,
-            },
-            &mut out,
-        )
-        .unwrap();
+        d.on_frame(Frame::KeepAlive { wal_end: 100 }, &mut out)
+            .unwrap();
         assert!(
             matches!(out.pop_front(), Some(Change::Idle(b)) if b.position.to_string() == "0/64")
         );
-        d.on_event(
-            ReplicationEvent::KeepAlive {
-                wal_end: Lsn(90),
-                reply_requested: false,
-                server_time_micros: 0,
-            },
-            &mut out,
-        )
-        .unwrap();
+        d.on_frame(Frame::KeepAlive { wal_end: 90 }, &mut out)
+            .unwrap();
         assert!(
             out.is_empty(),
             "a keepalive never moves the boundary backwards"
@@ -490,15 +472,13 @@ mod tests {
     fn a_non_transactional_message_is_a_row_committed_at_its_own_lsn() {
         let mut d = decoder();
         let mut out = VecDeque::new();
-        d.on_event(
-            ReplicationEvent::Message {
-                transactional: false,
-                lsn: Lsn(0x200),
-                prefix: "outbox".into(),
-                content: Bytes::from_static(
-                    br#"{"aggregatetype":"order","aggregateid":"7","payload":{"x":1}}"#,
-                ),
-            },
+        d.on_frame(
+            xlog(&message(
+                false,
+                0x200,
+                "outbox",
+                br#"{"aggregatetype":"order","aggregateid":"7","payload":{"x":1}}"#,
+            )),
             &mut out,
         )
         .unwrap();
@@ -519,19 +499,19 @@ mod tests {
         let mut out = VecDeque::new();
         let Step::NeedAncestors { relation_id, .. } =
             Decoder::new(0, ["public.events".to_string()], Vec::<String>::new())
-                .on_event(xlog(RELATION_OUTBOX), &mut out)
+                .on_frame(xlog(RELATION_OUTBOX), &mut out)
                 .unwrap()
         else {
             panic!()
         };
         d.set_partitions([(relation_id, "public.events".to_string())]);
         assert!(matches!(
-            d.on_event(xlog(RELATION_OUTBOX), &mut out).unwrap(),
+            d.on_frame(xlog(RELATION_OUTBOX), &mut out).unwrap(),
             Step::NeedAncestors { .. }
         ));
         // Dropped since the session started: still the outbox's, by its OID.
         d.resolve_relation(relation_id, None).unwrap();
-        d.on_event(xlog(INSERT_OUTBOX), &mut out).unwrap();
+        d.on_frame(xlog(INSERT_OUTBOX), &mut out).unwrap();
         let Some(Change::Row(row)) = out.pop_front() else {
             panic!("{out:?}")
         };
@@ -544,13 +524,13 @@ mod tests {
         let mut d = Decoder::new(0, ["public.events".to_string()], Vec::<String>::new());
         let mut out = VecDeque::new();
         let Step::NeedAncestors { relation_id, .. } =
-            d.on_event(xlog(RELATION_OUTBOX), &mut out).unwrap()
+            d.on_frame(xlog(RELATION_OUTBOX), &mut out).unwrap()
         else {
             panic!()
         };
         let ancestors = vec!["public.outbox".to_string(), "public.events".to_string()];
         d.resolve_relation(relation_id, Some(ancestors)).unwrap();
-        d.on_event(xlog(INSERT_OUTBOX), &mut out).unwrap();
+        d.on_frame(xlog(INSERT_OUTBOX), &mut out).unwrap();
         let Some(Change::Row(row)) = out.pop_front() else {
             panic!("{out:?}")
         };
@@ -558,7 +538,7 @@ mod tests {
 
         let mut d = Decoder::new(0, ["public.events".to_string()], Vec::<String>::new());
         let Step::NeedAncestors { relation_id, .. } =
-            d.on_event(xlog(RELATION_OUTBOX), &mut out).unwrap()
+            d.on_frame(xlog(RELATION_OUTBOX), &mut out).unwrap()
         else {
             panic!()
         };
@@ -567,7 +547,7 @@ mod tests {
         assert!(!e.is_transient());
         // Until resolved, a row of the relation is never silently dropped.
         let mut d = Decoder::new(0, ["public.events".to_string()], Vec::<String>::new());
-        d.on_event(xlog(RELATION_OUTBOX), &mut out).unwrap();
-        assert!(d.on_event(xlog(INSERT_OUTBOX), &mut out).is_err());
+        d.on_frame(xlog(RELATION_OUTBOX), &mut out).unwrap();
+        assert!(d.on_frame(xlog(INSERT_OUTBOX), &mut out).is_err());
     }
 }

@@ -24,40 +24,38 @@ mod decoder;
 pub mod lsn;
 pub mod pgoutput;
 mod preflight;
+mod stream;
 mod values;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pgwire_replication::{
-    Lsn as WireLsn, PgWireError, ReplicationClient, ReplicationConfig, SslMode, TlsConfig,
-};
+use futures_util::FutureExt;
 
 pub use self::control::{quote_table, ConnInfo, Control};
-use self::decoder::Decoder;
 pub use self::decoder::{position, HEARTBEAT_PREFIX};
+use self::decoder::{Decoder, Step};
 use self::lsn::lsn_to_string;
 pub use self::lsn::Lsn;
 pub use self::preflight::preflight;
+use self::stream::{Connection, ReplicationStream};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::source::config::{PostgresOptions, SourceConfig, SourceKind, TlsMode};
+use crate::source::config::{PostgresOptions, SourceConfig, SourceKind};
 use crate::source::{Change, Durable, Ignored, Position, SourceIdentity};
 
 /// Silence allowed when no heartbeat can be emitted (walsender keepalives come every 30 s by default).
 const KEEPALIVE_SILENCE: Duration = Duration::from_secs(100);
 
 pub struct PostgresSource {
-    client: ReplicationClient,
+    stream: ReplicationStream,
     control: Control,
     decoder: Decoder,
     buffer: VecDeque<Change>,
     identity: SourceIdentity,
     start: u64,
     metrics: Arc<Metrics>,
-    /// Where the slot may be confirmed to (what the local checkpoint holds).
-    durable: Durable,
     heartbeat: Option<tokio::time::Interval>,
     read_timeout: Duration,
     /// When the stream last said anything.
@@ -137,33 +135,13 @@ impl PostgresSource {
             }
         };
         let heartbeat = Duration::from_millis(source.heartbeat_interval_ms);
-        let replication = ReplicationConfig::new(
-            info.host.clone(),
-            info.user.clone(),
-            info.password.clone().unwrap_or_default(),
-            info.dbname.clone(),
-            own.slot.clone(),
-            own.publication.as_str(),
-        )
-        .with_port(info.port)
-        .with_start_lsn(WireLsn(start))
-        .with_status_interval(Duration::from_secs(1))
-        .with_wakeup_interval(heartbeat)
-        .with_application_name(&info.application_name)
-        .with_max_message_size(512 * 1024 * 1024)
-        // Events queued between the client's worker and us (8192 by default, each holding a buffer of at
-        // least 4 KiB): enough to ride out a burst, without tens of megabytes behind back-pressure.
-        .with_buffer_size(1024)
-        .with_tls(tls_config(config));
-        let mut client = ReplicationClient::connect_gated(replication)
-            .await
-            .map_err(|e| stream_error(e, &info.shown))?;
-        let system = within(client.identify_system(), &info.shown).await?;
+        let mut conn = within(Connection::open(&info), &info.shown).await?;
+        let system = within(conn.identify_system(), &info.shown).await?;
         let identity = SourceIdentity {
             kind: SourceKind::Postgres,
             server_id: None,
             server_uuid: None,
-            system_identifier: Some(system.system_id.clone()),
+            system_identifier: Some(system),
             slot: Some(own.slot.clone()),
         };
         if let Some((stored, _)) = resume {
@@ -177,8 +155,12 @@ impl PostgresSource {
                 .remedy("point source.url back at that cluster, or set a position for this one with `outboxd checkpoint set LSN`"));
             }
         }
-        within(client.start(), &info.shown).await?;
-        within(client.wait_started(), &info.shown).await?;
+        // The slot is confirmed only up to what the local checkpoint holds (`durable`).
+        let stream = within(
+            conn.start(&own.slot, &own.publication, start, durable),
+            &info.shown,
+        )
+        .await?;
         tracing::info!(
             server = %info.shown,
             slot = %own.slot,
@@ -196,7 +178,7 @@ impl PostgresSource {
         let mut ticker = tokio::time::interval(heartbeat);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Ok(PostgresSource {
-            client,
+            stream,
             control,
             decoder: {
                 let mut decoder = Decoder::new(
@@ -211,7 +193,6 @@ impl PostgresSource {
             identity,
             start,
             metrics,
-            durable,
             heartbeat: Some(ticker),
             read_timeout: heartbeat * 3,
             last_message: tokio::time::Instant::now(),
@@ -238,65 +219,67 @@ impl PostgresSource {
             if let Some(change) = self.buffer.pop_front() {
                 return Ok(change);
             }
-            // Asked once per wake-up (a heartbeat or keepalive wakes a quiet stream); the client
-            // reports it to the server with its next status update.
-            if let Some(durable) = self.durable.newer() {
-                self.client.update_applied_lsn(WireLsn(durable.lsn()?.0));
-            }
-            tokio::select! {
-                biased;
-                event = self.client.recv() => {
-                    let event = match event {
-                        Ok(Some(event)) => event,
-                        Ok(None) => {
-                            return Err(Error::source("the server ended the replication stream")
-                                .remedy("outboxd reconnects by itself")
-                                .transient())
-                        }
-                        Err(e) => return Err(stream_error(e, "the replication stream")),
-                    };
+            // Whatever the socket already delivered is taken without building the select below
+            // (a read brings many messages; this is the hot path).
+            let step = match self.stream.next().now_or_never() {
+                Some(frame) => {
                     self.last_message = tokio::time::Instant::now();
-                    self.check_at = self.last_message + self.read_timeout;
-                    self.progress = None;
-                    self.metrics.source_event();
-                    if let decoder::Step::NeedAncestors { relation_id, name } =
-                        self.decoder.on_event(event, &mut self.buffer)?
-                    {
-                        let ancestors = tokio::time::timeout(
-                            Duration::from_secs(30),
-                            self.control.partition_ancestors(relation_id),
-                        )
-                        .await
-                        .map_err(|_| {
-                            Error::source(format!(
-                                "looking up whether {name} is a partition of an outbox table took longer than 30 s"
-                            ))
-                            .remedy("outboxd reconnects by itself")
-                            .transient()
-                        })??;
-                        tracing::debug!(relation = %name, ?ancestors, "relation resolved");
-                        self.decoder.resolve_relation(relation_id, ancestors)?;
-                    }
+                    self.decoder.on_frame(frame?, &mut self.buffer)?
                 }
-                _ = tick(&mut self.heartbeat) => {
-                    let emitted = tokio::time::timeout(Duration::from_secs(5), self.control.emit_heartbeat()).await;
-                    match emitted {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => {
-                            tracing::warn!(error = %e, "cannot emit heartbeat messages (a standby?): relying on walsender keepalives");
-                            self.heartbeat = None;
-                            self.read_timeout = self.read_timeout.max(KEEPALIVE_SILENCE);
-                            self.check_at = self.check_at.max(self.last_message + self.read_timeout);
-                        }
-                        Err(_) => tracing::warn!("emitting the heartbeat message timed out"),
+                None => tokio::select! {
+                    biased;
+                    frame = self.stream.next() => {
+                        self.last_message = tokio::time::Instant::now();
+                        self.decoder.on_frame(frame?, &mut self.buffer)?
                     }
-                }
-                // Silence: a message resets it; heartbeats we emit count only once they come back
-                // through the stream. Checked after `recv`, so buffered messages are taken first
-                // (after back-pressure held the reader).
-                _ = tokio::time::sleep_until(self.check_at) => {
-                    self.on_silence().await?;                }
+                    _ = tick(&mut self.heartbeat) => {
+                        self.emit_heartbeat().await;
+                        continue;
+                    }
+                    // Silence: a message resets it; heartbeats we emit count only once they come
+                    // back through the stream. Checked after the stream, so buffered messages are
+                    // taken first (after back-pressure held the reader).
+                    _ = tokio::time::sleep_until(self.check_at) => {
+                        self.on_silence().await?;
+                        continue;
+                    }
+                },
+            };
+            self.check_at = self.last_message + self.read_timeout;
+            self.progress = None;
+            self.metrics.source_event();
+            if let Step::NeedAncestors { relation_id, name } = step {
+                let ancestors = tokio::time::timeout(
+                    Duration::from_secs(30),
+                    self.control.partition_ancestors(relation_id),
+                )
+                .await
+                .map_err(|_| {
+                    Error::source(format!(
+                        "looking up whether {name} is a partition of an outbox table took longer than 30 s"
+                    ))
+                    .remedy("outboxd reconnects by itself")
+                    .transient()
+                })??;
+                tracing::debug!(relation = %name, ?ancestors, "relation resolved");
+                self.decoder.resolve_relation(relation_id, ancestors)?;
             }
+        }
+    }
+
+    /// Emits the heartbeat message on the control connection (it comes back through the stream).
+    async fn emit_heartbeat(&mut self) {
+        let emitted =
+            tokio::time::timeout(Duration::from_secs(5), self.control.emit_heartbeat()).await;
+        match emitted {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot emit heartbeat messages (a standby?): relying on walsender keepalives");
+                self.heartbeat = None;
+                self.read_timeout = self.read_timeout.max(KEEPALIVE_SILENCE);
+                self.check_at = self.check_at.max(self.last_message + self.read_timeout);
+            }
+            Err(_) => tracing::warn!("emitting the heartbeat message timed out"),
         }
     }
 
@@ -366,69 +349,14 @@ async fn tick(ticker: &mut Option<tokio::time::Interval>) {
     }
 }
 
-async fn within<T>(
-    step: impl std::future::Future<Output = pgwire_replication::Result<T>>,
-    server: &str,
-) -> Result<T> {
+/// A handshake step, within 30 s (a server that accepts TCP but never answers must not hang us).
+async fn within<T>(step: impl std::future::Future<Output = Result<T>>, server: &str) -> Result<T> {
     match tokio::time::timeout(Duration::from_secs(30), step).await {
-        Ok(result) => result.map_err(|e| stream_error(e, server)),
+        Ok(result) => result,
         Err(_) => Err(Error::source(format!(
             "{server} did not answer the replication handshake within 30 s"
         ))
         .transient()),
-    }
-}
-
-fn stream_error(e: PgWireError, server: &str) -> Error {
-    let text = e.to_string();
-    if e.is_auth() {
-        return Error::source(format!("{server} refused the login: {text}"))
-            .remedy("check the user and password; the user needs the REPLICATION attribute and a pg_hba.conf 'replication' entry");
-    }
-    if e.is_tls() {
-        return Error::config(format!("{server}: TLS failed: {text}"))
-            .remedy("TLS to the database is not supported yet; set source.tls.mode = \"disable\"");
-    }
-    if e.is_message_too_large() {
-        return Error::source(format!("{server}: {text}"))
-            .remedy("a single change exceeds 512 MiB; outboxd stops rather than skip it");
-    }
-    // I/O and server errors a reconnect cures (55006: the slot is still held by a previous
-    // connection; 57P01: shutdown; 08: connection trouble) end the session; others (a missing
-    // publication, a dropped slot, permissions) stop outboxd with the server's own message.
-    if e.is_server() {
-        let code = text
-            .rsplit_once("SQLSTATE ")
-            .map(|(_, c)| c.trim_end_matches(')').to_string())
-            .unwrap_or_default();
-        if !control::transient_sqlstate(&code) {
-            return Error::source(format!("{server}: {text}")).remedy(
-                "fix what the server reports (slot, publication, privileges), then restart outboxd",
-            );
-        }
-    }
-    Error::source(format!("{server}: {text}"))
-        .remedy("outboxd reconnects by itself")
-        .transient()
-}
-
-/// The replication client's TLS settings (the config admits only `disable` in this build; see
-/// `SourceConfig::validate`).
-fn tls_config(config: &SourceConfig) -> TlsConfig {
-    let Some(tls) = &config.tls else {
-        return TlsConfig::disabled();
-    };
-    let mode = match tls.mode {
-        TlsMode::Disable => SslMode::Disable,
-        TlsMode::Prefer => SslMode::Prefer,
-        TlsMode::Require => SslMode::Require,
-        TlsMode::VerifyCa => SslMode::VerifyCa,
-        TlsMode::VerifyFull => SslMode::VerifyFull,
-    };
-    TlsConfig {
-        mode,
-        ca_pem_path: tls.ca.clone(),
-        ..TlsConfig::default()
     }
 }
 

@@ -1,0 +1,544 @@
+//! The replication connection, read where its rows are decoded.
+//!
+//! ## Why we speak this part of the protocol ourselves
+//! A replication client library reads the socket in a task of its own and hands every message over
+//! a channel: one task wake-up per message before our code sees it (three per one-row transaction:
+//! Begin, Insert, Commit). On machines where a wake-up costs microseconds that was most of the
+//! Postgres path's CPU (see BENCHMARKS.md). Here the source's own task reads the socket into one
+//! buffer and takes every whole message in it without waiting, so a read of many messages costs one
+//! wake-up. The part of the protocol a logical replication stream needs is small:
+//!
+//! - startup with `replication=database`, then authentication: cleartext, MD5 or SCRAM-SHA-256 (the
+//!   `postgres-protocol` crate that tokio-postgres uses does the message formats and SCRAM);
+//! - `IDENTIFY_SYSTEM` (the cluster's system identifier names the checkpoint's server);
+//! - `START_REPLICATION SLOT … LOGICAL … (proto_version '1', publication_names …, messages 'true')`;
+//! - then CopyData frames: XLogData (`w`) and keepalives (`k`) from the server, and standby status
+//!   updates (`r`) from us.
+//!
+//! ## Status updates
+//! A small task of its own writes the standby status every second (and at once when a keepalive
+//! asks for a reply): `write` is the newest WAL position received, `flush` and `apply` the newest
+//! position the local checkpoint holds durably (asked of [`Durable`]), so the slot never moves past
+//! what a restart needs. Because it never waits for the reader, a pipeline held back by Kafka still
+//! answers the walsender within `wal_sender_timeout`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Buf, BufMut, BytesMut};
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::authentication::{md5_hash, sasl};
+use postgres_protocol::message::{backend, frontend};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+
+use super::control::{transient_sqlstate, ConnInfo};
+use super::lsn::lsn_to_string;
+use crate::error::{Error, Result};
+use crate::source::Durable;
+
+/// Bytes asked of the socket per read (many small messages in one).
+const READ_CHUNK: usize = 128 * 1024;
+/// The largest message accepted: a single change larger than this stops outboxd.
+const MAX_MESSAGE: usize = 512 * 1024 * 1024;
+/// How often the standby status is sent without being asked.
+const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+/// Microseconds from the Unix epoch to the Postgres epoch (2000-01-01).
+const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
+
+/// A connection that passed startup and authentication and waits for commands.
+pub(super) struct Connection {
+    socket: TcpStream,
+    buf: BytesMut,
+    shown: String,
+}
+
+/// One message of a running stream.
+pub(super) enum Frame<'a> {
+    /// A pgoutput message.
+    XLogData { data: &'a [u8] },
+    /// Nothing to send: everything before `wal_end` was sent.
+    KeepAlive { wal_end: u64 },
+}
+
+/// A running logical replication stream.
+pub(super) struct ReplicationStream {
+    read: OwnedReadHalf,
+    buf: BytesMut,
+    /// Bytes at the front of `buf` that belong to the frame returned last.
+    consumed: usize,
+    /// The newest WAL position received (the status update's `write`).
+    received: Arc<AtomicU64>,
+    /// Wakes the status task when a keepalive asks for a reply.
+    reply: Arc<Notify>,
+    status: tokio::task::JoinHandle<()>,
+    shown: String,
+}
+
+impl Drop for ReplicationStream {
+    fn drop(&mut self) {
+        self.status.abort();
+    }
+}
+
+/// The server closed or broke the connection.
+fn io_error(shown: &str, e: std::io::Error) -> Error {
+    Error::source(format!("{shown}: the replication connection failed: {e}"))
+        .remedy("outboxd reconnects by itself")
+        .transient()
+}
+
+fn protocol_error(shown: &str, what: String) -> Error {
+    Error::source(format!(
+        "{shown}: unexpected replication protocol data: {what}"
+    ))
+    .remedy("this is a bug or an unsupported server; outboxd stops rather than guess. Report it with this line")
+}
+
+/// The SQLSTATE code and message of an ErrorResponse body (`type, text\0` pairs, then `\0`).
+fn error_fields(body: &[u8]) -> (String, String) {
+    let (mut code, mut message) = (String::new(), String::new());
+    let mut rest = body;
+    while let Some((&kind, tail)) = rest.split_first() {
+        if kind == 0 {
+            break;
+        }
+        let end = tail.iter().position(|&b| b == 0).unwrap_or(tail.len());
+        let value = String::from_utf8_lossy(&tail[..end]).into_owned();
+        match kind {
+            b'C' => code = value,
+            b'M' => message = value,
+            _ => {}
+        }
+        rest = tail.get(end + 1..).unwrap_or_default();
+    }
+    (code, message)
+}
+
+/// An ErrorResponse: a reconnect cures some (the slot still held by a previous connection,
+/// shutdown, connection trouble); others (a missing publication, a dropped slot, privileges, a
+/// refused login) stop outboxd with the server's own message.
+fn server_error(shown: &str, body: &[u8]) -> Error {
+    let (code, message) = error_fields(body);
+    let text = format!("{shown}: {message} (SQLSTATE {code})");
+    if code == "28P01" || code == "28000" {
+        return Error::source(format!("{shown} refused the login: {message} (SQLSTATE {code})"))
+            .remedy("check the user and password; the user needs the REPLICATION attribute and a pg_hba.conf 'replication' entry");
+    }
+    if transient_sqlstate(&code) {
+        return Error::source(text)
+            .remedy("outboxd reconnects by itself")
+            .transient();
+    }
+    Error::source(text)
+        .remedy("fix what the server reports (slot, publication, privileges), then restart outboxd")
+}
+
+impl Connection {
+    /// Connects to `info`'s server as a replication connection and logs in.
+    pub async fn open(info: &ConnInfo) -> Result<Connection> {
+        let shown = info.shown.clone();
+        let socket = TcpStream::connect((info.host.as_str(), info.port))
+            .await
+            .map_err(|e| io_error(&shown, e))?;
+        let _ = socket.set_nodelay(true);
+        let mut conn = Connection {
+            socket,
+            buf: BytesMut::with_capacity(8 * 1024),
+            shown,
+        };
+        let mut out = BytesMut::new();
+        frontend::startup_message(
+            [
+                ("user", info.user.as_str()),
+                ("database", info.dbname.as_str()),
+                ("replication", "database"),
+                ("client_encoding", "UTF8"),
+                ("application_name", info.application_name.as_str()),
+            ],
+            &mut out,
+        )
+        .map_err(|e| protocol_error(&conn.shown, e.to_string()))?;
+        conn.write(&out).await?;
+        conn.authenticate(info).await?;
+        Ok(conn)
+    }
+
+    async fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        self.socket
+            .write_all(bytes)
+            .await
+            .map_err(|e| io_error(&self.shown, e))
+    }
+
+    /// The next whole message (reading as needed). An ErrorResponse is returned as the error it
+    /// reports.
+    async fn message(&mut self) -> Result<backend::Message> {
+        loop {
+            if let Some((b'E', len)) = header(&self.buf) {
+                if self.buf.len() > len && len >= 4 {
+                    let error = server_error(&self.shown, &self.buf[5..1 + len]);
+                    self.buf.advance(1 + len);
+                    return Err(error);
+                }
+            }
+            match backend::Message::parse(&mut self.buf) {
+                Ok(Some(message)) => return Ok(message),
+                Ok(None) => {}
+                Err(e) => return Err(protocol_error(&self.shown, e.to_string())),
+            }
+            let read = self
+                .socket
+                .read_buf(&mut self.buf)
+                .await
+                .map_err(|e| io_error(&self.shown, e))?;
+            if read == 0 {
+                return Err(io_error(
+                    &self.shown,
+                    std::io::ErrorKind::UnexpectedEof.into(),
+                ));
+            }
+        }
+    }
+
+    /// Answers the server's authentication request until it says Ok, then waits for ReadyForQuery.
+    async fn authenticate(&mut self, info: &ConnInfo) -> Result<()> {
+        let shown = self.shown.clone();
+        let password = || {
+            info.password.clone().ok_or_else(|| {
+                Error::source(format!("{shown} asks for a password, and none is configured"))
+                    .remedy("set source.password_file or OUTBOXD_SOURCE__PASSWORD (or put it in source.url)")
+            })
+        };
+        let mut scram: Option<sasl::ScramSha256> = None;
+        loop {
+            let mut out = BytesMut::new();
+            let encode = |e: std::io::Error| protocol_error(&shown, e.to_string());
+            match self.message().await? {
+                backend::Message::AuthenticationOk => {}
+                backend::Message::AuthenticationCleartextPassword => {
+                    frontend::password_message(password()?.as_bytes(), &mut out).map_err(encode)?;
+                }
+                backend::Message::AuthenticationMd5Password(body) => {
+                    let hash = md5_hash(info.user.as_bytes(), password()?.as_bytes(), body.salt());
+                    frontend::password_message(hash.as_bytes(), &mut out).map_err(encode)?;
+                }
+                backend::Message::AuthenticationSasl(body) => {
+                    let mut offered = Vec::new();
+                    let mut mechanisms = body.mechanisms();
+                    while let Ok(Some(m)) = mechanisms.next() {
+                        offered.push(m.to_string());
+                    }
+                    if !offered.iter().any(|m| m == sasl::SCRAM_SHA_256) {
+                        return Err(Error::source(format!(
+                            "{} offers only SASL mechanisms {offered:?}",
+                            self.shown
+                        ))
+                        .remedy("allow scram-sha-256 (or md5/password) for the outboxd user in pg_hba.conf"));
+                    }
+                    let client = sasl::ScramSha256::new(
+                        password()?.as_bytes(),
+                        sasl::ChannelBinding::unsupported(),
+                    );
+                    frontend::sasl_initial_response(
+                        sasl::SCRAM_SHA_256,
+                        client.message(),
+                        &mut out,
+                    )
+                    .map_err(encode)?;
+                    scram = Some(client);
+                }
+                backend::Message::AuthenticationSaslContinue(body) => {
+                    let client = scram.as_mut().ok_or_else(|| {
+                        protocol_error(&self.shown, "SASL continue before SASL start".into())
+                    })?;
+                    client.update(body.data()).map_err(|e| {
+                        Error::source(format!("{} refused the login: {e}", self.shown))
+                            .remedy("check the user and password")
+                    })?;
+                    frontend::sasl_response(client.message(), &mut out).map_err(encode)?;
+                }
+                backend::Message::AuthenticationSaslFinal(body) => {
+                    let client = scram.as_mut().ok_or_else(|| {
+                        protocol_error(&self.shown, "SASL final before SASL start".into())
+                    })?;
+                    client.finish(body.data()).map_err(|e| {
+                        Error::source(format!(
+                            "{}: the server's SCRAM proof is wrong: {e}",
+                            self.shown
+                        ))
+                        .remedy("check that source.url points at the intended server")
+                    })?;
+                }
+                backend::Message::ReadyForQuery(_) => return Ok(()),
+                backend::Message::ParameterStatus(_)
+                | backend::Message::BackendKeyData(_)
+                | backend::Message::NoticeResponse(_) => {}
+                _ => {
+                    return Err(Error::source(format!(
+                        "{} asks for an authentication method outboxd does not speak",
+                        self.shown
+                    ))
+                    .remedy(
+                        "allow scram-sha-256, md5 or password for the outboxd user in pg_hba.conf",
+                    ))
+                }
+            }
+            if !out.is_empty() {
+                self.write(&out).await?;
+            }
+        }
+    }
+
+    /// `IDENTIFY_SYSTEM`: the cluster's system identifier.
+    pub async fn identify_system(&mut self) -> Result<String> {
+        let mut out = BytesMut::new();
+        frontend::query("IDENTIFY_SYSTEM", &mut out)
+            .map_err(|e| protocol_error(&self.shown, e.to_string()))?;
+        self.write(&out).await?;
+        let mut system = None;
+        loop {
+            match self.message().await? {
+                backend::Message::DataRow(row) => {
+                    let mut ranges = row.ranges();
+                    if let Ok(Some(Some(range))) = ranges.next() {
+                        system = Some(String::from_utf8_lossy(&row.buffer()[range]).into_owned());
+                    }
+                }
+                backend::Message::ReadyForQuery(_) => break,
+                _ => {}
+            }
+        }
+        system.ok_or_else(|| protocol_error(&self.shown, "IDENTIFY_SYSTEM returned no row".into()))
+    }
+
+    /// Starts streaming `slot` from `start` for `publication`; the stream confirms to the server
+    /// what `durable` says is durable.
+    pub async fn start(
+        mut self,
+        slot: &str,
+        publication: &str,
+        start: u64,
+        durable: Durable,
+    ) -> Result<ReplicationStream> {
+        let sql = format!(
+            "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names '{}', messages 'true')",
+            quote_ident(slot),
+            lsn_to_string(start),
+            quote_ident(publication).replace('\'', "''"),
+        );
+        let mut out = BytesMut::new();
+        frontend::query(&sql, &mut out).map_err(|e| protocol_error(&self.shown, e.to_string()))?;
+        self.write(&out).await?;
+        loop {
+            // CopyBothResponse ('W') is not among postgres-protocol's messages: read its header.
+            if let Some((tag, len)) = header(&self.buf) {
+                if len < 4 {
+                    return Err(protocol_error(&self.shown, format!("message length {len}")));
+                }
+                if self.buf.len() > len {
+                    match tag {
+                        b'W' => {
+                            self.buf.advance(1 + len);
+                            break;
+                        }
+                        b'E' => return Err(server_error(&self.shown, &self.buf[5..1 + len])),
+                        _ => {
+                            self.buf.advance(1 + len);
+                            continue;
+                        }
+                    }
+                }
+            }
+            let read = self
+                .socket
+                .read_buf(&mut self.buf)
+                .await
+                .map_err(|e| io_error(&self.shown, e))?;
+            if read == 0 {
+                return Err(io_error(
+                    &self.shown,
+                    std::io::ErrorKind::UnexpectedEof.into(),
+                ));
+            }
+        }
+        let (read, write) = self.socket.into_split();
+        let received = Arc::new(AtomicU64::new(start));
+        let reply = Arc::new(Notify::new());
+        let status = tokio::spawn(send_status(
+            write,
+            received.clone(),
+            reply.clone(),
+            durable,
+            start,
+        ));
+        Ok(ReplicationStream {
+            read,
+            buf: self.buf,
+            consumed: 0,
+            received,
+            reply,
+            status,
+            shown: self.shown,
+        })
+    }
+}
+
+/// A message header at the front of `buf`: (tag, length without the tag byte).
+fn header(buf: &[u8]) -> Option<(u8, usize)> {
+    if buf.len() < 5 {
+        return None;
+    }
+    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+    Some((buf[0], len))
+}
+
+/// A replication-command identifier, double-quoted.
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+}
+
+impl ReplicationStream {
+    /// The next XLogData or keepalive. Cancel-safe: a message is taken only when it is returned,
+    /// and the bytes read so far stay in the buffer.
+    pub async fn next(&mut self) -> Result<Frame<'_>> {
+        if self.consumed > 0 {
+            self.buf.advance(self.consumed);
+            self.consumed = 0;
+        }
+        // (kind, start, end, wal_end) of the frame found.
+        let (is_data, start, end, wal_end) = loop {
+            let Some((tag, len)) = header(&self.buf) else {
+                self.fill(5).await?;
+                continue;
+            };
+            if !(4..=MAX_MESSAGE).contains(&len) {
+                return Err(if len > MAX_MESSAGE {
+                    Error::source(format!(
+                        "{}: a replication message of {len} bytes exceeds 512 MiB",
+                        self.shown
+                    ))
+                    .remedy("a single change exceeds 512 MiB; outboxd stops rather than skip it")
+                } else {
+                    protocol_error(&self.shown, format!("message length {len}"))
+                });
+            }
+            if self.buf.len() < 1 + len {
+                self.fill(1 + len).await?;
+                continue;
+            }
+            let body = &self.buf[5..1 + len];
+            match (tag, body.first()) {
+                (b'd', Some(b'w')) if body.len() >= 25 => {
+                    break (true, 5 + 25, 1 + len, u64_at(body, 9));
+                }
+                (b'd', Some(b'k')) if body.len() >= 18 => {
+                    if body[17] != 0 {
+                        self.reply.notify_one();
+                    }
+                    break (false, 0, 1 + len, u64_at(body, 1));
+                }
+                (b'd', _) => {
+                    return Err(protocol_error(
+                        &self.shown,
+                        format!(
+                            "CopyData of {} bytes starting {:?}",
+                            body.len(),
+                            body.first()
+                        ),
+                    ))
+                }
+                (b'E', _) => return Err(server_error(&self.shown, body)),
+                (b'c', _) => {
+                    return Err(Error::source(format!(
+                        "{}: the server ended the replication stream",
+                        self.shown
+                    ))
+                    .remedy("outboxd reconnects by itself")
+                    .transient())
+                }
+                // Notices and anything else the server may interleave.
+                _ => self.buf.advance(1 + len),
+            }
+        };
+        self.consumed = end;
+        self.received.fetch_max(wal_end, Ordering::Relaxed);
+        Ok(if is_data {
+            Frame::XLogData {
+                data: &self.buf[start..end],
+            }
+        } else {
+            Frame::KeepAlive { wal_end }
+        })
+    }
+
+    /// Reads until `buf` holds at least `want` bytes.
+    async fn fill(&mut self, want: usize) -> Result<()> {
+        while self.buf.len() < want {
+            self.buf.reserve((want - self.buf.len()).max(READ_CHUNK));
+            let read = self
+                .read
+                .read_buf(&mut self.buf)
+                .await
+                .map_err(|e| io_error(&self.shown, e))?;
+            if read == 0 {
+                return Err(io_error(
+                    &self.shown,
+                    std::io::ErrorKind::UnexpectedEof.into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes the standby status every [`STATUS_INTERVAL`] and when a keepalive asks, until the
+/// connection fails (the reader then sees it fail too) or the stream is dropped.
+async fn send_status(
+    mut write: OwnedWriteHalf,
+    received: Arc<AtomicU64>,
+    reply: Arc<Notify>,
+    mut durable: Durable,
+    start: u64,
+) {
+    let mut flushed = start;
+    let mut tick = tokio::time::interval(STATUS_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut out = BytesMut::with_capacity(40);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = reply.notified() => {}
+        }
+        if let Some(position) = durable.newer() {
+            if let Ok(lsn) = position.lsn() {
+                flushed = flushed.max(lsn.0);
+            }
+        }
+        let written = received.load(Ordering::Relaxed).max(flushed);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0)
+            - PG_EPOCH_UNIX_MICROS;
+        out.clear();
+        out.put_u8(b'd');
+        out.put_u32(4 + 1 + 8 * 4 + 1);
+        out.put_u8(b'r');
+        out.put_u64(written);
+        out.put_u64(flushed);
+        out.put_u64(flushed);
+        out.put_i64(now);
+        out.put_u8(0);
+        if write.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}
