@@ -177,7 +177,12 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                     .remedy("fix the items above (`outboxd check` shows every item), or pass --skip-checks"));
                 }
             }
-            outboxd::pipeline::run(config, shutdown_signal()).await?;
+            // On a worker thread, not the thread blocked in `block_on`: the reader task then wakes
+            // the session on the same worker (no thread to unpark per hand-over).
+            match tokio::spawn(outboxd::pipeline::run(config, shutdown_signal())).await {
+                Ok(result) => result?,
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            }
             Ok(ExitCode::SUCCESS)
         }),
         Command::Check => runtime()?.block_on(async {

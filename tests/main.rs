@@ -4,6 +4,7 @@
 mod rig;
 
 mod binlog_files;
+mod deploy_files;
 mod failpoints;
 mod faults;
 mod mysql_pipeline;

@@ -181,16 +181,35 @@ impl KafkaSink {
         let bytes = Arc::new(Semaphore::new(max_bytes as usize));
         let mut client = ClientConfig::new();
         client.set("client.id", format!("outboxd-{name}"));
-        client.set(
-            "queue.buffering.max.messages",
-            (config.max_in_flight * 2).max(100_000).to_string(),
-        );
         for (k, v) in &config.properties {
             // Enforced by outboxd (below); the config refuses the alias delivery.timeout.ms.
             if k != "message.timeout.ms" {
                 client.set(k, v);
             }
         }
+        // librdkafka's own queue must hold the whole window (with room to spare): a full queue
+        // would make `send` wait for room that only acks free. A smaller configured value is raised.
+        let at_least = |key: &str, floor: u64, default: u64| {
+            let configured = config
+                .properties
+                .get(key)
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(default);
+            configured.max(floor).to_string()
+        };
+        let messages = at_least(
+            "queue.buffering.max.messages",
+            (config.max_in_flight as u64 * 2).max(100_000),
+            100_000,
+        );
+        let kbytes = at_least(
+            "queue.buffering.max.kbytes",
+            (config.max_in_flight_bytes / 1024 * 2).min(i32::MAX as u64),
+            1_048_576,
+        );
+        client
+            .set("queue.buffering.max.messages", messages)
+            .set("queue.buffering.max.kbytes", kbytes);
         // librdkafka never times a record out itself: one that timed out while later ones were
         // still waiting would leave a gap the idempotent producer fills with those later records,
         // and the resend from the checkpoint would put the older record after them (per-key order

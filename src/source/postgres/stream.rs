@@ -17,12 +17,11 @@
 //!
 //! ## Status updates
 //! A small task of its own writes the standby status every second (and at once when a keepalive
-//! asks for a reply): `write` is the newest WAL position received, `flush` and `apply` the newest
-//! position the local checkpoint holds durably (asked of [`Durable`]), so the slot never moves past
-//! what a restart needs. Because it never waits for the reader, a pipeline held back by Kafka still
+//! asks for a reply): `write`, `flush` and `apply` are all the newest position the local checkpoint
+//! holds durably (asked of [`Durable`]), so the slot never moves past what a restart needs, and a
+//! synchronous-standby setup never takes a change as written before it is in Kafka. Because it never waits for the reader, a pipeline held back by Kafka still
 //! answers the walsender within `wal_sender_timeout`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -44,6 +43,10 @@ use crate::source::Durable;
 const READ_CHUNK: usize = 128 * 1024;
 /// The largest message accepted: a single change larger than this stops outboxd.
 const MAX_MESSAGE: usize = 512 * 1024 * 1024;
+/// The largest message accepted before streaming starts (startup, login, IDENTIFY_SYSTEM).
+const HANDSHAKE_MESSAGE: usize = 1024 * 1024;
+/// A read buffer grown past this for one large message is given back once it is empty again.
+const KEEP_BUFFER: usize = 4 * 1024 * 1024;
 /// How often the standby status is sent without being asked.
 const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 /// Microseconds from the Unix epoch to the Postgres epoch (2000-01-01).
@@ -70,8 +73,6 @@ pub(super) struct ReplicationStream {
     buf: BytesMut,
     /// Bytes at the front of `buf` that belong to the frame returned last.
     consumed: usize,
-    /// The newest WAL position received (the status update's `write`).
-    received: Arc<AtomicU64>,
     /// Wakes the status task when a keepalive asks for a reply.
     reply: Arc<Notify>,
     status: tokio::task::JoinHandle<()>,
@@ -178,6 +179,14 @@ impl Connection {
     /// reports.
     async fn message(&mut self) -> Result<backend::Message> {
         loop {
+            if let Some((tag, len)) = header(&self.buf) {
+                if len > HANDSHAKE_MESSAGE {
+                    return Err(protocol_error(
+                        &self.shown,
+                        format!("a {len}-byte message (tag {tag}) during the handshake"),
+                    ));
+                }
+            }
             if let Some((b'E', len)) = header(&self.buf) {
                 if self.buf.len() > len && len >= 4 {
                     let error = server_error(&self.shown, &self.buf[5..1 + len]);
@@ -214,11 +223,31 @@ impl Connection {
             })
         };
         let mut scram: Option<sasl::ScramSha256> = None;
+        // Once SCRAM started, the server must prove it knows the password (SASLFinal) before Ok,
+        // and may not switch to a method that would send the password itself.
+        let mut sasl_started = false;
+        let mut server_proven = false;
+        let downgrade = |shown: &str| {
+            Error::source(format!(
+                "{shown} started SCRAM authentication, then asked for a weaker method or skipped its proof"
+            ))
+            .remedy("check that source.url points at the intended server (not a proxy in between)")
+        };
         loop {
             let mut out = BytesMut::new();
             let encode = |e: std::io::Error| protocol_error(&shown, e.to_string());
             match self.message().await? {
-                backend::Message::AuthenticationOk => {}
+                backend::Message::AuthenticationOk => {
+                    if sasl_started && !server_proven {
+                        return Err(downgrade(&shown));
+                    }
+                }
+                backend::Message::AuthenticationCleartextPassword
+                | backend::Message::AuthenticationMd5Password(_)
+                    if sasl_started =>
+                {
+                    return Err(downgrade(&shown));
+                }
                 backend::Message::AuthenticationCleartextPassword => {
                     frontend::password_message(password()?.as_bytes(), &mut out).map_err(encode)?;
                 }
@@ -250,6 +279,7 @@ impl Connection {
                     )
                     .map_err(encode)?;
                     scram = Some(client);
+                    sasl_started = true;
                 }
                 backend::Message::AuthenticationSaslContinue(body) => {
                     let client = scram.as_mut().ok_or_else(|| {
@@ -272,6 +302,7 @@ impl Connection {
                         ))
                         .remedy("check that source.url points at the intended server")
                     })?;
+                    server_proven = true;
                 }
                 backend::Message::ReadyForQuery(_) => return Ok(()),
                 backend::Message::ParameterStatus(_)
@@ -365,25 +396,13 @@ impl Connection {
                 ));
             }
         }
-        let (read, write) = self.socket.into_split();
-        let received = Arc::new(AtomicU64::new(start));
-        let reply = Arc::new(Notify::new());
-        let status = tokio::spawn(send_status(
-            write,
-            received.clone(),
-            reply.clone(),
-            durable,
+        Ok(ReplicationStream::streaming(
+            self.socket,
+            self.buf,
             start,
-        ));
-        Ok(ReplicationStream {
-            read,
-            buf: self.buf,
-            consumed: 0,
-            received,
-            reply,
-            status,
-            shown: self.shown,
-        })
+            durable,
+            self.shown,
+        ))
     }
 }
 
@@ -406,12 +425,40 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 }
 
 impl ReplicationStream {
+    /// The stream on `socket` once the server answered START_REPLICATION (`buf` holds what was
+    /// read past that answer); starts the status task.
+    fn streaming(
+        socket: TcpStream,
+        buf: BytesMut,
+        start: u64,
+        durable: Durable,
+        shown: String,
+    ) -> ReplicationStream {
+        let (read, write) = socket.into_split();
+        let reply = Arc::new(Notify::new());
+        let status = tokio::spawn(send_status(write, reply.clone(), durable, start));
+        ReplicationStream {
+            read,
+            buf,
+            consumed: 0,
+            reply,
+            status,
+            shown,
+        }
+    }
+
     /// The next XLogData or keepalive. Cancel-safe: a message is taken only when it is returned,
     /// and the bytes read so far stay in the buffer.
+    ///
+    /// A returned frame counts as taken: the caller must not go on reading after failing to handle
+    /// one (every error ends the session, which drops the stream).
     pub async fn next(&mut self) -> Result<Frame<'_>> {
         if self.consumed > 0 {
             self.buf.advance(self.consumed);
             self.consumed = 0;
+            if self.buf.is_empty() && self.buf.capacity() > KEEP_BUFFER {
+                self.buf = BytesMut::with_capacity(READ_CHUNK);
+            }
         }
         // (kind, start, end, wal_end) of the frame found.
         let (is_data, start, end, wal_end) = loop {
@@ -469,7 +516,6 @@ impl ReplicationStream {
             }
         };
         self.consumed = end;
-        self.received.fetch_max(wal_end, Ordering::Relaxed);
         Ok(if is_data {
             Frame::XLogData {
                 data: &self.buf[start..end],
@@ -482,7 +528,9 @@ impl ReplicationStream {
     /// Reads until `buf` holds at least `want` bytes.
     async fn fill(&mut self, want: usize) -> Result<()> {
         while self.buf.len() < want {
-            self.buf.reserve((want - self.buf.len()).max(READ_CHUNK));
+            // Grown as the bytes arrive, not all at once for what a header claims.
+            self.buf
+                .reserve((want - self.buf.len()).clamp(READ_CHUNK, 8 * READ_CHUNK * 8));
             let read = self
                 .read
                 .read_buf(&mut self.buf)
@@ -503,7 +551,6 @@ impl ReplicationStream {
 /// connection fails (the reader then sees it fail too) or the stream is dropped.
 async fn send_status(
     mut write: OwnedWriteHalf,
-    received: Arc<AtomicU64>,
     reply: Arc<Notify>,
     mut durable: Durable,
     start: u64,
@@ -522,7 +569,7 @@ async fn send_status(
                 flushed = flushed.max(lsn.0);
             }
         }
-        let written = received.load(Ordering::Relaxed).max(flushed);
+        let written = flushed;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_micros() as i64)
@@ -540,5 +587,163 @@ async fn send_status(
         if write.write_all(&out).await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The stream's framing over a real loopback socket, fed bytes as a server would send them
+    //! (split anywhere), and the status it writes back.
+
+    use super::*;
+    use crate::source::Position;
+    use tokio::net::TcpListener;
+    use tokio::sync::watch;
+
+    fn copy_data(body: &[u8]) -> Vec<u8> {
+        let mut m = vec![b'd'];
+        m.extend(((body.len() + 4) as u32).to_be_bytes());
+        m.extend(body);
+        m
+    }
+
+    fn xlog(data: &[u8]) -> Vec<u8> {
+        let mut body = vec![b'w'];
+        body.extend(1u64.to_be_bytes());
+        body.extend(2u64.to_be_bytes());
+        body.extend(0i64.to_be_bytes());
+        body.extend(data);
+        copy_data(&body)
+    }
+
+    fn error_response(code: &str, message: &str) -> Vec<u8> {
+        let body = format!("C{code}\0M{message}\0\0");
+        let mut m = vec![b'E'];
+        m.extend(((body.len() + 4) as u32).to_be_bytes());
+        m.extend(body.as_bytes());
+        m
+    }
+
+    fn keepalive(wal_end: u64, reply: bool) -> Vec<u8> {
+        let mut body = vec![b'k'];
+        body.extend(wal_end.to_be_bytes());
+        body.extend(0i64.to_be_bytes());
+        body.push(u8::from(reply));
+        copy_data(&body)
+    }
+
+    /// A stream whose server side is returned, with the sender of the durable position.
+    async fn pair() -> (
+        ReplicationStream,
+        TcpStream,
+        watch::Sender<Option<Position>>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let (tx, rx) = watch::channel(None);
+        let stream = ReplicationStream::streaming(
+            client,
+            BytesMut::new(),
+            0x100,
+            Durable::new(rx),
+            "test".into(),
+        );
+        (stream, server, tx)
+    }
+
+    #[tokio::test]
+    async fn frames_split_anywhere_arrive_whole_and_in_order() {
+        let (mut stream, mut server, _durable) = pair().await;
+        let mut bytes = xlog(b"first");
+        bytes.extend(keepalive(0x500, false));
+        bytes.extend(xlog(&vec![7u8; 300_000]));
+        bytes.extend(xlog(b"last"));
+        let writer = tokio::spawn(async move {
+            for chunk in bytes.chunks(7_777) {
+                server.write_all(chunk).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            server
+        });
+        let Frame::XLogData { data } = stream.next().await.unwrap() else {
+            panic!()
+        };
+        assert_eq!(data, b"first");
+        let Frame::KeepAlive { wal_end } = stream.next().await.unwrap() else {
+            panic!()
+        };
+        assert_eq!(wal_end, 0x500);
+        let Frame::XLogData { data } = stream.next().await.unwrap() else {
+            panic!()
+        };
+        assert_eq!(data.len(), 300_000);
+        let Frame::XLogData { data } = stream.next().await.unwrap() else {
+            panic!()
+        };
+        assert_eq!(data, b"last");
+        drop(writer.await.unwrap());
+        let e = stream.next().await.err().expect("the connection closed");
+        assert!(e.is_transient(), "{e}");
+    }
+
+    #[tokio::test]
+    async fn bad_lengths_and_server_errors_are_errors_not_panics() {
+        for (bytes, transient, text) in [
+            (vec![b'd', 0, 0, 0, 2], false, "message length 2"),
+            (vec![b'd', 0x7f, 0xff, 0xff, 0xff], false, "exceeds 512 MiB"),
+            (copy_data(b"w-too-short"), false, "CopyData"),
+            (
+                error_response("55006", "slot active"),
+                true,
+                "slot active (SQLSTATE 55006)",
+            ),
+            (
+                error_response("42704", "no publication"),
+                false,
+                "no publication (SQLSTATE 42704)",
+            ),
+        ] {
+            let (mut stream, mut server, _durable) = pair().await;
+            server.write_all(&bytes).await.unwrap();
+            let e = stream.next().await.err().expect("an error");
+            assert_eq!(e.is_transient(), transient, "{e}");
+            assert!(e.message().contains(text), "{e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_status_confirms_only_the_durable_position_and_answers_a_reply_request() {
+        let (mut stream, mut server, durable) = pair().await;
+        // Data far ahead of what is durable, then a keepalive asking for a reply.
+        server.write_all(&xlog(b"row")).await.unwrap();
+        server.write_all(&keepalive(0x9000, true)).await.unwrap();
+        assert!(matches!(
+            stream.next().await.unwrap(),
+            Frame::XLogData { .. }
+        ));
+        assert!(matches!(
+            stream.next().await.unwrap(),
+            Frame::KeepAlive { .. }
+        ));
+        let mut status = [0u8; 39];
+        let lsns = |s: &[u8; 39]| (u64_at(s, 6), u64_at(s, 14), u64_at(s, 22));
+        server.read_exact(&mut status).await.unwrap();
+        assert_eq!((status[0], status[5]), (b'd', b'r'));
+        assert_eq!(
+            lsns(&status),
+            (0x100, 0x100, 0x100),
+            "only the start is durable"
+        );
+        durable.send_replace(Some(Position::Lsn(super::super::Lsn(0x200))));
+        loop {
+            server.read_exact(&mut status).await.unwrap();
+            if lsns(&status) != (0x100, 0x100, 0x100) {
+                break;
+            }
+        }
+        assert_eq!(lsns(&status), (0x200, 0x200, 0x200));
     }
 }

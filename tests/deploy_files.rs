@@ -1,0 +1,151 @@
+//! The monitoring files in `deploy/` stay in step with what outboxd exports: the Grafana dashboard
+//! and the Prometheus alert rules parse, and every `outboxd_*` series they query is one that
+//! `/metrics` serves (taken from the library: a fresh `Metrics` with every recording method called
+//! once, rendered as `/metrics` renders it).
+
+use std::collections::BTreeSet;
+use std::time::{Duration, SystemTime};
+
+use outboxd::metrics::Metrics;
+
+fn repo_file(path: &str) -> String {
+    let full = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("cannot read {}: {e}", full.display()))
+}
+
+/// The sample names `/metrics` serves (counters with `_total`, the histogram's `_bucket`/`_sum`/
+/// `_count`).
+fn exported() -> BTreeSet<String> {
+    let m = Metrics::new("deploy-files", Duration::from_secs(5));
+    m.forwarded_n("outbox.event.order", 2);
+    m.dead_letter("invalid_topic");
+    m.ignored("update", 1);
+    m.produced();
+    m.acknowledged();
+    m.delivered_after(Duration::from_millis(7));
+    m.delivery_error();
+    m.reconnect();
+    m.source_event();
+    m.source_time(Some(SystemTime::now()));
+    m.checkpoint_current();
+    let text = m.render();
+    let names: BTreeSet<String> = text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| l[..l.find(['{', ' ']).unwrap_or(l.len())].to_string())
+        .collect();
+    // Every family declared must have shown a sample (a new metric must be touched above).
+    for family in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let family = family.split_whitespace().next().unwrap_or_default();
+        assert!(
+            names.iter().any(|n| n.starts_with(family)),
+            "{family} rendered no sample: call its recording method in exported()"
+        );
+    }
+    names
+}
+
+/// The `outboxd_*` names an expression refers to.
+fn referenced(expr: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("outboxd_") {
+        let boundary = at == 0 || !rest[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_');
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        if boundary {
+            found.push(tail[..end].to_string());
+        }
+        rest = &tail[end..];
+    }
+    found
+}
+
+fn exprs_in(value: &serde_json::Value, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, v) in map {
+                match (key.as_str(), v) {
+                    ("expr", serde_json::Value::String(e)) => out.push(e.clone()),
+                    _ => exprs_in(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| exprs_in(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn the_grafana_dashboard_queries_only_series_outboxd_exports() {
+    let exported = exported();
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&repo_file("deploy/grafana/outboxd.json")).expect("valid JSON");
+    let mut exprs = Vec::new();
+    exprs_in(&dashboard, &mut exprs);
+    assert!(exprs.len() >= 8, "the dashboard has its panels: {exprs:?}");
+    for expr in &exprs {
+        let names = referenced(expr);
+        assert!(!names.is_empty(), "{expr} queries no outboxd series");
+        for name in names {
+            assert!(
+                exported.contains(&name),
+                "{name} (in {expr}) is not exported: {exported:?}"
+            );
+        }
+        assert!(
+            expr.contains("$pipeline"),
+            "{expr} does not filter on $pipeline"
+        );
+    }
+}
+
+#[test]
+fn every_alert_rule_is_complete_and_queries_only_series_outboxd_exports() {
+    let exported = exported();
+    let readme = repo_file("README.md");
+    let rules: serde_json::Value =
+        serde_norway::from_str(&repo_file("deploy/prometheus/alerts.yml")).expect("valid YAML");
+    let rules: Vec<&serde_json::Value> = rules["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_array().expect("rules"))
+        .collect();
+    assert!(
+        rules.len() >= 5,
+        "the rules cover lag, checkpoint age, readiness, dead letters, reconnects"
+    );
+    for rule in rules {
+        let alert = rule["alert"].as_str().expect("every rule is an alert");
+        let expr = rule["expr"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{alert}: expr"));
+        for name in referenced(expr) {
+            assert!(exported.contains(&name), "{alert}: {name} is not exported");
+        }
+        assert!(
+            ["critical", "warning", "info"]
+                .contains(&rule["labels"]["severity"].as_str().unwrap_or("")),
+            "{alert}: labels.severity"
+        );
+        assert!(
+            rule["annotations"]["summary"].is_string(),
+            "{alert}: summary"
+        );
+        let runbook = rule["annotations"]["runbook"].as_str().unwrap_or_default();
+        assert!(
+            runbook.ends_with("#troubleshooting"),
+            "{alert}: runbook {runbook:?}"
+        );
+        if let Some(entry) = rule["annotations"]["runbook_entry"].as_str() {
+            let troubleshooting = &readme[readme.find("## Troubleshooting").expect("section")..];
+            assert!(
+                troubleshooting.contains(entry),
+                "{alert}: {entry:?} is not in README Troubleshooting"
+            );
+        }
+    }
+}
