@@ -41,6 +41,8 @@ pub struct Metrics {
     dead_letter: Family<ReasonLabel, Counter>,
     ignored: Family<KindLabel, Counter>,
     inflight: Gauge,
+    /// 1 while `/readyz` answers 200, updated when rendered.
+    ready: Gauge,
     checkpoint_age: Gauge<f64, AtomicU64>,
     source_lag: Gauge<f64, AtomicU64>,
     reconnects: Counter,
@@ -68,6 +70,7 @@ impl Metrics {
         let dead_letter = Family::<ReasonLabel, Counter>::default();
         let ignored = Family::<KindLabel, Counter>::default();
         let inflight = Gauge::default();
+        let ready = Gauge::default();
         let checkpoint_age = Gauge::<f64, AtomicU64>::default();
         let source_lag = Gauge::<f64, AtomicU64>::default();
         let reconnects = Counter::default();
@@ -101,6 +104,11 @@ impl Metrics {
             inflight.clone(),
         );
         registry.register(
+            "ready",
+            "1 while /readyz answers 200 (the source said something within three heartbeat intervals), else 0",
+            ready.clone(),
+        );
+        registry.register(
             "checkpoint_age_seconds",
             "Seconds since the durable checkpoint last caught up with the acknowledgements",
             checkpoint_age.clone(),
@@ -131,6 +139,7 @@ impl Metrics {
             dead_letter,
             ignored,
             inflight,
+            ready,
             checkpoint_age,
             source_lag,
             reconnects,
@@ -256,6 +265,7 @@ impl Metrics {
             self.source_lag
                 .set(((wall - source_ms).max(0)) as f64 / 1000.0);
         }
+        self.ready.set(i64::from(self.ready()));
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
@@ -293,9 +303,13 @@ mod tests {
     fn readiness_needs_a_recent_source_event() {
         let m = Metrics::new("x", Duration::from_millis(1));
         assert!(!m.ready(), "not ready before the source said anything");
+        assert!(m.render().contains(r#"outboxd_ready{pipeline="x"} 0"#));
         m.source_event();
         assert!(m.ready());
         std::thread::sleep(Duration::from_millis(10));
         assert!(!m.ready(), "stale after 3 heartbeats");
+        let m = Metrics::new("x", Duration::from_secs(60));
+        m.source_event();
+        assert!(m.render().contains(r#"outboxd_ready{pipeline="x"} 1"#));
     }
 }
