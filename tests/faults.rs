@@ -32,7 +32,7 @@ fn crash_loop_of_ten_kill_9s_under_load_loses_nothing() {
     }
     let recovery = Instant::now();
     writer.join().unwrap();
-    let records = consume_events(&env.broker.bootstrap(), total as usize);
+    let records = consume_distinct_events(&env.broker.bootstrap(), total as usize);
     report(
         "crash loop",
         "10 x kill -9 under load (1/7/50/200-row transactions)",
@@ -74,7 +74,7 @@ fn a_broker_outage_under_load_loses_nothing_and_outboxd_rides_it_out() {
     env.broker.thaw();
     let recovery = Instant::now();
     insert_rows(&env.db, 1200, 1300, 10);
-    let records = consume_all(&env, 1300);
+    let records = consume_distinct_events(&env.broker.bootstrap(), 1300);
     report(
         "broker outage",
         "broker frozen (SIGSTOP) 30 s under load",
@@ -573,7 +573,7 @@ fn per_key_order_holds_when_records_outlive_message_timeout_behind_a_frozen_brok
     }
     let recovery = Instant::now();
     writer.join().unwrap();
-    let records = consume_all(&env, total as usize);
+    let records = consume_distinct_events(&env.broker.bootstrap(), total as usize);
     report(
         "message timeout, flapping broker",
         "steady keyed load; broker frozen 3 x 5.6 s with message.timeout.ms = 5000",

@@ -103,7 +103,7 @@ fn kill_9_under_load_loses_nothing_and_duplicates_stay_within_the_window() {
     env.outboxd.kill9();
     env.outboxd.start();
     writer.join().unwrap();
-    let records = consume_all(&env, total as usize);
+    let records = consume_distinct_events(&env.broker.bootstrap(), total as usize);
     let duplicates = check_records(&records, 0..total);
     println!("kill -9: {duplicates} duplicates over {total} rows (window: {max_in_flight} in flight + one open transaction)");
     assert!(
@@ -159,7 +159,7 @@ fn a_server_restart_mid_stream_loses_nothing() {
     env.db.restart();
     let recovery = std::time::Instant::now();
     insert_rows(&env.db, 300, 600, 3);
-    let records = consume_all(&env, 600);
+    let records = consume_distinct_events(&env.broker.bootstrap(), 600);
     report(
         "mariadb restart",
         "mariadbd stopped and started mid-stream",

@@ -265,7 +265,7 @@ fn a_postgres_restart_mid_stream_and_a_kill_9_lose_nothing() {
     let recovery = std::time::Instant::now();
     env.outboxd.start();
     insert_rows(&env.pg, 900, 1000, 5);
-    let records = consume_events(&env.broker.bootstrap(), 1000);
+    let records = rig::scenario::consume_distinct_events(&env.broker.bootstrap(), 1000);
     rig::scenario::report(
         "postgres restart + kill -9",
         "pg_ctl restart mid-stream, then kill -9 of outboxd",

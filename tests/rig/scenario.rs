@@ -111,6 +111,21 @@ pub fn consume_all(env: &Env, expected: usize) -> Vec<Consumed> {
 
 /// Reads both event topics until `expected` records arrived (or [`LIMIT`] passed).
 pub fn consume_events(bootstrap: &str, expected: usize) -> Vec<Consumed> {
+    consume_until(bootstrap, |all| all.len() >= expected)
+}
+
+/// Reads both event topics until `expected` distinct events (by their `id` header) arrived, or
+/// [`LIMIT`] passed: after crashes, duplicates must not make a run look complete while rows are
+/// still on their way.
+pub fn consume_distinct_events(bootstrap: &str, expected: usize) -> Vec<Consumed> {
+    consume_until(bootstrap, |all| {
+        let ids: std::collections::HashSet<Option<String>> =
+            all.iter().map(|r| r.header("id")).collect();
+        ids.len() >= expected
+    })
+}
+
+fn consume_until(bootstrap: &str, done: impl Fn(&[Consumed]) -> bool) -> Vec<Consumed> {
     let deadline = std::time::Instant::now() + LIMIT;
     loop {
         let order = consume(
@@ -126,7 +141,7 @@ pub fn consume_events(bootstrap: &str, expected: usize) -> Vec<Consumed> {
             Duration::from_secs(2),
         );
         let all: Vec<Consumed> = order.into_iter().chain(customer).collect();
-        if all.len() >= expected || std::time::Instant::now() > deadline {
+        if done(&all) || std::time::Instant::now() > deadline {
             return all;
         }
     }
