@@ -220,6 +220,14 @@ fn profile_dir() -> Option<String> {
     Args::parse().profile
 }
 
+/// "outboxd", or "outboxd LABEL" for the `--baseline` build.
+fn build_label(baseline: Option<&str>) -> String {
+    match baseline {
+        Some(label) => format!("outboxd {label}"),
+        None => "outboxd".to_string(),
+    }
+}
+
 /// One line of the throughput table; `key` finds it again for the ratios.
 struct Row {
     key: &'static str,
@@ -345,10 +353,7 @@ fn main() {
                 continue;
             }
             let (seconds, stats, spread) = median(runs, n);
-            let who = match label {
-                Some(label) => format!("outboxd {label}"),
-                None => "outboxd".to_string(),
-            };
+            let who = build_label(label);
             rows.push(Row {
                 key: row_key,
                 what: format!("{who}, MariaDB backlog drain, {per_txn}-row transactions"),
@@ -1132,10 +1137,7 @@ fn postgres_section(
                 continue;
             }
             let (seconds, stats, spread) = median(runs, n);
-            let who = match label {
-                Some(label) => format!("outboxd {label}"),
-                None => "outboxd".to_string(),
-            };
+            let who = build_label(label);
             rows.push(Row {
                 key: match (label.is_some(), per_txn) {
                     (false, _) => key,

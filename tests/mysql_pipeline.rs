@@ -633,6 +633,40 @@ fn sigterm_with_a_full_window_and_a_frozen_broker_exits_at_the_drain_deadline_wi
     env.outboxd.stop();
 }
 
+#[test]
+fn a_small_librdkafka_queue_is_raised_to_the_window_so_sigterm_behind_a_frozen_broker_still_exits()
+{
+    // queue.buffering.max.messages below the window would make librdkafka refuse the sixth record
+    // (QueueFull) for as long as the broker is frozen; a send waiting on that could not be
+    // interrupted by the drain deadline.
+    let port = rig::free_port();
+    let mut env = setup_with_http(
+        "smallqueue",
+        "max_in_flight = 50\ndrain_timeout_ms = 3000\n[kafka.properties]\n\"queue.buffering.max.messages\" = \"5\"",
+        &format!("127.0.0.1:{port}"),
+    );
+    env.outboxd.start();
+    insert_rows(&env.db, 0, 5, 1);
+    assert_eq!(consume_all(&env, 5).len(), 5);
+    env.broker.freeze();
+    insert_rows(&env.db, 5, 105, 100);
+    wait_until("the in-flight window to fill", LIMIT, || {
+        sample(
+            &rig::http_get(port, "/metrics").1,
+            "outboxd_inflight_events",
+            "pipeline=\"smallqueue\"",
+        ) == 50.0
+    });
+    nix::sys::signal::kill(env.outboxd.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = env.outboxd.wait_exit(LIMIT);
+    assert!(status.success(), "{status}\n{}", env.outboxd.log());
+    env.broker.thaw();
+    env.outboxd.start();
+    let records = consume_all(&env, 105);
+    check_records(&records, 0..105);
+    env.outboxd.stop();
+}
+
 /// Resident memory of `pid` in bytes (VmRSS).
 fn rss_bytes(pid: nix::unistd::Pid) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -199,17 +199,7 @@ impl Connection {
                 Ok(None) => {}
                 Err(e) => return Err(protocol_error(&self.shown, e.to_string())),
             }
-            let read = self
-                .socket
-                .read_buf(&mut self.buf)
-                .await
-                .map_err(|e| io_error(&self.shown, e))?;
-            if read == 0 {
-                return Err(io_error(
-                    &self.shown,
-                    std::io::ErrorKind::UnexpectedEof.into(),
-                ));
-            }
+            read_more(&mut self.socket, &mut self.buf, &self.shown).await?;
         }
     }
 
@@ -384,17 +374,7 @@ impl Connection {
                     }
                 }
             }
-            let read = self
-                .socket
-                .read_buf(&mut self.buf)
-                .await
-                .map_err(|e| io_error(&self.shown, e))?;
-            if read == 0 {
-                return Err(io_error(
-                    &self.shown,
-                    std::io::ErrorKind::UnexpectedEof.into(),
-                ));
-            }
+            read_more(&mut self.socket, &mut self.buf, &self.shown).await?;
         }
         Ok(ReplicationStream::streaming(
             self.socket,
@@ -404,6 +384,20 @@ impl Connection {
             self.shown,
         ))
     }
+}
+
+/// Reads what the socket has into `buf`; the end of the stream is an error (the server never
+/// closes a healthy connection first).
+async fn read_more(
+    socket: &mut (impl tokio::io::AsyncRead + Unpin),
+    buf: &mut BytesMut,
+    shown: &str,
+) -> Result<()> {
+    let read = socket.read_buf(buf).await.map_err(|e| io_error(shown, e))?;
+    if read == 0 {
+        return Err(io_error(shown, std::io::ErrorKind::UnexpectedEof.into()));
+    }
+    Ok(())
 }
 
 /// A message header at the front of `buf`: (tag, length without the tag byte).
@@ -531,17 +525,7 @@ impl ReplicationStream {
             // Grown as the bytes arrive, not all at once for what a header claims.
             self.buf
                 .reserve((want - self.buf.len()).clamp(READ_CHUNK, 8 * READ_CHUNK * 8));
-            let read = self
-                .read
-                .read_buf(&mut self.buf)
-                .await
-                .map_err(|e| io_error(&self.shown, e))?;
-            if read == 0 {
-                return Err(io_error(
-                    &self.shown,
-                    std::io::ErrorKind::UnexpectedEof.into(),
-                ));
-            }
+            read_more(&mut self.read, &mut self.buf, &self.shown).await?;
         }
         Ok(())
     }
