@@ -2,7 +2,7 @@
 # Installs what outboxd's tests and quickstart need and a fresh machine lacks. Idempotent.
 #  - Debian packages: MariaDB server/client (the live binlog source), PostgreSQL 15 server/client (the
 #    logical-replication source; the tests run private servers, the package's own service is not needed),
-#    build deps of librdkafka.
+#    build deps of librdkafka, stunnel4 (a TLS terminator for the Kafka-over-TLS test).
 #  - The nisshi Kafka-protocol broker (a Rust broker, in memory), built once into a cache dir outside
 #    the repo (about 10 minutes on 2 cores the first time; skipped when present).
 set -euo pipefail
@@ -20,6 +20,8 @@ command -v make >/dev/null 2>&1 || packages+=(make)
 command -v cc >/dev/null 2>&1 || packages+=(gcc g++)
 dpkg -s libssl-dev >/dev/null 2>&1 || packages+=(libssl-dev)
 dpkg -s zlib1g-dev >/dev/null 2>&1 || packages+=(zlib1g-dev)
+# The TLS terminator in front of the broker in tests/tls.rs.
+command -v stunnel >/dev/null 2>&1 || packages+=(stunnel4)
 
 if [ "${#packages[@]}" -gt 0 ]; then
   echo "install-test-deps: installing ${packages[*]}"

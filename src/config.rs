@@ -543,7 +543,7 @@ url = "postgres://cdc@127.0.0.1:5432/app"
 password_file = "/run/secrets/db"
 tables = ["public.outbox", "billing.outbox"]
 server_id = 4242
-tls = { mode = "disable", ca = "/etc/outboxd/ca.pem" }
+tls = { mode = "verify-full", ca = "/etc/outboxd/ca.pem" }
 slot = "s1"
 publication = "p1"
 message_prefixes = ["outbox"]
@@ -579,8 +579,9 @@ listen = ""
         };
         assert_eq!((own.slot.as_str(), own.publication.as_str()), ("s1", "p1"));
         assert_eq!(own.message_prefixes, ["outbox"]);
-        assert_eq!(c.source.tls.as_ref().unwrap().mode, TlsMode::Disable);
-        let tls = text.replace("mode = \"disable\"", "mode = \"verify-full\"");
+        assert_eq!(c.source.tls.as_ref().unwrap().mode, TlsMode::VerifyFull);
+        // Certificates with TLS switched off are a mistake, not something to ignore.
+        let tls = text.replace("mode = \"verify-full\"", "mode = \"disable\"");
         assert!(parse(&tls, &[])
             .unwrap_err()
             .to_string()

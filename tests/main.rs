@@ -11,3 +11,4 @@ mod mysql_pipeline;
 mod operate;
 mod postgres_pipeline;
 mod replicas;
+mod tls;

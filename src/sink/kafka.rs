@@ -459,20 +459,26 @@ pub async fn preflight(config: &KafkaConfig) -> Vec<Item> {
             client.set(k, v);
         }
         client.set("bootstrap.servers", &kafka.brokers);
-        let producer: BaseProducer = client.create().map_err(|e| e.to_string())?;
+        let producer: BaseProducer<Heard> = client
+            .create_with_context(Heard::default())
+            .map_err(|e| (e.to_string(), None))?;
         let metadata = producer
             .client()
             .fetch_metadata(None, Duration::from_secs(10))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| {
+                // Error events reach the context through the queue poll serves.
+                producer.poll(Duration::from_millis(100));
+                (e.to_string(), producer.context().last())
+            })?;
         let topics: Vec<String> = metadata
             .topics()
             .iter()
             .map(|t| t.name().to_string())
             .collect();
-        Ok::<_, String>((metadata.brokers().len(), topics))
+        Ok::<_, (String, Option<String>)>((metadata.brokers().len(), topics))
     })
     .await
-    .unwrap_or_else(|e| Err(e.to_string()));
+    .unwrap_or_else(|e| Err((e.to_string(), None)));
     let mut items = Vec::new();
     match result {
         Ok((brokers, topics)) => {
@@ -496,11 +502,71 @@ pub async fn preflight(config: &KafkaConfig) -> Vec<Item> {
                 }
             }
         }
-        Err(e) => items.push(Item::unreachable(
-            "kafka",
-            format!("{} did not answer: {e}", config.brokers),
-            "check kafka.brokers and the security settings in kafka.properties",
-        )),
+        Err((e, heard)) => {
+            let detail = heard.map(|h| format!(" ({h})")).unwrap_or_default();
+            let tls = crate::source::tls::classify(&detail).is_some() || detail.contains("SSL");
+            items.push(if tls {
+                // A certificate or TLS setting is wrong: waiting will not cure it.
+                Item::fail(
+                    "kafka",
+                    format!("TLS to {} failed: {e}{detail}", config.brokers),
+                    "check ssl.ca.location (the CA that signed the brokers' certificates), ssl.certificate.location / ssl.key.location, and that the brokers' names match their certificates (README \"TLS\")",
+                )
+            } else {
+                Item::unreachable(
+                    "kafka",
+                    format!("{} did not answer: {e}{detail}", config.brokers),
+                    "check kafka.brokers and the security settings in kafka.properties",
+                )
+            });
+        }
     }
     items
+}
+
+/// What librdkafka reported while a preflight waited (it explains a metadata timeout: a TLS
+/// handshake that failed, a refused SASL login). Its summary events ("1/1 brokers are down") come
+/// after the cause, so the cause is kept apart from them.
+#[derive(Default)]
+struct Heard(std::sync::Mutex<(Option<String>, Option<String>)>);
+
+impl Heard {
+    /// The cause if one was logged, else the last error event.
+    fn last(&self) -> Option<String> {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|h| h.0.clone().or_else(|| h.1.clone()))
+    }
+}
+
+impl ClientContext for Heard {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        use rdkafka::config::RDKafkaLogLevel::*;
+        if matches!(level, Emerg | Alert | Critical | Error) {
+            tracing::debug!(fac, log_message, "kafka client log during preflight");
+            // "[thrd:ssl://host:port/bootstrap]: ssl://host:port/bootstrap: SSL handshake failed: …"
+            let text = log_message
+                .split_once("]: ")
+                .map_or(log_message, |(_, rest)| rest);
+            if let Ok(mut heard) = self.0.lock() {
+                // The longest explanation of the first failure (librdkafka logs a short and a long form).
+                if heard.0.as_ref().is_none_or(|h| h.len() < text.len()) {
+                    heard.0 = Some(text.to_string());
+                }
+            }
+        }
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        tracing::debug!(%error, reason, "kafka client error during preflight");
+        if let Ok(mut heard) = self.0.lock() {
+            heard.1 = Some(reason.to_string());
+        }
+    }
+}
+
+impl rdkafka::producer::ProducerContext for Heard {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: Self::DeliveryOpaque) {}
 }

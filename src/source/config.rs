@@ -178,8 +178,15 @@ pub enum TlsMode {
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     pub mode: TlsMode,
+    /// The CA certificate(s) (PEM) that signed the server's certificate; the system roots when absent.
     #[serde(default)]
     pub ca: Option<PathBuf>,
+    /// A client certificate (PEM, with any chain after it) for servers that ask for one.
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    /// The client certificate's key (PEM, unencrypted).
+    #[serde(default)]
+    pub key: Option<PathBuf>,
 }
 
 fn default_slot() -> String {
@@ -287,17 +294,8 @@ impl SourceConfig {
                 );
             }
         }
-        if self
-            .tls
-            .as_ref()
-            .is_some_and(|t| t.mode != TlsMode::Disable)
-        {
-            return bad(
-                "source.tls",
-                "TLS to the database is not supported yet".into(),
-                "set source.tls = { mode = \"disable\" } (or remove it) and reach the server over a trusted network or a local TLS tunnel",
-            );
-        }
+        // URL TLS parameters against source.tls (files are read when connecting).
+        crate::source::tls::TlsSettings::of(self)?;
         if self.heartbeat_interval_ms < 100 {
             return bad(
                 "source.heartbeat_interval_ms",

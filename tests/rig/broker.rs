@@ -24,6 +24,12 @@ pub fn broker_binary() -> PathBuf {
 
 impl Broker {
     pub fn start() -> Broker {
+        Broker::start_advertising(None)
+    }
+
+    /// A broker that tells clients to reach it at `advertised` (a TLS terminator's port in front of
+    /// it) instead of its own port.
+    pub fn start_advertising(advertised: Option<u16>) -> Broker {
         let bin = broker_binary();
         assert!(
             bin.exists(),
@@ -32,6 +38,7 @@ impl Broker {
         );
         let port = free_port();
         let url = format!("tcp://127.0.0.1:{port}");
+        let advertised_url = format!("tcp://127.0.0.1:{}", advertised.unwrap_or(port));
         let log = tempfile::NamedTempFile::new().unwrap();
         let child = Command::new(bin)
             .args([
@@ -39,7 +46,7 @@ impl Broker {
                 "--listener-url",
                 &url,
                 "--advertised-listener-url",
-                &url,
+                &advertised_url,
             ])
             .args([
                 "--storage-engine",

@@ -33,8 +33,24 @@ pub fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
 }
 
 pub fn create_topic_with(bootstrap: &str, topic: &str, partitions: i32, config: &[(&str, &str)]) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    create_topic_using(
+        &[("bootstrap.servers", bootstrap)],
+        topic,
+        partitions,
+        config,
+    );
+}
+
+/// [`create_topic_with`] through a client configured by `client` (e.g. TLS settings).
+pub fn create_topic_using(
+    client: &[(&str, &str)],
+    topic: &str,
+    partitions: i32,
+    config: &[(&str, &str)],
+) {
+    let admin: AdminClient<DefaultClientContext> = client
+        .iter()
+        .fold(&mut ClientConfig::new(), |c, (k, v)| c.set(*k, *v))
         .create()
         .unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -58,8 +74,19 @@ pub fn create_topic_with(bootstrap: &str, topic: &str, partitions: i32, config: 
 /// Reads `topic` from the beginning of every partition until `expected` records arrived (or `limit`
 /// passed; then whatever arrived is returned and the caller's assertion says what is missing).
 pub fn consume(bootstrap: &str, topic: &str, expected: usize, limit: Duration) -> Vec<Consumed> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    consume_using(&[("bootstrap.servers", bootstrap)], topic, expected, limit)
+}
+
+/// [`consume`] with a consumer configured by `client` (e.g. TLS settings).
+pub fn consume_using(
+    client: &[(&str, &str)],
+    topic: &str,
+    expected: usize,
+    limit: Duration,
+) -> Vec<Consumed> {
+    let consumer: BaseConsumer = client
+        .iter()
+        .fold(&mut ClientConfig::new(), |c, (k, v)| c.set(*k, *v))
         .set("group.id", format!("test-{topic}"))
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")

@@ -9,6 +9,7 @@
 //! Nothing here talks to a service the machine may run; every address is 127.0.0.1.
 
 pub mod broker;
+pub mod certs;
 pub mod kafka;
 pub mod mariadb;
 pub mod outboxd;
@@ -20,7 +21,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 pub use broker::Broker;
-pub use kafka::{consume, create_topic, create_topic_with, Consumed};
+pub use kafka::{
+    consume, consume_using, create_topic, create_topic_using, create_topic_with, Consumed,
+};
 pub use mariadb::MariaDb;
 pub use outboxd::Outboxd;
 pub use postgres::Postgres;

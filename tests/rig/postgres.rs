@@ -90,6 +90,52 @@ impl Postgres {
         pg
     }
 
+    /// Turns TLS on with `cert`/`key` (copied into the data directory, owned by the server's user,
+    /// mode 0600) and `ca` for client certificates; `hba` lines go first in pg_hba.conf. Reloads.
+    pub fn enable_tls(&self, cert: &Path, key: &Path, ca: &Path, hba: &[&str]) {
+        self.install_tls_files(cert, key, ca);
+        let path = self.dir().join("pg_hba.conf");
+        let old = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, format!("{}\n{old}", hba.join("\n"))).unwrap();
+        self.sql(
+            "postgres",
+            "ALTER SYSTEM SET ssl = on; ALTER SYSTEM SET ssl_cert_file = 'tls-server.pem'; \
+             ALTER SYSTEM SET ssl_key_file = 'tls-server.key'; ALTER SYSTEM SET ssl_ca_file = 'tls-ca.pem'; \
+             SELECT pg_reload_conf();",
+        );
+        self.wait_for_tls(true);
+    }
+
+    /// Replaces the server's certificate and key and reloads (TLS already on).
+    pub fn replace_tls_files(&self, cert: &Path, key: &Path, ca: &Path) {
+        self.install_tls_files(cert, key, ca);
+        self.sql("postgres", "SELECT pg_reload_conf();");
+    }
+
+    fn install_tls_files(&self, cert: &Path, key: &Path, ca: &Path) {
+        for (from, to, mode) in [
+            (cert, "tls-server.pem", 0o644),
+            (key, "tls-server.key", 0o600),
+            (ca, "tls-ca.pem", 0o644),
+        ] {
+            let path = self.dir().join(to);
+            std::fs::copy(from, &path).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            if as_root() {
+                let user = nix::unistd::User::from_name(OS_USER).unwrap().unwrap();
+                nix::unistd::chown(&path, Some(user.uid), Some(user.gid)).unwrap();
+            }
+        }
+    }
+
+    /// Waits until the reloaded configuration says `ssl` is `on` (reloads are asynchronous).
+    fn wait_for_tls(&self, on: bool) {
+        let want = if on { "on" } else { "off" };
+        wait_until("postgres to reload ssl", Duration::from_secs(30), || {
+            self.sql("postgres", "SHOW ssl;").trim() == want
+        });
+    }
+
     /// The data directory (also the socket directory; the server log is `postgres.log` in it).
     pub fn dir(&self) -> &Path {
         self.dir.path()

@@ -15,6 +15,7 @@
 
 mod binlog_file;
 mod columns;
+mod connect;
 mod decoder;
 mod event_types;
 mod json_text;
@@ -28,11 +29,12 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use mysql_async::prelude::Queryable;
-use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, OptsBuilder};
+use mysql_async::{BinlogStream, BinlogStreamRequest, Conn};
 
 pub use self::binlog_file::BinlogFileSource;
 pub use self::columns::SchemaColumn;
 use self::columns::TableColumns;
+use self::connect::{map_err, open};
 pub use self::decoder::{Decoder, Step};
 pub use self::position::{BinlogPosition, MariaGtidState, MysqlGtidSet};
 pub use self::preflight::preflight;
@@ -43,8 +45,6 @@ use crate::source::{Change, Ignored, Position, SourceIdentity};
 
 /// `ER_MASTER_FATAL_ERROR_READING_BINLOG`: the requested position is not (or no longer) on the server.
 const ER_BINLOG_GONE: u16 = 1236;
-const ER_ACCESS_DENIED: u16 = 1045;
-const ER_SPECIFIC_ACCESS_DENIED: u16 = 1227;
 
 /// Parses a position typed by a user: `FILE:POS` or `gtid:DOMAIN-SERVER-SEQ[,…]` (MariaDB).
 pub fn parse_position(text: &str) -> Result<Position> {
@@ -85,9 +85,7 @@ pub fn parse_position(text: &str) -> Result<Position> {
 
 /// The server's current end, where a stream without a checkpoint starts.
 pub async fn current_end_position(config: &SourceConfig) -> Result<Position> {
-    let mut conn = Conn::new(connect_opts(config)?)
-        .await
-        .map_err(|e| map_err(e, config))?;
+    let mut conn = open(config).await?;
     let info = ServerInfo::read(&mut conn)
         .await
         .map_err(|e| map_err(e, config))?;
@@ -97,13 +95,6 @@ pub async fn current_end_position(config: &SourceConfig) -> Result<Position> {
     let _ = conn.disconnect().await;
     Ok(end.to_position())
 }
-
-/// Server errors a reconnect cures: too many connections (1040), shutdown in progress (1053, 1077-
-/// 1080), network trouble seen by the server (1152, 1158-1161), connection killed (1927), and
-/// MariaDB's idle-connection timeout (4031).
-const TRANSIENT_SERVER_ERRORS: [u16; 13] = [
-    1040, 1053, 1077, 1078, 1079, 1080, 1152, 1158, 1159, 1160, 1161, 1927, 4031,
-];
 
 /// A live binlog session.
 pub struct MysqlSource {
@@ -130,10 +121,7 @@ impl MysqlSource {
         resume: Option<(&SourceIdentity, &Position)>,
         metrics: Arc<Metrics>,
     ) -> Result<MysqlSource> {
-        let opts = connect_opts(config)?;
-        let mut control = Conn::new(opts.clone())
-            .await
-            .map_err(|e| map_err(e, config))?;
+        let mut control = open(config).await?;
         let server = ServerInfo::read(&mut control)
             .await
             .map_err(|e| map_err(e, config))?;
@@ -184,7 +172,7 @@ impl MysqlSource {
             .remedy("use a FILE:POS position on this server"));
         }
         let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
-        let mut replica = Conn::new(opts).await.map_err(|e| map_err(e, config))?;
+        let mut replica = open(config).await?;
         let use_gtid = server.is_mariadb && start.gtid.as_ref().is_some_and(|g| !g.is_empty());
         let setup = async {
             replica
@@ -536,48 +524,6 @@ async fn current_end(conn: &mut Conn, info: &ServerInfo) -> mysql_async::Result<
         gtid,
         mysql_gtids: None,
     })
-}
-
-fn connect_opts(config: &SourceConfig) -> Result<Opts> {
-    // With several hosts, the pipeline picks one per session; other callers use the first.
-    let url = config.urls().into_iter().next().unwrap_or_default();
-    let opts = Opts::from_url(&url).map_err(|e| {
-        Error::config(format!("source.url {}: {e}", redact_url(&config.url)))
-            .remedy("use mysql://USER[:PASSWORD]@HOST:PORT/DB")
-    })?;
-    let mut builder = OptsBuilder::from_opts(opts)
-        .prefer_socket(false)
-        .tcp_keepalive(Some(Duration::from_secs(10)));
-    if let Some(password) = config.password()? {
-        builder = builder.pass(Some(password));
-    }
-    Ok(builder.into())
-}
-
-fn map_err(e: mysql_async::Error, config: &SourceConfig) -> Error {
-    let server = redact_url(&config.url);
-    match e {
-        mysql_async::Error::Server(se) if se.code == ER_ACCESS_DENIED => {
-            Error::source(format!("{server} refused the login: {}", se.message))
-                .remedy("check the user and password (source.url, OUTBOXD_SOURCE__PASSWORD or source.password_file)")
-        }
-        mysql_async::Error::Server(se) if se.code == ER_SPECIFIC_ACCESS_DENIED => {
-            Error::source(format!("{server}: missing privilege: {}", se.message)).remedy(
-                "GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO the outboxd user (MariaDB also BINLOG MONITOR, SLAVE MONITOR)",
-            )
-        }
-        mysql_async::Error::Server(se) if TRANSIENT_SERVER_ERRORS.contains(&se.code) => {
-            Error::source(format!("{server}: server error {}: {}", se.code, se.message))
-                .remedy("outboxd retries; the server is restarting, overloaded or dropped the connection")
-                .transient()
-        }
-        mysql_async::Error::Server(se) => {
-            Error::source(format!("{server}: server error {}: {}", se.code, se.message))
-        }
-        other => Error::source(format!("{server}: {other}"))
-            .remedy("outboxd retries; check that the server is up and reachable")
-            .transient(),
-    }
 }
 
 fn map_stream_err(e: mysql_async::Error, at: &BinlogPosition, own_checkpoint: bool) -> Error {

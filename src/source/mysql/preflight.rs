@@ -3,7 +3,11 @@
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
-use super::{connect_opts, ServerInfo};
+use crate::source::config::TlsMode;
+use crate::source::tls::TlsSettings;
+
+use super::connect::{map_err, open_raw, ConnectFailure};
+use super::ServerInfo;
 use crate::preflight::{routed_columns_item, Item};
 use crate::source::config::{redact_url, SourceConfig};
 use crate::source::Position;
@@ -18,40 +22,23 @@ pub async fn preflight(
     wanted: &[String],
 ) -> Vec<Item> {
     let mut items = Vec::new();
-    let opts = match connect_opts(config) {
-        Ok(o) => o,
-        Err(e) => {
-            items.push(Item::fail(
-                SUBJECT,
-                e.message().to_string(),
-                e.remedy_text().unwrap_or(""),
-            ));
-            return items;
-        }
-    };
     let server = redact_url(&config.url);
-    let connect = tokio::time::timeout(std::time::Duration::from_secs(10), Conn::new(opts)).await;
+    let connect = tokio::time::timeout(std::time::Duration::from_secs(10), open_raw(config)).await;
     let mut conn = match connect {
         Ok(Ok(conn)) => conn,
-        Ok(Err(mysql_async::Error::Server(e))) => {
-            let fix = match e.code {
-                1045 => "check the user and password (source.url, OUTBOXD_SOURCE__PASSWORD, source.password_file)",
-                1049 => "the database named in source.url does not exist on this server: fix the URL's path",
-                _ => "check source.url and the user's account on the server",
+        Ok(Err(failure)) => {
+            let e = match failure {
+                ConnectFailure::Config(e) => e,
+                ConnectFailure::Driver(e) => map_err(e, config),
             };
-            items.push(Item::fail(
-                SUBJECT,
-                format!("{server} refused the connection: {}", e.message),
-                fix,
-            ));
-            return items;
-        }
-        Ok(Err(e)) => {
-            items.push(Item::unreachable(
-                SUBJECT,
-                format!("cannot connect to {server}: {e}"),
-                "start the server or fix source.url",
-            ));
+            let remedy = e
+                .remedy_text()
+                .unwrap_or("check source.url and the user's account on the server");
+            items.push(if e.is_transient() {
+                Item::unreachable(SUBJECT, e.message().to_string(), remedy)
+            } else {
+                Item::fail(SUBJECT, e.message().to_string(), remedy)
+            });
             return items;
         }
         Err(_) => {
@@ -63,6 +50,7 @@ pub async fn preflight(
             return items;
         }
     };
+    items.push(tls_item(&mut conn, config).await);
     match check_server(&mut conn, config, checkpoint, wanted, &mut items).await {
         Ok(()) => {}
         Err(e) => items.push(Item::unreachable(
@@ -320,4 +308,43 @@ async fn check_tables(
         ));
     }
     Ok(())
+}
+
+/// The TLS line: the protocol the server reports for this connection and what was verified.
+async fn tls_item(conn: &mut Conn, config: &SourceConfig) -> Item {
+    let settings = match TlsSettings::of(config) {
+        Ok(s) => s,
+        Err(e) => {
+            return Item::fail(
+                SUBJECT,
+                e.message().to_string(),
+                e.remedy_text().unwrap_or(""),
+            )
+        }
+    };
+    let host = conn.opts().ip_or_hostname().to_string();
+    let version: Option<(String, String)> = conn
+        .query_first("SHOW SESSION STATUS LIKE 'Ssl_version'")
+        .await
+        .ok()
+        .flatten();
+    match version.map(|(_, v)| v).filter(|v| !v.is_empty()) {
+        Some(version) => Item::pass(
+            SUBJECT,
+            format!(
+                "TLS {version} on every connection to {host} ({})",
+                settings.describe(&host)
+            ),
+        ),
+        None if settings.mode == TlsMode::Disable => Item::warn(
+            SUBJECT,
+            format!("connections to {host} are plain text (source.tls is off)"),
+            "outside a trusted network set source.tls = { mode = \"verify-full\", ca = \"/path/ca.pem\" } (README \"TLS\")",
+        ),
+        None => Item::warn(
+            SUBJECT,
+            format!("the server at {host} does not offer TLS; connections are plain text (source.tls mode prefer)"),
+            "enable TLS on the server (ssl_cert, ssl_key) and set source.tls.mode = \"verify-full\"",
+        ),
+    }
 }

@@ -3,11 +3,14 @@
 
 use std::time::Duration;
 
+use tokio_postgres::config::SslMode;
 use tokio_postgres::{Client, NoTls};
 
 use super::lsn::parse_lsn;
+use super::socket::{self, Protection};
 use crate::error::{Error, Result};
-use crate::source::config::{redact_url, SourceConfig};
+use crate::source::config::{redact_url, SourceConfig, SourceKind};
+use crate::source::tls::{url_tls_keys, ClientTls, TlsSettings, NEEDS_TLS_REMEDY};
 
 /// Where and as whom to connect, from `source.url` and the password settings.
 #[derive(Clone)]
@@ -21,6 +24,8 @@ pub struct ConnInfo {
     pub shown: String,
     /// The replication connection's `application_name` (the control connection adds `-control`).
     pub application_name: String,
+    /// TLS for both connections (None: plain text).
+    pub tls: Option<ClientTls>,
 }
 
 impl ConnInfo {
@@ -57,14 +62,8 @@ impl ConnInfo {
         for (key, value) in url.query_pairs() {
             match key.as_ref() {
                 "application_name" => application_name = Some(value.into_owned()),
-                // Plain text is what this build speaks; anything else must not be ignored.
-                "sslmode" if value == "disable" => {}
-                "sslmode" => {
-                    return Err(Error::config(format!(
-                        "source.url asks for sslmode={value}, but TLS to the database is not supported in this build"
-                    ))
-                    .remedy("remove sslmode from source.url (or set sslmode=disable) and reach the server over a trusted network or a local TLS tunnel"))
-                }
+                // Read by TlsSettings::of.
+                key if url_tls_keys(SourceKind::Postgres).contains(&key) => {}
                 "password" => {
                     return Err(Error::config(
                         "source.url carries the password as a query parameter",
@@ -75,7 +74,7 @@ impl ConnInfo {
                     return Err(Error::config(format!(
                         "source.url parameter {other:?} is not supported"
                     ))
-                    .remedy("remove it; outboxd honours application_name and sslmode=disable in a Postgres URL"))
+                    .remedy("remove it; outboxd honours application_name, sslmode, sslrootcert, sslcert and sslkey in a Postgres URL (or set TLS in source.tls)"))
                 }
             }
         }
@@ -87,6 +86,7 @@ impl ConnInfo {
             dbname: decode(dbname),
             shown: redact_url(&config.url),
             application_name: application_name.unwrap_or_else(|| "outboxd".to_string()),
+            tls: TlsSettings::of(config)?.load()?,
         })
     }
 }
@@ -154,6 +154,28 @@ pub fn quote_table(table: &str) -> String {
     }
 }
 
+/// A refused login, with the TLS hint where the server turned plain text away.
+pub fn login_error(info: &ConnInfo, protection: Protection, e: &tokio_postgres::Error) -> Error {
+    let error = Error::source(format!("cannot connect to {}: {}", info.shown, describe(e)));
+    match e.code() {
+        Some(_) if refuses_plain_text(&describe(e)) && protection == Protection::Plain => {
+            error.remedy(NEEDS_TLS_REMEDY)
+        }
+        Some(_) if describe(e).contains("certificate") => error.remedy(
+            "the server wants a client certificate it accepts: set source.tls.cert and source.tls.key (its CN must be the user name under clientcert=verify-full)",
+        ),
+        Some(_) => error.remedy("check the user, password and database in source.url, and pg_hba.conf"),
+        None => error
+            .remedy("outboxd retries; check that the server is up")
+            .transient(),
+    }
+}
+
+/// pg_hba.conf rejected a connection for being unencrypted.
+pub fn refuses_plain_text(message: &str) -> bool {
+    message.contains("no encryption")
+}
+
 impl Control {
     pub async fn connect(info: &ConnInfo) -> Result<Control> {
         let mut config = tokio_postgres::Config::new();
@@ -163,24 +185,25 @@ impl Control {
             .user(&info.user)
             .dbname(&info.dbname)
             .application_name(format!("{}-control", info.application_name))
-            .connect_timeout(Duration::from_secs(10));
+            // TLS, if any, is already on the socket (socket.rs).
+            .ssl_mode(SslMode::Disable);
         if let Some(p) = &info.password {
             config.password(p);
         }
-        let (client, connection) = config.connect(NoTls).await.map_err(|e| {
-            let error = Error::source(format!(
-                "cannot connect to {}: {}",
-                info.shown,
-                describe(&e)
-            ));
-            if e.code().is_some() {
-                error.remedy("check the user, password and database in source.url, and pg_hba.conf")
-            } else {
-                error
-                    .remedy("outboxd retries; check that the server is up")
-                    .transient()
+        let (socket, protection) = socket::connect(info).await?;
+        let login =
+            tokio::time::timeout(Duration::from_secs(10), config.connect_raw(socket, NoTls));
+        let (client, connection) = match login.await {
+            Ok(result) => result.map_err(|e| login_error(info, protection, &e))?,
+            Err(_) => {
+                return Err(Error::source(format!(
+                    "{}: the login did not finish within 10 s",
+                    info.shown
+                ))
+                .remedy("outboxd retries; check that the server is up")
+                .transient())
             }
-        })?;
+        };
         tokio::spawn(async move {
             let _ = connection.await;
         });
@@ -188,6 +211,19 @@ impl Control {
             client,
             shown: info.shown.clone(),
         })
+    }
+
+    /// The TLS protocol version and cipher of this connection (`pg_stat_ssl`), None in plain text.
+    pub async fn tls_in_use(&self) -> Result<Option<(String, String)>> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT version, cipher FROM pg_stat_ssl WHERE pid = pg_backend_pid() AND ssl",
+                &[],
+            )
+            .await
+            .map_err(|e| self.failed("reading pg_stat_ssl", e))?;
+        Ok(row.map(|r| (r.get(0), r.get(1))))
     }
 
     fn failed(&self, what: &str, e: tokio_postgres::Error) -> Error {

@@ -1,9 +1,10 @@
 //! Postgres preflight: logical WAL, the REPLICATION attribute, the slot, the publication and the tables.
 
-use super::control::{quote_table, ConnInfo, Control};
+use super::control::{quote_table, refuses_plain_text, ConnInfo, Control};
 use super::lsn::{lsn_to_string, parse_lsn};
+use super::stream::Connection;
 use crate::preflight::{routed_columns_item, Item};
-use crate::source::config::{PostgresOptions, SourceConfig};
+use crate::source::config::{PostgresOptions, SourceConfig, TlsMode};
 use crate::source::Position;
 
 const SUBJECT: &str = "postgres";
@@ -47,6 +48,7 @@ pub async fn preflight(
             return items;
         }
     };
+    items.push(tls_item(&control, &info).await);
     if let Err(e) = check(&control, config, own, checkpoint, wanted, &mut items).await {
         items.push(Item::unreachable(
             SUBJECT,
@@ -235,4 +237,60 @@ async fn check(
         }
     }
     Ok(())
+}
+
+/// The TLS line: the protocol of the control connection (`pg_stat_ssl`) and what was verified; the
+/// replication connection is opened too, since pg_hba.conf may treat it differently.
+async fn tls_item(control: &Control, info: &ConnInfo) -> Item {
+    let mode = info
+        .tls
+        .as_ref()
+        .map_or(TlsMode::Disable, |t| t.settings.mode);
+    match Connection::open(info).await {
+        Ok(conn) => conn.close().await,
+        Err(e) if e.is_transient() => {
+            return Item::unreachable(
+                SUBJECT,
+                format!("replication connection: {}", e.message()),
+                e.remedy_text()
+                    .unwrap_or("start the server or fix source.url"),
+            )
+        }
+        // Privileges and pg_hba.conf lines are judged by the checks below; this one is about TLS.
+        Err(e)
+            if !(e.message().contains("TLS")
+                || e.message().contains("certificate")
+                || refuses_plain_text(e.message())) => {}
+        Err(e) => {
+            return Item::fail(
+                SUBJECT,
+                format!("replication connection: {}", e.message()),
+                e.remedy_text().unwrap_or(""),
+            )
+        }
+    }
+    match control.tls_in_use().await {
+        Ok(Some((version, cipher))) => {
+            let settings = &info.tls.as_ref().expect("TLS in use").settings;
+            Item::pass(
+                SUBJECT,
+                format!(
+                    "TLS {version} ({cipher}) on the control and replication connections to {} ({})",
+                    info.host,
+                    settings.describe(&info.host)
+                ),
+            )
+        }
+        Ok(None) if mode == TlsMode::Disable => Item::warn(
+            SUBJECT,
+            format!("connections to {} are plain text (source.tls is off)", info.host),
+            "outside a trusted network set source.tls = { mode = \"verify-full\", ca = \"/path/ca.pem\" } (README \"TLS\")",
+        ),
+        Ok(None) => Item::warn(
+            SUBJECT,
+            format!("the server at {} does not offer TLS; connections are plain text (source.tls mode prefer)", info.host),
+            "enable TLS on the server (ssl = on) and set source.tls.mode = \"verify-full\"",
+        ),
+        Err(e) => Item::unreachable(SUBJECT, e.message().to_string(), "check the server"),
+    }
 }

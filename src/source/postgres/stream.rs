@@ -30,12 +30,12 @@ use fallible_iterator::FallibleIterator;
 use postgres_protocol::authentication::{md5_hash, sasl};
 use postgres_protocol::message::{backend, frontend};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
+use tokio::io::{ReadHalf, WriteHalf};
 use tokio::sync::Notify;
 
-use super::control::{transient_sqlstate, ConnInfo};
+use super::control::{refuses_plain_text, transient_sqlstate, ConnInfo};
 use super::lsn::lsn_to_string;
+use super::socket::{self, Socket};
 use crate::error::{Error, Result};
 use crate::source::Durable;
 
@@ -54,7 +54,7 @@ const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
 
 /// A connection that passed startup and authentication and waits for commands.
 pub(super) struct Connection {
-    socket: TcpStream,
+    socket: Socket,
     buf: BytesMut,
     shown: String,
 }
@@ -69,7 +69,7 @@ pub(super) enum Frame<'a> {
 
 /// A running logical replication stream.
 pub(super) struct ReplicationStream {
-    read: OwnedReadHalf,
+    read: ReadHalf<Socket>,
     buf: BytesMut,
     /// Bytes at the front of `buf` that belong to the frame returned last.
     consumed: usize,
@@ -125,6 +125,12 @@ fn error_fields(body: &[u8]) -> (String, String) {
 fn server_error(shown: &str, body: &[u8]) -> Error {
     let (code, message) = error_fields(body);
     let text = format!("{shown}: {message} (SQLSTATE {code})");
+    if code == "28000" && refuses_plain_text(&message) {
+        return Error::source(format!(
+            "{shown} refused the login: {message} (SQLSTATE {code})"
+        ))
+        .remedy(crate::source::tls::NEEDS_TLS_REMEDY);
+    }
     if code == "28P01" || code == "28000" {
         return Error::source(format!("{shown} refused the login: {message} (SQLSTATE {code})"))
             .remedy("check the user and password; the user needs the REPLICATION attribute and a pg_hba.conf 'replication' entry");
@@ -142,10 +148,7 @@ impl Connection {
     /// Connects to `info`'s server as a replication connection and logs in.
     pub async fn open(info: &ConnInfo) -> Result<Connection> {
         let shown = info.shown.clone();
-        let socket = TcpStream::connect((info.host.as_str(), info.port))
-            .await
-            .map_err(|e| io_error(&shown, e))?;
-        let _ = socket.set_nodelay(true);
+        let (socket, _) = socket::connect(info).await?;
         let mut conn = Connection {
             socket,
             buf: BytesMut::with_capacity(8 * 1024),
@@ -166,6 +169,14 @@ impl Connection {
         conn.write(&out).await?;
         conn.authenticate(info).await?;
         Ok(conn)
+    }
+
+    /// Says goodbye (Terminate) and closes; for connections opened only to be tested.
+    pub async fn close(mut self) {
+        let mut out = BytesMut::new();
+        frontend::terminate(&mut out);
+        let _ = self.write(&out).await;
+        let _ = self.socket.shutdown().await;
     }
 
     async fn write(&mut self, bytes: &[u8]) -> Result<()> {
@@ -422,13 +433,13 @@ impl ReplicationStream {
     /// The stream on `socket` once the server answered START_REPLICATION (`buf` holds what was
     /// read past that answer); starts the status task.
     fn streaming(
-        socket: TcpStream,
+        socket: Socket,
         buf: BytesMut,
         start: u64,
         durable: Durable,
         shown: String,
     ) -> ReplicationStream {
-        let (read, write) = socket.into_split();
+        let (read, write) = tokio::io::split(socket);
         let reply = Arc::new(Notify::new());
         let status = tokio::spawn(send_status(write, reply.clone(), durable, start));
         ReplicationStream {
@@ -534,7 +545,7 @@ impl ReplicationStream {
 /// Writes the standby status every [`STATUS_INTERVAL`] and when a keepalive asks, until the
 /// connection fails (the reader then sees it fail too) or the stream is dropped.
 async fn send_status(
-    mut write: OwnedWriteHalf,
+    mut write: WriteHalf<Socket>,
     reply: Arc<Notify>,
     mut durable: Durable,
     start: u64,
@@ -581,7 +592,7 @@ mod tests {
 
     use super::*;
     use crate::source::Position;
-    use tokio::net::TcpListener;
+    use tokio::net::{TcpListener, TcpStream};
     use tokio::sync::watch;
 
     fn copy_data(body: &[u8]) -> Vec<u8> {
@@ -629,7 +640,7 @@ mod tests {
         let (server, _) = listener.accept().await.unwrap();
         let (tx, rx) = watch::channel(None);
         let stream = ReplicationStream::streaming(
-            client,
+            Box::new(client),
             BytesMut::new(),
             0x100,
             Durable::new(rx),

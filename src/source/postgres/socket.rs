@@ -1,0 +1,106 @@
+//! The socket under both Postgres connections (replication and control): TCP, then TLS when
+//! `source.tls` asks for it.
+//!
+//! Postgres starts TLS inside its own protocol: the client sends an SSLRequest, the server answers
+//! one byte (`S`: go ahead, `N`: no TLS here) and the handshake follows on the same socket. Both
+//! connections come through [`connect`], so they are encrypted and verified the same way; the
+//! control connection hands the result to tokio-postgres as an already-secured stream.
+//!
+//! Exactly one byte is read before the handshake: anything a man in the middle slips in behind the
+//! `S` is TLS input, which fails the handshake instead of being read as the server's words.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::control::ConnInfo;
+use crate::error::{Error, Result};
+use crate::source::config::TlsMode;
+use crate::source::tls::{handshake_error, no_tls_error};
+
+/// Time allowed for the TCP connect and, separately, for the TLS negotiation.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The SSLRequest message: length 8, request code 80877103.
+const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+
+/// A connected socket, plain or TLS.
+pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Stream for T {}
+pub type Socket = Box<dyn Stream>;
+
+/// How the connection is protected, for `check`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protection {
+    Plain,
+    Tls,
+}
+
+fn unreachable(info: &ConnInfo, what: String) -> Error {
+    Error::source(format!("cannot connect to {}: {what}", info.shown))
+        .remedy("outboxd retries; check that the server is up and reachable")
+        .transient()
+}
+
+/// Opens a socket to `info`'s server, negotiating TLS as `info.tls` says.
+pub async fn connect(info: &ConnInfo) -> Result<(Socket, Protection)> {
+    let mut tcp = match tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        TcpStream::connect((info.host.as_str(), info.port)),
+    )
+    .await
+    {
+        Ok(Ok(tcp)) => tcp,
+        Ok(Err(e)) => return Err(unreachable(info, e.to_string())),
+        Err(_) => return Err(unreachable(info, "no answer within 10 s".into())),
+    };
+    let _ = tcp.set_nodelay(true);
+    let Some(tls) = &info.tls else {
+        return Ok((Box::new(tcp), Protection::Plain));
+    };
+    let negotiate = async {
+        tcp.write_all(&SSL_REQUEST).await?;
+        let mut answer = [0u8; 1];
+        tcp.read_exact(&mut answer).await?;
+        Ok::<u8, std::io::Error>(answer[0])
+    };
+    let answer = match tokio::time::timeout(CONNECT_TIMEOUT, negotiate).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => return Err(unreachable(info, format!("asking for TLS: {e}"))),
+        Err(_) => {
+            return Err(unreachable(
+                info,
+                "no answer to the TLS request within 10 s".into(),
+            ))
+        }
+    };
+    match answer {
+        b'S' => {}
+        b'N' if tls.settings.mode == TlsMode::Prefer => {
+            return Ok((Box::new(tcp), Protection::Plain))
+        }
+        b'N' => return Err(no_tls_error(&info.shown, &tls.settings)),
+        other => {
+            return Err(Error::source(format!(
+                "{}: unexpected answer {other:#04x} to the TLS request",
+                info.shown
+            ))
+            .remedy("is this a Postgres server? check source.url's host and port"))
+        }
+    }
+    let connector = tokio_native_tls::TlsConnector::from(tls.connector()?);
+    match tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(&info.host, tcp)).await {
+        Ok(Ok(stream)) => Ok((Box::new(stream), Protection::Tls)),
+        Ok(Err(e)) => Err(handshake_error(
+            &info.shown,
+            &tls.settings,
+            &info.host,
+            &e.to_string(),
+        )),
+        Err(_) => Err(unreachable(
+            info,
+            "the TLS handshake did not finish within 10 s".into(),
+        )),
+    }
+}

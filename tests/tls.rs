@@ -1,0 +1,537 @@
+//! TLS end to end: a MariaDB and a PostgreSQL that accept only TLS and want a client certificate,
+//! and a broker reached only through a TLS terminator, with certificates made here (`rig::certs`).
+//! Rows flow under `verify-full`; each certificate problem fails `check` and `run` with its own
+//! message and fix; planted secrets never appear in what outboxd prints.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::rig::certs::{Ca, Issued, EXPIRED, VALID};
+use crate::rig::mariadb::CDC_PASSWORD;
+use crate::rig::scenario::{consume_events, insert_rows, SCHEMA};
+use crate::rig::{
+    consume, consume_using, create_topic, create_topic_using, free_port, wait_until, Broker,
+    MariaDb, Outboxd, Postgres,
+};
+
+/// `outboxd ARGS`, bounded: (success, stdout + stderr). A run that does not exit in 60 s is killed
+/// and reported as such, so a retry loop fails the test instead of hanging it.
+fn output(outboxd: &Outboxd, args: &[&str]) -> (bool, String) {
+    let log = outboxd.dir_path().join("bounded.log");
+    let mut child = outboxd
+        .command(args)
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::options().append(true).open(&log).unwrap())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    let start = std::time::Instant::now();
+    while status.is_none() && start.elapsed() < Duration::from_secs(60) {
+        status = child.try_wait().unwrap();
+        if status.is_none() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    match status {
+        Some(s) => (s.success(), text),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("outboxd {args:?} did not exit within 60 s (a retry loop?):\n{text}");
+        }
+    }
+}
+
+/// The certificates of one test: the server's CA, a second CA nobody uses, a server certificate for
+/// 127.0.0.1 only, an expired one, and a client certificate for `cdc`.
+struct Certs {
+    _dir: tempfile::TempDir,
+    ca: Ca,
+    other_ca: Ca,
+    server: Issued,
+    expired: Issued,
+    client: Issued,
+}
+
+fn certs() -> Certs {
+    let dir = tempfile::Builder::new()
+        .prefix("outboxd-certs-")
+        .tempdir()
+        .unwrap();
+    let ca = Ca::new(dir.path(), "outboxd test CA", "ca");
+    let other_ca = Ca::new(dir.path(), "some other CA", "other-ca");
+    let server = ca.server(dir.path(), "server", &["127.0.0.1"], VALID);
+    let expired = ca.server(dir.path(), "expired", &["127.0.0.1"], EXPIRED);
+    let client = ca.client(dir.path(), "client", "cdc");
+    Certs {
+        _dir: dir,
+        ca,
+        other_ca,
+        server,
+        expired,
+        client,
+    }
+}
+
+fn tls_line(mode: &str, ca: &Path, client: &Issued) -> String {
+    format!(
+        "tls = {{ mode = \"{mode}\", ca = \"{}\", cert = \"{}\", key = \"{}\" }}",
+        ca.display(),
+        client.cert.display(),
+        client.key.display()
+    )
+}
+
+fn mysql_body(url: &str, tls: &str, bootstrap: &str) -> String {
+    format!(
+        "[source]\nkind = \"mysql\"\nurl = \"{url}\"\ntables = [\"app.outbox\"]\nserver_id = 99\nheartbeat_interval_ms = 1000\n{tls}\n\
+         [kafka]\nbrokers = \"{bootstrap}\"\n[http]\nlisten = \"\"\n"
+    )
+}
+
+/// A MariaDB that refuses plain text over TCP, whose `cdc` account needs a client certificate.
+fn tls_mariadb(c: &Certs) -> MariaDb {
+    let db = MariaDb::start(&[
+        &format!("ssl-ca={}", c.ca.pem.display()),
+        &format!("ssl-cert={}", c.server.cert.display()),
+        &format!("ssl-key={}", c.server.key.display()),
+        "require-secure-transport=ON",
+    ]);
+    db.sql_socket(SCHEMA);
+    db.sql_socket(&format!(
+        "ALTER USER 'cdc'@'127.0.0.1' REQUIRE X509; \
+         CREATE USER 'plain'@'127.0.0.1' IDENTIFIED BY '{CDC_PASSWORD}'; \
+         GRANT REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR, SELECT ON *.* TO 'plain'@'127.0.0.1';"
+    ));
+    db
+}
+
+#[test]
+fn mariadb_over_tls_only_with_a_client_certificate_forwards_rows_under_verify_full() {
+    let c = certs();
+    let db = tls_mariadb(&c);
+    let broker = Broker::start();
+    for topic in ["outbox.event.order", "outbox.event.customer"] {
+        create_topic(&broker.bootstrap(), topic, 3);
+    }
+    let body = mysql_body(
+        &db.cdc_url(),
+        &tls_line("verify-full", &c.ca.pem, &c.client),
+        &broker.bootstrap(),
+    );
+    let mut outboxd = Outboxd::new("tls-maria", &body);
+    let (ok, text) = output(&outboxd, &["check"]);
+    assert!(ok, "{text}");
+    assert!(text.contains("PASS  mysql: TLS TLSv1."), "{text}");
+    assert!(
+        text.contains("verify-full: chain verified against")
+            && text.contains("server name 127.0.0.1 verified, client certificate sent"),
+        "{text}"
+    );
+    assert!(!text.contains(CDC_PASSWORD), "the password leaked:\n{text}");
+
+    outboxd.start();
+    insert_rows(&db, 0, 50, 5);
+    // The server refuses plain text over TCP, so the binlog stream that delivered these is TLS.
+    assert_eq!(consume_events(&broker.bootstrap(), 50).len(), 50);
+    outboxd.stop();
+    assert!(!outboxd.log().contains(CDC_PASSWORD));
+}
+
+#[test]
+fn mariadb_certificate_problems_each_fail_check_and_run_with_their_own_message() {
+    let c = certs();
+    let db = tls_mariadb(&c);
+    let broker = Broker::start();
+    let outboxd = Outboxd::new("tls-maria-bad", "");
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "wrong CA",
+            mysql_body(
+                &db.cdc_url(),
+                &tls_line("verify-full", &c.other_ca.pem, &c.client),
+                &broker.bootstrap(),
+            ),
+            "not signed by a CA in source.tls.ca",
+        ),
+        (
+            "wrong host name",
+            mysql_body(
+                &format!("mysql://cdc@localhost:{}/app", db.port),
+                &tls_line("verify-full", &c.ca.pem, &c.client),
+                &broker.bootstrap(),
+            ),
+            "not valid for the host name \"localhost\"",
+        ),
+        (
+            "plain text against require_secure_transport",
+            mysql_body(
+                &format!("mysql://plain@127.0.0.1:{}/app", db.port),
+                "",
+                &broker.bootstrap(),
+            ),
+            // MariaDB answers "access denied" (no error of its own): the hint is in the fix.
+            "refuses plain text this way too: then set source.tls",
+        ),
+        (
+            "no client certificate for a REQUIRE X509 account",
+            mysql_body(
+                &format!(
+                    "{}?ssl-mode=VERIFY_IDENTITY&ssl-ca={}",
+                    db.cdc_url(),
+                    c.ca.pem.display()
+                ),
+                "",
+                &broker.bootstrap(),
+            ),
+            "REQUIRE X509 also needs source.tls.cert and key",
+        ),
+    ];
+    for (what, body, expected) in &cases {
+        outboxd.rewrite_config(body);
+        for command in ["check", "run"] {
+            let (ok, text) = output(&outboxd, &[command]);
+            assert!(!ok, "{what}: {command} succeeded:\n{text}");
+            assert!(text.contains(expected), "{what}: {command}:\n{text}");
+            assert!(!text.contains(CDC_PASSWORD), "the password leaked:\n{text}");
+        }
+    }
+    // An expired server certificate: the server reloads its files.
+    std::fs::copy(&c.expired.cert, &c.server.cert).unwrap();
+    std::fs::copy(&c.expired.key, &c.server.key).unwrap();
+    db.sql_socket("FLUSH SSL;");
+    outboxd.rewrite_config(&mysql_body(
+        &db.cdc_url(),
+        &tls_line("verify-full", &c.ca.pem, &c.client),
+        &broker.bootstrap(),
+    ));
+    for command in ["check", "run"] {
+        let (ok, text) = output(&outboxd, &[command]);
+        assert!(!ok, "{text}");
+        assert!(
+            text.contains("the server's certificate has expired"),
+            "{command}:\n{text}"
+        );
+    }
+}
+
+/// The outboxd side of a TLS-only PostgreSQL: the `cdc` role, the outbox, the broker topics.
+const PG_SCHEMA: &str = "
+CREATE ROLE cdc WITH LOGIN REPLICATION;
+CREATE TABLE public.outbox (
+  id uuid PRIMARY KEY,
+  aggregatetype text,
+  aggregateid text NOT NULL,
+  type text NOT NULL,
+  payload jsonb
+);
+ALTER TABLE public.outbox OWNER TO cdc;
+";
+
+/// A PostgreSQL whose TCP connections must be TLS and present a client certificate named `cdc`
+/// (replication connections too).
+fn tls_postgres(c: &Certs) -> Postgres {
+    let pg = Postgres::start(&[]);
+    pg.sql("postgres", "CREATE DATABASE app;");
+    pg.sql("app", PG_SCHEMA);
+    pg.sql("postgres", "GRANT CREATE ON DATABASE app TO cdc;");
+    pg.enable_tls(
+        &c.server.cert,
+        &c.server.key,
+        &c.ca.pem,
+        &[
+            "hostnossl all all 0.0.0.0/0 reject",
+            "hostnossl replication all 0.0.0.0/0 reject",
+            "hostssl all cdc 127.0.0.1/32 trust clientcert=verify-full",
+        ],
+    );
+    pg
+}
+
+fn pg_body(url: &str, tls: &str, bootstrap: &str) -> String {
+    format!(
+        "[source]\nkind = \"postgres\"\nurl = \"{url}\"\ntables = [\"public.outbox\"]\nslot = \"outboxd_tls\"\n\
+         publication = \"outboxd_tls\"\nheartbeat_interval_ms = 1000\n{tls}\n\
+         [kafka]\nbrokers = \"{bootstrap}\"\n[http]\nlisten = \"\"\n"
+    )
+}
+
+#[test]
+fn postgres_over_tls_only_with_a_client_certificate_forwards_rows_under_verify_full() {
+    let c = certs();
+    let pg = tls_postgres(&c);
+    let broker = Broker::start();
+    create_topic(&broker.bootstrap(), "outbox.event.order", 3);
+    let body = pg_body(
+        &pg.url("cdc", "app"),
+        &tls_line("verify-full", &c.ca.pem, &c.client),
+        &broker.bootstrap(),
+    );
+    let mut outboxd = Outboxd::new("tls-pg", &body);
+    let (ok, text) = output(&outboxd, &["check"]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("PASS  postgres: TLS TLSv1.")
+            && text.contains("on the control and replication connections to 127.0.0.1")
+            && text.contains("server name 127.0.0.1 verified, client certificate sent"),
+        "{text}"
+    );
+    outboxd.start();
+    let inserts: String = (0..20)
+        .map(|n| {
+            format!(
+                "INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload) VALUES ('{}', 'order', 'o{n}', 'Created', '{{\"n\": {n}}}');\n",
+                crate::rig::scenario::uuid_of(n)
+            )
+        })
+        .collect();
+    pg.sql("app", &inserts);
+    let records = consume(
+        &broker.bootstrap(),
+        "outbox.event.order",
+        20,
+        Duration::from_secs(60),
+    );
+    assert_eq!(records.len(), 20);
+    // Both of outboxd's connections are encrypted.
+    let encrypted = pg.sql(
+        "app",
+        "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.usename = 'cdc' AND s.ssl;",
+    );
+    assert_eq!(
+        encrypted.trim(),
+        "2",
+        "control and replication connections use TLS"
+    );
+    outboxd.stop();
+}
+
+#[test]
+fn postgres_certificate_problems_each_fail_check_and_run_with_their_own_message() {
+    let c = certs();
+    let pg = tls_postgres(&c);
+    let broker = Broker::start();
+    let outboxd = Outboxd::new("tls-pg-bad", "");
+    let url = pg.url("cdc", "app");
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "wrong CA",
+            pg_body(
+                &url,
+                &tls_line("verify-full", &c.other_ca.pem, &c.client),
+                &broker.bootstrap(),
+            ),
+            "not signed by a CA in source.tls.ca",
+        ),
+        (
+            "wrong host name",
+            pg_body(
+                &format!("postgres://cdc@localhost:{}/app", pg.port),
+                &tls_line("verify-full", &c.ca.pem, &c.client),
+                &broker.bootstrap(),
+            ),
+            "not valid for the host name \"localhost\"",
+        ),
+        (
+            "plain text against a TLS-only server",
+            pg_body(&url, "", &broker.bootstrap()),
+            "the server accepts only TLS connections",
+        ),
+        (
+            "no client certificate",
+            pg_body(
+                &format!(
+                    "{url}?sslmode=verify-full&sslrootcert={}",
+                    c.ca.pem.display()
+                ),
+                "",
+                &broker.bootstrap(),
+            ),
+            "wants a client certificate",
+        ),
+    ];
+    for (what, body, expected) in &cases {
+        outboxd.rewrite_config(body);
+        for command in ["check", "run"] {
+            let (ok, text) = output(&outboxd, &[command]);
+            assert!(!ok, "{what}: {command} succeeded:\n{text}");
+            assert!(text.contains(expected), "{what}: {command}:\n{text}");
+        }
+    }
+    // An expired server certificate, loaded by a configuration reload (asynchronous: wait for it).
+    pg.replace_tls_files(&c.expired.cert, &c.expired.key, &c.ca.pem);
+    outboxd.rewrite_config(&pg_body(
+        &url,
+        &tls_line("verify-full", &c.ca.pem, &c.client),
+        &broker.bootstrap(),
+    ));
+    wait_until(
+        "the expired certificate to be served",
+        Duration::from_secs(30),
+        || {
+            output(&outboxd, &["check"])
+                .1
+                .contains("the server's certificate has expired")
+        },
+    );
+    let (ok, text) = output(&outboxd, &["run"]);
+    assert!(
+        !ok && text.contains("the server's certificate has expired"),
+        "{text}"
+    );
+}
+
+/// stunnel in server mode: TLS on `accept`, plain text to the broker on `connect`.
+struct Stunnel {
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Stunnel {
+    fn start(accept: u16, connect: u16, server: &Issued) -> Stunnel {
+        let dir = tempfile::Builder::new()
+            .prefix("outboxd-stunnel-")
+            .tempdir()
+            .unwrap();
+        let conf = dir.path().join("stunnel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "foreground = yes\npid =\n[kafka]\naccept = 127.0.0.1:{accept}\nconnect = 127.0.0.1:{connect}\ncert = {}\nkey = {}\n",
+                server.cert.display(),
+                server.key.display()
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new("stunnel")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("stunnel (apt-get install stunnel4; scripts/install-test-deps.sh does it)");
+        wait_until("stunnel to listen", Duration::from_secs(30), || {
+            std::net::TcpStream::connect(("127.0.0.1", accept)).is_ok()
+        });
+        Stunnel { child, _dir: dir }
+    }
+}
+
+impl Drop for Stunnel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn kafka_reached_only_through_tls_works_with_the_right_ca_and_fails_clearly_with_a_wrong_one() {
+    let c = certs();
+    let tls_port = free_port();
+    let broker = Broker::start_advertising(Some(tls_port));
+    let _stunnel = Stunnel::start(tls_port, broker.port, &c.server);
+    let bootstrap = format!("127.0.0.1:{tls_port}");
+    let ca = c.ca.pem.display().to_string();
+    let client = [
+        ("bootstrap.servers", bootstrap.as_str()),
+        ("security.protocol", "ssl"),
+        ("ssl.ca.location", ca.as_str()),
+    ];
+    for topic in ["outbox.event.order", "outbox.event.customer"] {
+        create_topic_using(&client, topic, 3, &[]);
+    }
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let kafka = |ca: &Path| {
+        format!(
+            "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.outbox\"]\nserver_id = 99\n\
+             [kafka]\nbrokers = \"{bootstrap}\"\nproperties = {{ \"security.protocol\" = \"SSL\", \"ssl.ca.location\" = \"{}\" }}\n\
+             [http]\nlisten = \"\"\n",
+            db.cdc_url(),
+            ca.display()
+        )
+    };
+    let mut outboxd = Outboxd::new("tls-kafka", &kafka(&c.ca.pem));
+    let (ok, text) = output(&outboxd, &["check"]);
+    assert!(ok, "{text}");
+    outboxd.start();
+    insert_rows(&db, 0, 20, 2);
+    // Rows 0..20: every third is a customer event (rig::scenario::event).
+    let order = consume_using(&client, "outbox.event.order", 13, Duration::from_secs(60));
+    let customer = consume_using(&client, "outbox.event.customer", 7, Duration::from_secs(60));
+    assert_eq!((order.len(), customer.len()), (13, 7));
+    outboxd.stop();
+
+    outboxd.rewrite_config(&kafka(&c.other_ca.pem));
+    for command in ["check", "run"] {
+        let (ok, text) = output(&outboxd, &[command]);
+        assert!(!ok, "{command}: {text}");
+        assert!(
+            text.contains(&format!("TLS to {bootstrap} failed"))
+                && text.contains("certificate verify failed")
+                && text.contains("check ssl.ca.location"),
+            "{command}: {text}"
+        );
+    }
+}
+
+#[test]
+fn a_server_without_tls_is_used_in_plain_text_under_prefer_and_refused_under_require() {
+    let broker = Broker::start();
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let pg = Postgres::start(&[]);
+    pg.sql("postgres", "CREATE DATABASE app;");
+    pg.sql("app", PG_SCHEMA);
+    let bodies = [
+        (
+            "mysql",
+            mysql_body(
+                &db.cdc_url(),
+                "tls = { mode = \"prefer\" }",
+                &broker.bootstrap(),
+            ),
+            mysql_body(
+                &db.cdc_url(),
+                "tls = { mode = \"require\" }",
+                &broker.bootstrap(),
+            ),
+        ),
+        (
+            "postgres",
+            pg_body(
+                &format!("{}?sslmode=prefer", pg.url("cdc", "app")),
+                "",
+                &broker.bootstrap(),
+            ),
+            pg_body(
+                &format!("{}?sslmode=require", pg.url("cdc", "app")),
+                "",
+                &broker.bootstrap(),
+            ),
+        ),
+    ];
+    let outboxd = Outboxd::new("tls-none", "");
+    for (kind, prefer, require) in bodies {
+        outboxd.rewrite_config(&prefer);
+        let (ok, text) = output(&outboxd, &["check"]);
+        assert!(ok, "{kind} prefer: {text}");
+        assert!(
+            text.contains(&format!(
+                "WARN  {kind}: the server at 127.0.0.1 does not offer TLS"
+            )),
+            "{kind} prefer: {text}"
+        );
+        outboxd.rewrite_config(&require);
+        for command in ["check", "run"] {
+            let (ok, text) = output(&outboxd, &[command]);
+            assert!(!ok, "{kind} require: {command}: {text}");
+            assert!(
+                text.contains("does not offer TLS, and source.tls mode require requires it"),
+                "{kind} require: {command}: {text}"
+            );
+        }
+    }
+}
