@@ -54,6 +54,8 @@ struct Certs {
     server: Issued,
     expired: Issued,
     client: Issued,
+    /// A client certificate for `cdc` from the other CA (the servers do not trust it).
+    stranger: Issued,
 }
 
 fn certs() -> Certs {
@@ -66,6 +68,7 @@ fn certs() -> Certs {
     let server = ca.server(dir.path(), "server", &["127.0.0.1"], VALID);
     let expired = ca.server(dir.path(), "expired", &["127.0.0.1"], EXPIRED);
     let client = ca.client(dir.path(), "client", "cdc");
+    let stranger = other_ca.client(dir.path(), "stranger", "cdc");
     Certs {
         _dir: dir,
         ca,
@@ -73,7 +76,24 @@ fn certs() -> Certs {
         server,
         expired,
         client,
+        stranger,
     }
+}
+
+/// Neither the password nor the client key's PEM body appear in `text`.
+fn assert_no_secrets(text: &str, c: &Certs) {
+    assert!(!text.contains(CDC_PASSWORD), "the password leaked:\n{text}");
+    let key = std::fs::read_to_string(&c.client.key).unwrap();
+    for line in key.lines().filter(|l| !l.starts_with("-----")) {
+        assert!(!text.contains(line), "the client key leaked:\n{text}");
+    }
+}
+
+/// `outboxd check` passes and prints `line`.
+fn check_passes_with(outboxd: &Outboxd, body: &str, line: &str) {
+    outboxd.rewrite_config(body);
+    let (ok, text) = output(outboxd, &["check"]);
+    assert!(ok && text.contains(line), "expected {line:?}:\n{text}");
 }
 
 fn tls_line(mode: &str, ca: &Path, client: &Issued) -> String {
@@ -189,6 +209,24 @@ fn mariadb_certificate_problems_each_fail_check_and_run_with_their_own_message()
             ),
             "REQUIRE X509 also needs source.tls.cert and key",
         ),
+        (
+            "a client certificate from a CA the server does not trust",
+            mysql_body(
+                &db.cdc_url(),
+                &tls_line("verify-full", &c.ca.pem, &c.stranger),
+                &broker.bootstrap(),
+            ),
+            "the server refused our client certificate",
+        ),
+        (
+            "verify-ca still checks the chain",
+            mysql_body(
+                &format!("mysql://cdc@localhost:{}/app", db.port),
+                &tls_line("verify-ca", &c.other_ca.pem, &c.client),
+                &broker.bootstrap(),
+            ),
+            "not signed by a CA in source.tls.ca",
+        ),
     ];
     for (what, body, expected) in &cases {
         outboxd.rewrite_config(body);
@@ -196,8 +234,38 @@ fn mariadb_certificate_problems_each_fail_check_and_run_with_their_own_message()
             let (ok, text) = output(&outboxd, &[command]);
             assert!(!ok, "{what}: {command} succeeded:\n{text}");
             assert!(text.contains(expected), "{what}: {command}:\n{text}");
-            assert!(!text.contains(CDC_PASSWORD), "the password leaked:\n{text}");
+            assert_no_secrets(&text, &c);
         }
+    }
+    // What each weaker mode accepts, against a server that refuses plain text (so a pass is TLS):
+    // verify-ca skips the name, require (no ca) the chain, prefer uses TLS when offered.
+    let localhost = format!("mysql://cdc@localhost:{}/app", db.port);
+    for (url, tls, line) in [
+        (
+            &localhost,
+            tls_line("verify-ca", &c.ca.pem, &c.client),
+            "verify-ca: chain verified against",
+        ),
+        (
+            &db.cdc_url(),
+            format!(
+                "tls = {{ mode = \"require\", cert = \"{}\", key = \"{}\" }}",
+                c.client.cert.display(),
+                c.client.key.display()
+            ),
+            "require: certificate not checked, client certificate sent",
+        ),
+        (
+            &db.cdc_url(),
+            format!(
+                "tls = {{ mode = \"prefer\", cert = \"{}\", key = \"{}\" }}",
+                c.client.cert.display(),
+                c.client.key.display()
+            ),
+            "prefer: certificate not checked, client certificate sent",
+        ),
+    ] {
+        check_passes_with(&outboxd, &mysql_body(url, &tls, &broker.bootstrap()), line);
     }
     // An expired server certificate: the server reloads its files.
     std::fs::copy(&c.expired.cert, &c.server.cert).unwrap();
@@ -238,6 +306,10 @@ fn tls_postgres(c: &Certs) -> Postgres {
     pg.sql("postgres", "CREATE DATABASE app;");
     pg.sql("app", PG_SCHEMA);
     pg.sql("postgres", "GRANT CREATE ON DATABASE app TO cdc;");
+    pg.sql(
+        "postgres",
+        &format!("ALTER ROLE cdc PASSWORD '{CDC_PASSWORD}';"),
+    );
     pg.enable_tls(
         &c.server.cert,
         &c.server.key,
@@ -245,7 +317,7 @@ fn tls_postgres(c: &Certs) -> Postgres {
         &[
             "hostnossl all all 0.0.0.0/0 reject",
             "hostnossl replication all 0.0.0.0/0 reject",
-            "hostssl all cdc 127.0.0.1/32 trust clientcert=verify-full",
+            "hostssl all cdc 127.0.0.1/32 scram-sha-256 clientcert=verify-full",
         ],
     );
     pg
@@ -352,6 +424,24 @@ fn postgres_certificate_problems_each_fail_check_and_run_with_their_own_message(
             ),
             "wants a client certificate",
         ),
+        (
+            "a client certificate from a CA the server does not trust",
+            pg_body(
+                &url,
+                &tls_line("verify-full", &c.ca.pem, &c.stranger),
+                &broker.bootstrap(),
+            ),
+            "the server refused our client certificate",
+        ),
+        (
+            "verify-ca still checks the chain",
+            pg_body(
+                &format!("postgres://cdc@localhost:{}/app", pg.port),
+                &tls_line("verify-ca", &c.other_ca.pem, &c.client),
+                &broker.bootstrap(),
+            ),
+            "not signed by a CA in source.tls.ca",
+        ),
     ];
     for (what, body, expected) in &cases {
         outboxd.rewrite_config(body);
@@ -359,7 +449,33 @@ fn postgres_certificate_problems_each_fail_check_and_run_with_their_own_message(
             let (ok, text) = output(&outboxd, &[command]);
             assert!(!ok, "{what}: {command} succeeded:\n{text}");
             assert!(text.contains(expected), "{what}: {command}:\n{text}");
+            assert_no_secrets(&text, &c);
         }
+    }
+    let localhost = format!("postgres://cdc@localhost:{}/app", pg.port);
+    let client_only = format!(
+        "tls = {{ mode = \"MODE\", cert = \"{}\", key = \"{}\" }}",
+        c.client.cert.display(),
+        c.client.key.display()
+    );
+    for (url, tls, line) in [
+        (
+            &localhost,
+            tls_line("verify-ca", &c.ca.pem, &c.client),
+            "verify-ca: chain verified against",
+        ),
+        (
+            &url,
+            client_only.replace("MODE", "require"),
+            "require: certificate not checked, client certificate sent",
+        ),
+        (
+            &url,
+            client_only.replace("MODE", "prefer"),
+            "prefer: certificate not checked, client certificate sent",
+        ),
+    ] {
+        check_passes_with(&outboxd, &pg_body(url, &tls, &broker.bootstrap()), line);
     }
     // An expired server certificate, loaded by a configuration reload (asynchronous: wait for it).
     pg.replace_tls_files(&c.expired.cert, &c.expired.key, &c.ca.pem);

@@ -504,7 +504,7 @@ pub async fn preflight(config: &KafkaConfig) -> Vec<Item> {
         }
         Err((e, heard)) => {
             let detail = heard.map(|h| format!(" ({h})")).unwrap_or_default();
-            let tls = crate::source::tls::classify(&detail).is_some() || detail.contains("SSL");
+            let tls = tls_failure(&detail);
             items.push(if tls {
                 // A certificate or TLS setting is wrong: waiting will not cure it.
                 Item::fail(
@@ -522,6 +522,20 @@ pub async fn preflight(config: &KafkaConfig) -> Vec<Item> {
         }
     }
     items
+}
+
+/// Whether librdkafka's explanation is a TLS failure (a definite one: a certificate, a CA, a
+/// listener that does not speak TLS), not a broker that is down.
+fn tls_failure(detail: &str) -> bool {
+    [
+        "SSL handshake failed",
+        "certificate verify failed",
+        "SSL routines",
+        "connecting to a SSL listener",
+        "connecting to a PLAINTEXT broker listener",
+    ]
+    .iter()
+    .any(|needle| detail.contains(needle))
 }
 
 /// What librdkafka reported while a preflight waited (it explains a metadata timeout: a TLS

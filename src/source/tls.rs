@@ -102,8 +102,17 @@ impl TlsSettings {
         };
         let keys = url_tls_keys(kind);
         let [mode_key, ca_key, cert_key, key_key] = [keys[0], keys[1], keys[2], keys[3]];
+        let mut seen: Vec<String> = Vec::new();
         for (key, value) in url.query_pairs() {
             let key = key.as_ref();
+            if keys.contains(&key) {
+                if seen.iter().any(|k| k == key) {
+                    return Err(
+                        Error::config(format!("source.url sets {key} twice")).remedy("keep one")
+                    );
+                }
+                seen.push(key.to_string());
+            }
             if kind == SourceKind::Mysql && MYSQL_DRIVER_TLS_KEYS.contains(&key) {
                 return Err(Error::config(format!(
                     "source.url parameter {key:?} is not used by outboxd"
@@ -151,6 +160,16 @@ impl TlsSettings {
                 }
             }
         }
+        if kind == SourceKind::Mysql
+            && settings.mode != TlsMode::Disable
+            && url.query_pairs().any(|(k, _)| k == "socket")
+        {
+            // mysql_async does not secure a Unix socket: the TLS asked for would not happen.
+            return Err(Error::config(
+                "source.url names a Unix socket, which outboxd cannot reach over TLS",
+            )
+            .remedy("connect over TCP (host:port) with source.tls, or use the socket with source.tls mode disable"));
+        }
         settings.check()?;
         Ok(settings)
     }
@@ -160,6 +179,21 @@ impl TlsSettings {
             return Err(
                 Error::config("source.tls: a client certificate needs both cert and key")
                     .remedy("set both source.tls.cert and source.tls.key (PEM files), or neither"),
+            );
+        }
+        if self.mode == TlsMode::VerifyCa && self.ca.is_none() {
+            // Any publicly trusted certificate for any name would pass; libpq refuses it too.
+            return Err(
+                Error::config("source.tls mode verify-ca needs source.tls.ca").remedy(
+                    "set source.tls.ca to the CA that signed the server's certificate, or use verify-full (the system's roots and the host name)",
+                ),
+            );
+        }
+        if self.mode == TlsMode::Prefer && self.ca.is_some() {
+            return Err(
+                Error::config("source.tls gives a CA but mode prefer never checks it").remedy(
+                    "use mode = \"verify-full\" (or \"verify-ca\") to have the certificate checked",
+                ),
             );
         }
         if self.mode == TlsMode::Disable && (self.ca.is_some() || self.cert.is_some()) {
@@ -308,6 +342,7 @@ impl ClientTls {
     /// A connector for a Postgres connection (native-tls).
     pub fn connector(&self) -> Result<native_tls::TlsConnector> {
         let mut builder = native_tls::TlsConnector::builder();
+        builder.min_protocol_version(Some(native_tls::Protocol::Tlsv12));
         if let Some(pem) = &self.ca {
             for cert in openssl::x509::X509::stack_from_pem(pem).map_err(internal)? {
                 let der = cert.to_der().map_err(internal)?;
@@ -370,15 +405,32 @@ pub enum Problem {
     WrongHost,
     Expired,
     NotYetValid,
-    /// Any other failure of the handshake.
+    /// The server sent an alert about our side: its CA does not know our client certificate, or
+    /// it wants one and got none. Under TLS 1.3 this arrives after our side of the handshake, on
+    /// the first read.
+    ClientCertRefused,
+    /// Another failure inside TLS itself (protocol versions, ciphers, not TLS at all).
     Handshake,
 }
 
-/// Classifies an OpenSSL handshake message (its verify result is part of native-tls's text).
+/// Classifies an OpenSSL message (native-tls puts the verify result in its text). None: not a TLS
+/// problem (a reset or timeout is the network's, and transient).
 pub fn classify(text: &str) -> Option<Problem> {
     let t = text.to_ascii_lowercase();
     let any = |needles: &[&str]| needles.iter().any(|n| t.contains(n));
+    // An alert is the server's verdict on us; the verify results below are ours on the server.
     if any(&[
+        "alert certificate required",
+        "alert unknown ca",
+        "alert bad certificate",
+        "alert certificate unknown",
+        "alert certificate revoked",
+        "alert certificate expired",
+        "alert unsupported certificate",
+        "alert access denied",
+    ]) {
+        Some(Problem::ClientCertRefused)
+    } else if any(&[
         "hostname mismatch",
         "ip address mismatch",
         "host name mismatch",
@@ -395,14 +447,12 @@ pub fn classify(text: &str) -> Option<Problem> {
         "unable to verify the first certificate",
         "unable to get issuer certificate",
         "certificate signature failure",
-        "unknown ca",
     ]) {
         Some(Problem::UnknownCa)
     } else if any(&[
         "ssl routines",
-        "handshake",
-        "tls",
         "certificate verify failed",
+        "wrong version number",
     ]) {
         Some(Problem::Handshake)
     } else {
@@ -410,21 +460,29 @@ pub fn classify(text: &str) -> Option<Problem> {
     }
 }
 
-/// A definite error for a failed TLS handshake with `server` (shown redacted), naming the problem
-/// and its fix; `detail` is the library's message.
+/// The error for a failed TLS handshake with `server` (shown redacted), naming the problem and its
+/// fix; `detail` is the library's message. A certificate or protocol problem is definite (waiting
+/// does not fix it); a network failure during the handshake is transient.
 pub fn handshake_error(server: &str, settings: &TlsSettings, host: &str, detail: &str) -> Error {
     let ca = match &settings.ca {
         Some(path) => format!("source.tls.ca ({})", path.display()),
         None => "the system's trusted roots (no source.tls.ca given)".to_string(),
     };
-    let (what, fix) = match classify(detail).unwrap_or(Problem::Handshake) {
+    let Some(problem) = classify(detail) else {
+        return Error::source(format!(
+            "{server}: the connection failed during the TLS handshake: {detail}"
+        ))
+        .remedy("outboxd retries; check that the server is up and reachable")
+        .transient();
+    };
+    let (what, fix) = match problem {
         Problem::UnknownCa => (
             format!("the server's certificate is not signed by a CA in {ca}"),
             "set source.tls.ca to the CA certificate that signed the server's certificate".to_string(),
         ),
         Problem::WrongHost => (
             format!("the server's certificate is not valid for the host name {host:?}"),
-            "put a host name the certificate names in source.url (see its subjectAltName), or use mode = \"verify-ca\" to check the chain only".to_string(),
+            "put a host name the certificate names in source.url (see its subjectAltName); mode = \"verify-ca\" with source.tls.ca skips the name check".to_string(),
         ),
         Problem::Expired => (
             "the server's certificate has expired".to_string(),
@@ -434,12 +492,27 @@ pub fn handshake_error(server: &str, settings: &TlsSettings, host: &str, detail:
             "the server's certificate is not valid yet".to_string(),
             "check the clocks of this machine and the server, or the certificate's start date".to_string(),
         ),
+        Problem::ClientCertRefused => return client_cert_refused(server, detail),
         Problem::Handshake => (
             "the TLS handshake failed".to_string(),
-            "check source.tls (ca, cert, key) and the server's TLS settings; the detail below says what the library saw".to_string(),
+            "check source.tls and the server's TLS settings (protocol versions, ciphers; is this port TLS at all?); the detail says what the library saw".to_string(),
         ),
     };
     Error::source(format!("{server}: TLS: {what}: {detail}")).remedy(fix)
+}
+
+fn client_cert_refused(server: &str, detail: &str) -> Error {
+    Error::source(format!(
+        "{server}: TLS: the server refused our client certificate (or wants one): {detail}"
+    ))
+    .remedy("set source.tls.cert and source.tls.key to a certificate signed by a CA the server trusts (Postgres ssl_ca_file, MySQL ssl_ca)")
+}
+
+/// The definite error for a connection that broke with a TLS alert after the handshake (TLS 1.3
+/// reports a refused client certificate on the first read); None for an ordinary network failure.
+pub fn alert_error(server: &str, detail: &str) -> Option<Error> {
+    (classify(detail) == Some(Problem::ClientCertRefused))
+        .then(|| client_cert_refused(server, detail))
 }
 
 /// The server does not offer TLS although `source.tls` requires it.
@@ -505,6 +578,24 @@ mod tests {
         let c = source("postgres://cdc@db/app?sslmode=allow", "");
         assert!(TlsSettings::of(&c).unwrap_err().message().contains("allow"));
         let c = source(
+            "postgres://cdc@db/app?sslmode=verify-full&sslmode=disable",
+            "",
+        );
+        assert!(TlsSettings::of(&c).unwrap_err().message().contains("twice"));
+        let c = source("postgres://cdc@db/app?sslmode=verify-ca", "");
+        assert!(TlsSettings::of(&c)
+            .unwrap_err()
+            .message()
+            .contains("needs source.tls.ca"));
+        let c = source(
+            "mysql://cdc@db/app?ssl-mode=REQUIRED&socket=%2Ftmp%2Fm.sock",
+            "",
+        );
+        assert!(TlsSettings::of(&c)
+            .unwrap_err()
+            .message()
+            .contains("Unix socket"));
+        let c = source(
             "postgres://cdc@db/app",
             "tls = { mode = \"verify-full\", cert = \"/c.pem\" }",
         );
@@ -522,10 +613,17 @@ mod tests {
             ("certificate verify failed (Hostname mismatch)", Problem::WrongHost),
             ("certificate verify failed (IP address mismatch)", Problem::WrongHost),
             ("certificate verify failed (certificate has expired)", Problem::Expired),
+            ("error:0A00045C:SSL routines::tlsv13 alert certificate required", Problem::ClientCertRefused),
+            ("error:0A000418:SSL routines::tlsv1 alert unknown ca", Problem::ClientCertRefused),
         ];
         for (text, want) in cases {
             assert_eq!(classify(text), Some(want), "{text}");
         }
         assert_eq!(classify("connection refused"), None);
+        // Words in host names are not TLS problems.
+        assert_eq!(
+            classify("kafka-tls-0:9093: Connection reset by peer during the handshake"),
+            None
+        );
     }
 }

@@ -16,7 +16,7 @@ use mysql_async::{Conn, DriverError, IoError, Opts, OptsBuilder};
 use crate::error::{Error, Result};
 use crate::source::config::{redact_url, SourceConfig, SourceKind, TlsMode};
 use crate::source::tls::{
-    handshake_error, no_tls_error, url_tls_keys, TlsSettings, NEEDS_TLS_REMEDY,
+    alert_error, handshake_error, no_tls_error, url_tls_keys, TlsSettings, NEEDS_TLS_REMEDY,
 };
 
 pub(super) const ER_ACCESS_DENIED: u16 = 1045;
@@ -163,9 +163,15 @@ pub(super) fn map_err(e: mysql_async::Error, config: &SourceConfig) -> Error {
         mysql_async::Error::Server(se) => {
             Error::source(format!("{server}: server error {}: {}", se.code, se.message))
         }
-        other => Error::source(format!("{server}: {other}"))
-            .remedy("outboxd retries; check that the server is up and reachable")
-            .transient(),
+        other => {
+            let text = other.to_string();
+            // TLS 1.3 reports a refused client certificate on the first read, after the handshake.
+            alert_error(&server, &text).unwrap_or_else(|| {
+                Error::source(format!("{server}: {text}"))
+                    .remedy("outboxd retries; check that the server is up and reachable")
+                    .transient()
+            })
+        }
     }
 }
 

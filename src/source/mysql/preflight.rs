@@ -323,28 +323,36 @@ async fn tls_item(conn: &mut Conn, config: &SourceConfig) -> Item {
         }
     };
     let host = conn.opts().ip_or_hostname().to_string();
+    // Our side: TLS options stay on the connection unless `prefer` fell back to plain text.
+    let encrypted = conn.opts().ssl_opts().is_some();
     let version: Option<(String, String)> = conn
         .query_first("SHOW SESSION STATUS LIKE 'Ssl_version'")
         .await
         .ok()
         .flatten();
-    match version.map(|(_, v)| v).filter(|v| !v.is_empty()) {
-        Some(version) => Item::pass(
+    let version = version
+        .map(|(_, v)| v)
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "(version not reported)".into());
+    if encrypted {
+        Item::pass(
             SUBJECT,
             format!(
                 "TLS {version} on every connection to {host} ({})",
                 settings.describe(&host)
             ),
-        ),
-        None if settings.mode == TlsMode::Disable => Item::warn(
+        )
+    } else if settings.mode == TlsMode::Disable {
+        Item::warn(
             SUBJECT,
             format!("connections to {host} are plain text (source.tls is off)"),
             "outside a trusted network set source.tls = { mode = \"verify-full\", ca = \"/path/ca.pem\" } (README \"TLS\")",
-        ),
-        None => Item::warn(
+        )
+    } else {
+        Item::warn(
             SUBJECT,
             format!("the server at {host} does not offer TLS; connections are plain text (source.tls mode prefer)"),
             "enable TLS on the server (ssl_cert, ssl_key) and set source.tls.mode = \"verify-full\"",
-        ),
+        )
     }
 }

@@ -10,7 +10,7 @@ use super::lsn::parse_lsn;
 use super::socket::{self, Protection};
 use crate::error::{Error, Result};
 use crate::source::config::{redact_url, SourceConfig, SourceKind};
-use crate::source::tls::{url_tls_keys, ClientTls, TlsSettings, NEEDS_TLS_REMEDY};
+use crate::source::tls::{alert_error, url_tls_keys, ClientTls, TlsSettings, NEEDS_TLS_REMEDY};
 
 /// Where and as whom to connect, from `source.url` and the password settings.
 #[derive(Clone)]
@@ -125,6 +125,8 @@ pub fn via_root_sql(name: &str) -> String {
 pub struct Control {
     client: Client,
     shown: String,
+    /// Whether this connection is encrypted (outboxd's side of it, not the server's view).
+    pub protection: Protection,
 }
 
 /// SQLSTATEs a reconnect can cure: connection exceptions (08), insufficient resources such as too
@@ -138,7 +140,17 @@ pub fn transient_sqlstate(code: &str) -> bool {
 fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
-        None => e.to_string(),
+        None => {
+            // tokio-postgres prints only its own layer ("error communicating with the server").
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                text.push_str(": ");
+                text.push_str(&c.to_string());
+                cause = c.source();
+            }
+            text
+        }
     }
 }
 
@@ -158,6 +170,9 @@ pub fn quote_table(table: &str) -> String {
 pub fn login_error(info: &ConnInfo, protection: Protection, e: &tokio_postgres::Error) -> Error {
     let error = Error::source(format!("cannot connect to {}: {}", info.shown, describe(e)));
     match e.code() {
+        Some(code) if transient_sqlstate(code.code()) => error
+            .remedy("outboxd retries; the server is starting, shutting down or short of connections")
+            .transient(),
         Some(_) if refuses_plain_text(&describe(e)) && protection == Protection::Plain => {
             error.remedy(NEEDS_TLS_REMEDY)
         }
@@ -165,9 +180,12 @@ pub fn login_error(info: &ConnInfo, protection: Protection, e: &tokio_postgres::
             "the server wants a client certificate it accepts: set source.tls.cert and source.tls.key (its CN must be the user name under clientcert=verify-full)",
         ),
         Some(_) => error.remedy("check the user, password and database in source.url, and pg_hba.conf"),
-        None => error
-            .remedy("outboxd retries; check that the server is up")
-            .transient(),
+        // TLS 1.3 reports a refused client certificate on the first read, after the handshake.
+        None => alert_error(&info.shown, &describe(e)).unwrap_or_else(|| {
+            error
+                .remedy("outboxd retries; check that the server is up")
+                .transient()
+        }),
     }
 }
 
@@ -210,6 +228,7 @@ impl Control {
         Ok(Control {
             client,
             shown: info.shown.clone(),
+            protection,
         })
     }
 

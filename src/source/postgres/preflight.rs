@@ -2,6 +2,7 @@
 
 use super::control::{quote_table, refuses_plain_text, ConnInfo, Control};
 use super::lsn::{lsn_to_string, parse_lsn};
+use super::socket::Protection;
 use super::stream::Connection;
 use crate::preflight::{routed_columns_item, Item};
 use crate::source::config::{PostgresOptions, SourceConfig, TlsMode};
@@ -246,7 +247,14 @@ async fn tls_item(control: &Control, info: &ConnInfo) -> Item {
         .tls
         .as_ref()
         .map_or(TlsMode::Disable, |t| t.settings.mode);
-    match Connection::open(info).await {
+    let probe = tokio::time::timeout(std::time::Duration::from_secs(15), Connection::open(info));
+    match probe.await.unwrap_or_else(|_| {
+        Err(crate::error::Error::source(format!(
+            "{}: the login did not finish within 15 s",
+            info.shown
+        ))
+        .transient())
+    }) {
         Ok(conn) => conn.close().await,
         Err(e) if e.is_transient() => {
             return Item::unreachable(
@@ -269,28 +277,29 @@ async fn tls_item(control: &Control, info: &ConnInfo) -> Item {
             )
         }
     }
-    match control.tls_in_use().await {
-        Ok(Some((version, cipher))) => {
-            let settings = &info.tls.as_ref().expect("TLS in use").settings;
+    let settings = info.tls.as_ref().map(|t| &t.settings);
+    match (control.protection, control.tls_in_use().await) {
+        (Protection::Tls, Ok(server_view)) => {
+            let (version, cipher) = server_view.unwrap_or_else(|| ("TLS".into(), "a proxy ends it".into()));
             Item::pass(
                 SUBJECT,
                 format!(
                     "TLS {version} ({cipher}) on the control and replication connections to {} ({})",
                     info.host,
-                    settings.describe(&info.host)
+                    settings.map(|s| s.describe(&info.host)).unwrap_or_default()
                 ),
             )
         }
-        Ok(None) if mode == TlsMode::Disable => Item::warn(
+        (Protection::Plain, Ok(_)) if mode == TlsMode::Disable => Item::warn(
             SUBJECT,
             format!("connections to {} are plain text (source.tls is off)", info.host),
             "outside a trusted network set source.tls = { mode = \"verify-full\", ca = \"/path/ca.pem\" } (README \"TLS\")",
         ),
-        Ok(None) => Item::warn(
+        (Protection::Plain, Ok(_)) => Item::warn(
             SUBJECT,
             format!("the server at {} does not offer TLS; connections are plain text (source.tls mode prefer)", info.host),
             "enable TLS on the server (ssl = on) and set source.tls.mode = \"verify-full\"",
         ),
-        Err(e) => Item::unreachable(SUBJECT, e.message().to_string(), "check the server"),
+        (_, Err(e)) => Item::unreachable(SUBJECT, e.message().to_string(), "check the server"),
     }
 }

@@ -30,7 +30,7 @@ pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Stream for T {}
 pub type Socket = Box<dyn Stream>;
 
-/// How the connection is protected, for `check`.
+/// How the connection is protected (outboxd's side; a proxy may differ from what the server sees).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protection {
     Plain,
@@ -56,6 +56,12 @@ pub async fn connect(info: &ConnInfo) -> Result<(Socket, Protection)> {
         Err(_) => return Err(unreachable(info, "no answer within 10 s".into())),
     };
     let _ = tcp.set_nodelay(true);
+    // A dead peer is noticed by the kernel too (tokio-postgres did this itself before it was handed
+    // an open socket).
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(10))
+        .with_interval(Duration::from_secs(5));
+    let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive);
     let Some(tls) = &info.tls else {
         return Ok((Box::new(tcp), Protection::Plain));
     };
@@ -78,9 +84,23 @@ pub async fn connect(info: &ConnInfo) -> Result<(Socket, Protection)> {
     match answer {
         b'S' => {}
         b'N' if tls.settings.mode == TlsMode::Prefer => {
-            return Ok((Box::new(tcp), Protection::Plain))
+            tracing::warn!(
+                server = %info.shown,
+                "the server does not offer TLS; connecting in plain text (source.tls mode prefer)"
+            );
+            return Ok((Box::new(tcp), Protection::Plain));
         }
         b'N' => return Err(no_tls_error(&info.shown, &tls.settings)),
+        // The server could not start a session for us (out of processes, say). What follows is an
+        // unencrypted message nobody vouches for: not read, not shown.
+        b'E' => {
+            return Err(Error::source(format!(
+                "{}: the server refused the TLS request before any session started",
+                info.shown
+            ))
+            .remedy("outboxd retries; the server may be short of connections or processes")
+            .transient())
+        }
         other => {
             return Err(Error::source(format!(
                 "{}: unexpected answer {other:#04x} to the TLS request",

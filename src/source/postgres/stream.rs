@@ -85,8 +85,12 @@ impl Drop for ReplicationStream {
     }
 }
 
-/// The server closed or broke the connection.
+/// The server closed or broke the connection (or, right after the handshake, refused our client
+/// certificate with a TLS alert: definite).
 fn io_error(shown: &str, e: std::io::Error) -> Error {
+    if let Some(refused) = crate::source::tls::alert_error(shown, &e.to_string()) {
+        return refused;
+    }
     Error::source(format!("{shown}: the replication connection failed: {e}"))
         .remedy("outboxd reconnects by itself")
         .transient()
