@@ -572,6 +572,13 @@ fn kafka_reached_only_through_tls_works_with_the_right_ca_and_fails_clearly_with
     let mut outboxd = Outboxd::new("tls-kafka", &kafka(&c.ca.pem));
     let (ok, text) = output(&outboxd, &["check"]);
     assert!(ok, "{text}");
+    assert!(
+        text.contains(&format!(
+            "PASS  kafka: TLS (ssl) to the brokers: certificates verified against {}, broker names verified",
+            c.ca.pem.display()
+        )),
+        "{text}"
+    );
     outboxd.start();
     insert_rows(&db, 0, 20, 2);
     // Rows 0..20: every third is a customer event (rig::scenario::event).

@@ -486,6 +486,7 @@ pub async fn preflight(config: &KafkaConfig) -> Vec<Item> {
                 "kafka",
                 format!("{} reachable ({brokers} broker(s))", config.brokers),
             ));
+            items.push(tls_item(config));
             if let Some(dlq) = &config.dead_letter_topic {
                 if topics.iter().any(|t| t == dlq) {
                     items.push(Item::pass(
@@ -522,6 +523,47 @@ pub async fn preflight(config: &KafkaConfig) -> Vec<Item> {
         }
     }
     items
+}
+
+/// The TLS line for the brokers: what the handshake that just succeeded verified.
+fn tls_item(config: &KafkaConfig) -> Item {
+    let get = |key: &str| config.properties.get(key).map(|v| v.to_ascii_lowercase());
+    let protocol = get("security.protocol").unwrap_or_else(|| "plaintext".into());
+    if !protocol.ends_with("ssl") {
+        return Item::pass(
+            "kafka",
+            format!("security.protocol = {protocol}: no TLS to the brokers"),
+        );
+    }
+    if get("enable.ssl.certificate.verification").as_deref() == Some("false") {
+        return Item::warn(
+            "kafka",
+            format!(
+                "security.protocol = {protocol}, but the brokers' certificates are not verified"
+            ),
+            "remove enable.ssl.certificate.verification = false and set ssl.ca.location",
+        );
+    }
+    let against = match config.properties.get("ssl.ca.location") {
+        Some(ca) => format!("against {ca}"),
+        None => "against the system's trusted roots".into(),
+    };
+    let names = if get("ssl.endpoint.identification.algorithm").as_deref() == Some("none") {
+        "broker names not checked"
+    } else {
+        "broker names verified"
+    };
+    let client = if config.properties.contains_key("ssl.certificate.location") {
+        ", client certificate sent"
+    } else {
+        ""
+    };
+    Item::pass(
+        "kafka",
+        format!(
+            "TLS ({protocol}) to the brokers: certificates verified {against}, {names}{client}"
+        ),
+    )
 }
 
 /// Whether librdkafka's explanation is a TLS failure (a definite one: a certificate, a CA, a
