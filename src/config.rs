@@ -190,12 +190,8 @@ impl Config {
             );
         }
         self.source.validate()?;
-        if !self.route.topic.contains("${routedByValue}") && self.route.topic.contains("${") {
-            return bad(
-                "route.topic",
-                format!("{:?} has an unknown placeholder", self.route.topic),
-                "the only placeholder is ${routedByValue}",
-            );
+        if let Err((key, why, fix)) = self.route.validate() {
+            return bad(&key, why, &fix);
         }
         for (key, value) in [
             ("route.by", &self.route.by),

@@ -4,11 +4,13 @@
 mod rig;
 
 mod binlog_files;
+mod debezium;
 mod deploy_files;
 mod failpoints;
 mod faults;
 mod mysql_pipeline;
 mod operate;
+mod partitioning;
 mod postgres_pipeline;
 mod replicas;
 mod tls;

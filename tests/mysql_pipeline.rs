@@ -34,6 +34,7 @@ fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_in_order() {
     assert_eq!(duplicates, 0, "a clean run delivers exactly once");
     assert_eq!(records.len(), 1000);
     check_per_key_order(&records);
+    rig::kafka::check_java_partitions(&records, 3);
     // BINARY(16) ids are rendered as canonical UUID text.
     let r = records.iter().find(|r| n_of(r) == 0x3e7).unwrap();
     assert_eq!(

@@ -125,6 +125,7 @@ fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_with_jsonb_as_json_
     assert_eq!(duplicates, 0);
     assert_eq!(records.len(), 1000);
     check_per_key_order(&records);
+    rig::kafka::check_java_partitions(&records, 3);
     env.outboxd.stop();
 }
 

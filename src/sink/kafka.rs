@@ -32,6 +32,9 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 /// librdkafka's default `message.timeout.ms`.
 const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The Java client's partitioner (records without a key go to a random partition).
+pub const DEFAULT_PARTITIONER: &str = "murmur2_random";
+
 /// librdkafka's default `message.max.bytes`.
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
@@ -216,6 +219,12 @@ impl KafkaSink {
         // broken). `message.timeout.ms` is enforced by the pipeline instead, for the whole session
         // (see `KafkaSink::delivery_timeout`), and a session that ends purges and closes its
         // producer before the next one sends anything.
+        // Keyed records go where Kafka's Java client would put them (murmur2 of the key, positive,
+        // modulo the partition count), so a cutover from Debezium or any Java producer keeps each
+        // key on its partition. librdkafka's own default hashes with CRC32.
+        if !config.properties.contains_key("partitioner") {
+            client.set("partitioner", DEFAULT_PARTITIONER);
+        }
         client
             .set("message.timeout.ms", "0")
             .set("bootstrap.servers", &config.brokers)
@@ -317,6 +326,12 @@ impl KafkaSink {
         });
         let mut base: BaseRecord<'_, [u8], [u8], Box<InFlight>> =
             BaseRecord::with_opaque_to(&record.topic, in_flight).headers(headers);
+        if let Some(ts) = record.timestamp {
+            base = base.timestamp(ts);
+        }
+        if let Some(partition) = record.partition {
+            base = base.partition(partition);
+        }
         if let Some(key) = &record.key {
             base = base.key(key.as_slice());
         }
@@ -535,7 +550,10 @@ fn tls_item(config: &KafkaConfig) -> Item {
             format!("security.protocol = {protocol}: no TLS to the brokers"),
         );
     }
-    if get("enable.ssl.certificate.verification").as_deref() == Some("false") {
+    if matches!(
+        get("enable.ssl.certificate.verification").as_deref(),
+        Some("false" | "f" | "0")
+    ) {
         return Item::warn(
             "kafka",
             format!(
@@ -545,15 +563,23 @@ fn tls_item(config: &KafkaConfig) -> Item {
         );
     }
     let against = match config.properties.get("ssl.ca.location") {
-        Some(ca) => format!("against {ca}"),
-        None => "against the system's trusted roots".into(),
+        Some(ca) if ca != "probe" => format!("against {ca}"),
+        _ if config.properties.contains_key("ssl.ca.pem") => "against ssl.ca.pem".into(),
+        _ => "against the system's trusted roots".into(),
     };
     let names = if get("ssl.endpoint.identification.algorithm").as_deref() == Some("none") {
         "broker names not checked"
     } else {
         "broker names verified"
     };
-    let client = if config.properties.contains_key("ssl.certificate.location") {
+    let client = if [
+        "ssl.certificate.location",
+        "ssl.certificate.pem",
+        "ssl.keystore.location",
+    ]
+    .iter()
+    .any(|k| config.properties.contains_key(*k))
+    {
         ", client certificate sent"
     } else {
         ""
@@ -569,15 +595,12 @@ fn tls_item(config: &KafkaConfig) -> Item {
 /// Whether librdkafka's explanation is a TLS failure (a definite one: a certificate, a CA, a
 /// listener that does not speak TLS), not a broker that is down.
 fn tls_failure(detail: &str) -> bool {
-    [
-        "SSL handshake failed",
-        "certificate verify failed",
-        "SSL routines",
-        "connecting to a SSL listener",
-        "connecting to a PLAINTEXT broker listener",
-    ]
-    .iter()
-    .any(|needle| detail.contains(needle))
+    // librdkafka words a disconnect during the handshake as "SSL handshake failed: Disconnected …
+    // (connecting to a PLAINTEXT broker listener?)": a broker that is down, most likely.
+    ["certificate verify failed", "SSL routines", " alert "]
+        .iter()
+        .any(|needle| detail.contains(needle))
+        && !detail.contains("unexpected eof")
 }
 
 /// What librdkafka reported while a preflight waited (it explains a metadata timeout: a TLS

@@ -35,6 +35,10 @@ pub struct Row {
     pub values: Vec<Value>,
     /// Where the row's transaction starts in the log (`FILE:POS`, or `gtid:…`), for audits.
     pub origin: Arc<str>,
+    /// When its transaction committed, in milliseconds since the Unix epoch, as the log says
+    /// (Postgres: the commit time; MySQL 8: the GTID event's commit time; MariaDB and older MySQL:
+    /// the transaction's first event, whole seconds). The record timestamp by default.
+    pub committed_ms: Option<i64>,
 }
 
 impl Row {

@@ -15,7 +15,7 @@
 //! - `prefer`: TLS when the server offers it, plain text otherwise; the certificate is not checked.
 //! - `require`: TLS or nothing; the certificate is not checked unless `ca` is given (then the chain
 //!   is, as libpq does with `sslrootcert`).
-//! - `verify-ca`: TLS, the chain checked against `ca` (or the system roots); any host name.
+//! - `verify-ca`: TLS, the chain checked against `ca` (required); any host name.
 //! - `verify-full`: `verify-ca` plus the host name in `source.url` must match the certificate.
 //!
 //! A certificate problem is a definite error (no retry loop): [`explain`] names which one it is
@@ -98,6 +98,7 @@ impl TlsSettings {
         };
         let first = config.urls().into_iter().next().unwrap_or_default();
         let Ok(url) = url::Url::parse(&first) else {
+            settings.check()?;
             return Ok(settings);
         };
         let keys = url_tls_keys(kind);
@@ -449,6 +450,9 @@ pub fn classify(text: &str) -> Option<Problem> {
         "certificate signature failure",
     ]) {
         Some(Problem::UnknownCa)
+    } else if any(&["unexpected eof", "connection reset", "broken pipe"]) {
+        // The peer went away mid-handshake (a restart, a proxy without a backend): the network's.
+        None
     } else if any(&[
         "ssl routines",
         "certificate verify failed",
@@ -620,6 +624,10 @@ mod tests {
             assert_eq!(classify(text), Some(want), "{text}");
         }
         assert_eq!(classify("connection refused"), None);
+        assert_eq!(
+            classify("error:0A000126:SSL routines::unexpected eof while reading"),
+            None
+        );
         // Words in host names are not TLS problems.
         assert_eq!(
             classify("kafka-tls-0:9093: Connection reset by peer during the handshake"),

@@ -17,6 +17,8 @@ pub struct Consumed {
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
     pub headers: BTreeMap<String, Option<Vec<u8>>>,
+    /// The record timestamp (ms since the Unix epoch), if it has one.
+    pub timestamp: Option<i64>,
 }
 
 impl Consumed {
@@ -132,6 +134,7 @@ pub fn consume_using(
                     key: m.key().map(|k| k.to_vec()),
                     value: m.payload().map(|v| v.to_vec()),
                     headers,
+                    timestamp: m.timestamp().to_millis(),
                 });
             }
             Some(Err(e)) => panic!("consumer error: {e}"),
@@ -139,4 +142,55 @@ pub fn consume_using(
         }
     }
     out
+}
+
+/// Kafka's Java `Utils.murmur2` (the default partitioner's hash), written from its definition for
+/// the tests to judge partitions by; checked against the Java client's own test vectors.
+pub fn java_murmur2(data: &[u8]) -> i32 {
+    const M: u32 = 0x5bd1_e995;
+    let mut h: u32 = 0x9747_b28c ^ data.len() as u32;
+    let whole = data.len() / 4 * 4;
+    for chunk in data[..whole].chunks_exact(4) {
+        let mut k = u32::from_le_bytes(chunk.try_into().unwrap());
+        k = k.wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let tail = &data[whole..];
+    if tail.len() == 3 {
+        h ^= u32::from(tail[2]) << 16;
+    }
+    if tail.len() >= 2 {
+        h ^= u32::from(tail[1]) << 8;
+    }
+    if !tail.is_empty() {
+        h ^= u32::from(tail[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h as i32
+}
+
+/// The partition Kafka's Java producer picks for `key` among `partitions`.
+pub fn java_partition(key: &[u8], partitions: i32) -> i32 {
+    (java_murmur2(key) & 0x7fff_ffff) % partitions
+}
+
+/// Every keyed record sits on the partition the Java producer would have picked.
+pub fn check_java_partitions(records: &[Consumed], partitions: i32) {
+    for r in records {
+        if let Some(key) = &r.key {
+            assert_eq!(
+                r.partition,
+                java_partition(key, partitions),
+                "key {:?} of topic {} is not on its murmur2 partition",
+                String::from_utf8_lossy(key),
+                r.topic
+            );
+        }
+    }
 }

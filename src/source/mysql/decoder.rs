@@ -51,6 +51,8 @@ pub struct Decoder {
     pending_mysql_gtid: Option<(String, u64)>,
     in_txn: bool,
     txn_origin: Option<Arc<str>>,
+    /// The open transaction's time from its first event (ms since the Unix epoch).
+    txn_committed_ms: Option<i64>,
     txn_rows: u64,
     ignored: Ignored,
     /// A compressed transaction was announced; its events (log_pos 0) must follow.
@@ -96,6 +98,7 @@ impl Decoder {
             pending_gtid: None,
             in_txn: false,
             txn_origin: None,
+            txn_committed_ms: None,
             txn_rows: 0,
             ignored: Ignored::default(),
             payload_pending: false,
@@ -177,6 +180,7 @@ impl Decoder {
                 self.gtid.get_or_insert_with(MariaGtidState::default);
                 self.txn_origin =
                     Some(format!("gtid:{}-{}-{}", g.domain, header.server_id(), g.seq).into());
+                self.txn_committed_ms = Some(i64::from(header.timestamp()) * 1000);
                 self.in_txn = !g.standalone;
                 self.in_xa = g.prepared_xa;
             }
@@ -189,6 +193,13 @@ impl Decoder {
                         .unwrap_or_default();
                     self.txn_origin = Some(format!("gtid:{sid}{tag}:{}", g.gno()).into());
                     self.pending_mysql_gtid = Some((format!("{sid}{tag}"), g.gno()));
+                    // MySQL 8 writes the commit time (µs) into the GTID event.
+                    let commit_us = g.immediate_commit_timestamp();
+                    self.txn_committed_ms = Some(if commit_us > 0 {
+                        (commit_us / 1000) as i64
+                    } else {
+                        i64::from(header.timestamp()) * 1000
+                    });
                 }
             }
             // The GTIDs executed before this file: the base of the set we keep (files only; a live
@@ -406,6 +417,9 @@ impl Decoder {
             .txn_origin
             .get_or_insert_with(|| format!("{}:{event_start}", self.file).into())
             .clone();
+        let committed_ms = *self
+            .txn_committed_ms
+            .get_or_insert(i64::from(event.header().timestamp()) * 1000);
         let (present, data) = match &rows {
             RowsEventData::WriteRowsEvent(e) => (e.columns_after_image(), e.rows_data()),
             RowsEventData::WriteRowsEventV1(e) => (e.columns_after_image(), e.rows_data()),
@@ -421,6 +435,7 @@ impl Decoder {
                 names: columns.names.clone(),
                 values,
                 origin: origin.clone(),
+                committed_ms: Some(committed_ms),
             };
             if in_xa {
                 // Not committed yet: held until the XA decision (or this group's one-phase end).
@@ -476,6 +491,7 @@ impl Decoder {
         self.in_txn = false;
         self.txn_rows = 0;
         self.txn_origin = None;
+        self.txn_committed_ms = None;
         self.in_xa = false;
         // Rows of an XA group that closed without a prepare (never the case in a real log).
         self.xa_rows.clear();

@@ -145,8 +145,12 @@ fn describe(e: &tokio_postgres::Error) -> String {
             let mut text = e.to_string();
             let mut cause = std::error::Error::source(e);
             while let Some(c) = cause {
-                text.push_str(": ");
-                text.push_str(&c.to_string());
+                // io::Error passes its inner error's source on: skip a repeat.
+                let part = c.to_string();
+                if !text.contains(&part) {
+                    text.push_str(": ");
+                    text.push_str(&part);
+                }
                 cause = c.source();
             }
             text

@@ -54,6 +54,8 @@ pub struct Decoder {
     relations: HashMap<u32, Option<Table>>,
     in_txn: bool,
     txn_origin: Option<Arc<str>>,
+    /// The open transaction's commit time (its Begin carries it), ms since the Unix epoch.
+    txn_committed_ms: Option<i64>,
     txn_rows: u64,
     /// The last boundary handed out (never moves backwards).
     last: u64,
@@ -84,6 +86,7 @@ impl Decoder {
             relations: HashMap::new(),
             in_txn: false,
             txn_origin: None,
+            txn_committed_ms: None,
             txn_rows: 0,
             last: start_lsn,
             ignored: Ignored::default(),
@@ -125,10 +128,16 @@ impl Decoder {
             )
         })?;
         match message {
-            Message::Begin { final_lsn, .. } => {
+            Message::Begin {
+                final_lsn,
+                commit_time_us,
+                ..
+            } => {
                 self.in_txn = true;
                 self.txn_rows = 0;
                 self.txn_origin = Some(lsn_to_string(final_lsn).into());
+                self.txn_committed_ms =
+                    pgoutput::pg_time_to_unix_micros(commit_time_us).map(|us| us / 1000);
             }
             Message::Commit {
                 end_lsn,
@@ -252,6 +261,7 @@ impl Decoder {
                     names: table.names.clone(),
                     values,
                     origin: self.origin(),
+                    committed_ms: self.txn_committed_ms,
                 }));
             }
             Message::Update { relation_id, .. } => {
@@ -291,12 +301,19 @@ impl Decoder {
         if !self.prefixes.contains(prefix) {
             return;
         }
-        let origin: Arc<str> = if transactional {
-            self.origin()
+        let (origin, committed_ms): (Arc<str>, _) = if transactional {
+            (self.origin(), self.txn_committed_ms)
         } else {
-            lsn_to_string(lsn).into()
+            // Not part of a transaction: it happened when it was logged, which is about now.
+            let now = std::time::SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .ok()
+                .map(|d| d.as_millis() as i64);
+            (lsn_to_string(lsn).into(), now)
         };
-        out.push_back(Change::Row(envelope_row(prefix, lsn, content, origin)));
+        let mut row = envelope_row(prefix, lsn, content, origin);
+        row.committed_ms = committed_ms;
+        out.push_back(Change::Row(row));
         if transactional {
             self.txn_rows += 1;
         } else if !self.in_txn {
@@ -366,6 +383,7 @@ fn envelope_row(prefix: &str, lsn: u64, content: &[u8], origin: Arc<str>) -> Row
         names: names.into(),
         values,
         origin,
+        committed_ms: None,
     }
 }
 

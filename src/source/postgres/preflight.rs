@@ -280,11 +280,14 @@ async fn tls_item(control: &Control, info: &ConnInfo) -> Item {
     let settings = info.tls.as_ref().map(|t| &t.settings);
     match (control.protection, control.tls_in_use().await) {
         (Protection::Tls, Ok(server_view)) => {
-            let (version, cipher) = server_view.unwrap_or_else(|| ("TLS".into(), "a proxy ends it".into()));
+            let protocol = match server_view {
+                Some((version, cipher)) => format!("TLS {version} ({cipher})"),
+                None => "TLS on outboxd's side (the server reports none: a proxy ends it)".into(),
+            };
             Item::pass(
                 SUBJECT,
                 format!(
-                    "TLS {version} ({cipher}) on the control and replication connections to {} ({})",
+                    "{protocol} on the control and replication connections to {} ({})",
                     info.host,
                     settings.map(|s| s.describe(&info.host)).unwrap_or_default()
                 ),

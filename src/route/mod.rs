@@ -1,0 +1,831 @@
+//! The router: a pure function from an outbox row to a Kafka record. No I/O.
+//!
+//! Defaults follow Debezium's Outbox Event Router so a consumer written for Debezium reads outboxd's
+//! records unchanged: topic `outbox.event.${routedByValue}` from `aggregatetype`, key `aggregateid`,
+//! value `payload` as stored, header `id`. outboxd adds the header `outboxd.position` (where the row's
+//! transaction starts in the source log). A row that cannot become a valid record is [`Unroutable`]
+//! with a reason that labels the dead-letter metric.
+//!
+//! The Outbox Event Router's options have equivalents here (Debezium's names in README "Switching
+//! from Debezium"): a topic from a regular expression over the routing value, extra columns placed
+//! as headers, in an envelope around the payload or as the partition, the record timestamp from a
+//! column (default: the source transaction's commit time), tombstones for empty payloads, and W3C
+//! trace context ([`trace`]).
+
+mod timestamp;
+mod trace;
+
+use std::collections::BTreeMap;
+
+use regex::Regex;
+
+use crate::source::{Row, Value};
+
+/// How a row becomes a Kafka record. Defaults are those of Debezium's Outbox Event Router.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteConfig {
+    pub by: String,
+    /// The topic: a template (`${routedByValue}`), or with `topic_regex` the replacement (`$1`,
+    /// `${name}`).
+    pub topic: String,
+    /// A regular expression the whole routing value must match; its groups feed `topic`.
+    pub topic_regex: Option<String>,
+    pub key: String,
+    pub payload: String,
+    pub id: String,
+    pub headers: BTreeMap<String, String>,
+    /// Column holding the record timestamp; default the source transaction's commit time.
+    pub timestamp: Option<String>,
+    /// Extra columns placed in the record.
+    pub additional: Vec<Additional>,
+    /// What an `additional` column missing from a row does.
+    pub missing: Missing,
+    /// An empty payload (zero bytes) becomes a tombstone, as a NULL one does.
+    pub tombstone_on_empty_payload: bool,
+    /// Debezium's `tracing.span.context.field`: W3C trace context in Java properties text.
+    pub tracing_span_context: String,
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        RouteConfig {
+            by: "aggregatetype".into(),
+            topic: "outbox.event.${routedByValue}".into(),
+            topic_regex: None,
+            key: "aggregateid".into(),
+            payload: "payload".into(),
+            id: "id".into(),
+            headers: BTreeMap::new(),
+            timestamp: None,
+            additional: Vec::new(),
+            missing: Missing::Error,
+            tombstone_on_empty_payload: false,
+            tracing_span_context: "tracingspancontext".into(),
+        }
+    }
+}
+
+/// One extra column and where it goes (Debezium `table.fields.additional.placement`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Additional {
+    pub column: String,
+    pub placement: Placement,
+    /// The header or envelope field name; default the column's name.
+    #[serde(rename = "as", default)]
+    pub name: Option<String>,
+}
+
+impl Additional {
+    fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.column)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    Header,
+    /// A field of the value, which becomes `{"payload": …, "<as>": …}`.
+    Envelope,
+    /// The record's partition (a non-negative integer column).
+    Partition,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Missing {
+    /// The row is unroutable (dead-lettered or stopping outboxd).
+    Error,
+    /// The placement is skipped for that row.
+    Ignore,
+}
+
+impl RouteConfig {
+    /// The columns the route reads from every row (for preflight's table check).
+    pub fn columns(&self) -> Vec<String> {
+        let mut wanted = vec![
+            self.by.clone(),
+            self.key.clone(),
+            self.payload.clone(),
+            self.id.clone(),
+        ];
+        wanted.extend(self.headers.values().cloned());
+        wanted.extend(self.timestamp.clone());
+        if self.missing == Missing::Error {
+            wanted.extend(self.additional.iter().map(|a| a.column.clone()));
+        }
+        wanted
+    }
+
+    /// Checks what serde cannot; `Err((key, why, fix))`.
+    pub fn validate(&self) -> Result<(), (String, String, String)> {
+        let bad = |key: &str, why: String, fix: &str| Err((key.to_string(), why, fix.to_string()));
+        match &self.topic_regex {
+            None => {
+                if !self.topic.contains("${routedByValue}") && self.topic.contains("${") {
+                    return bad(
+                        "route.topic",
+                        format!("{:?} has an unknown placeholder", self.topic),
+                        "the only placeholder is ${routedByValue} (or set route.topic_regex and use its groups)",
+                    );
+                }
+            }
+            Some(pattern) => {
+                let regex = compile(pattern).map_err(|e| {
+                    (
+                        "route.topic_regex".to_string(),
+                        format!("{pattern:?} is not a regular expression: {e}"),
+                        "use Rust regex syntax (named groups are (?<name>…) or (?P<name>…))"
+                            .to_string(),
+                    )
+                })?;
+                for group in placeholders(&self.topic) {
+                    let known = group
+                        .parse::<usize>()
+                        .is_ok_and(|n| n < regex.captures_len())
+                        || regex.capture_names().flatten().any(|n| n == group);
+                    if !known {
+                        return bad(
+                            "route.topic",
+                            format!("{:?} refers to ${{{group}}}, which route.topic_regex does not capture", self.topic),
+                            "use the regex's group numbers ($1) or names (${name})",
+                        );
+                    }
+                }
+            }
+        }
+        let mut partitions = 0;
+        for a in &self.additional {
+            if a.column.is_empty() {
+                return bad(
+                    "route.additional",
+                    "an entry without a column".into(),
+                    "name a column of the outbox table",
+                );
+            }
+            match a.placement {
+                Placement::Header if a.name() == ID_HEADER || a.name().starts_with("outboxd.") => {
+                    return bad(
+                        "route.additional",
+                        format!("header {} is outboxd's own", a.name()),
+                        "pick another name with `as`",
+                    )
+                }
+                Placement::Envelope if a.name() == "payload" => {
+                    return bad(
+                        "route.additional",
+                        "envelope field `payload` holds the payload itself".into(),
+                        "pick another name with `as`",
+                    )
+                }
+                Placement::Partition => partitions += 1,
+                _ => {}
+            }
+        }
+        if partitions > 1 {
+            return bad(
+                "route.additional",
+                "more than one column is placed as the partition".into(),
+                "keep one",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The whole value must match, as Debezium's `route.topic.regex` does.
+fn compile(pattern: &str) -> Result<Regex, regex::Error> {
+    Regex::new(&format!("^(?:{pattern})$"))
+}
+
+/// The `$name` / `${name}` references of a replacement.
+fn placeholders(template: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = template;
+    while let Some(at) = rest.find('$') {
+        rest = &rest[at + 1..];
+        if let Some(inner) = rest.strip_prefix('{') {
+            if let Some(end) = inner.find('}') {
+                out.push(inner[..end].to_string());
+                rest = &inner[end + 1..];
+            }
+        } else {
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            if end > 0 {
+                out.push(rest[..end].to_string());
+            }
+            rest = &rest[end..];
+        }
+    }
+    out
+}
+
+/// A record ready to produce.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub topic: String,
+    pub key: Option<Vec<u8>>,
+    /// `None` is a tombstone (NULL payload).
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// Milliseconds since the Unix epoch; `None` leaves it to the producer.
+    pub timestamp: Option<i64>,
+    /// A fixed partition (an `additional` placement); `None` lets the partitioner choose.
+    pub partition: Option<i32>,
+}
+
+impl Record {
+    /// Approximate size on the wire, compared with the producer's `message.max.bytes`.
+    pub fn size(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len)
+            + self.value.as_ref().map_or(0, Vec::len)
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+                .sum::<usize>()
+    }
+}
+
+/// Why a row cannot be routed. `reason` is a stable label; `detail` names the column and value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unroutable {
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+/// Header carrying the source position of the row's transaction.
+pub const POSITION_HEADER: &str = "outboxd.position";
+/// Header carrying the outbox row id (Debezium's name).
+pub const ID_HEADER: &str = "id";
+
+pub struct Router {
+    config: RouteConfig,
+    topic_regex: Option<Regex>,
+    max_message_bytes: usize,
+}
+
+impl Router {
+    /// `max_message_bytes` is the producer's `message.max.bytes`; larger records are unroutable.
+    /// `config` passed [`RouteConfig::validate`] (Config::validate calls it).
+    pub fn new(config: RouteConfig, max_message_bytes: usize) -> Self {
+        let topic_regex = config
+            .topic_regex
+            .as_deref()
+            .map(|p| compile(p).expect("route.topic_regex was validated with the config"));
+        Router {
+            config,
+            topic_regex,
+            max_message_bytes,
+        }
+    }
+
+    pub fn route(&self, row: &Row) -> Result<Record, Unroutable> {
+        let c = &self.config;
+        let by = text(row, &c.by)?.ok_or_else(|| Unroutable {
+            reason: "null_routing_value",
+            detail: format!("column {} is NULL, so there is no topic for the row", c.by),
+        })?;
+        let topic = match &self.topic_regex {
+            None => c.topic.replace("${routedByValue}", &by),
+            Some(regex) => {
+                if !regex.is_match(&by) {
+                    return Err(Unroutable {
+                        reason: "topic_regex_mismatch",
+                        detail: format!(
+                            "column {} = {by:?} does not match route.topic_regex {:?}",
+                            c.by,
+                            c.topic_regex.as_deref().unwrap_or_default()
+                        ),
+                    });
+                }
+                regex.replace(&by, c.topic.as_str()).into_owned()
+            }
+        };
+        validate_topic_name(&topic).map_err(|why| Unroutable {
+            reason: "invalid_topic",
+            detail: format!("topic {topic:?} (from column {} = {by:?}): {why}", c.by),
+        })?;
+        let key = text(row, &c.key)?.map(String::into_bytes);
+        let payload = column(row, &c.payload)?;
+        if let Value::BadText { charset, .. } = payload {
+            return Err(Unroutable {
+                reason: "invalid_text",
+                detail: format!("column {} is not valid {charset}", c.payload),
+            });
+        }
+        let mut value = payload.to_bytes();
+        if c.tombstone_on_empty_payload && value.as_ref().is_some_and(Vec::is_empty) {
+            value = None;
+        }
+        let id = text(row, &c.id)?.ok_or_else(|| Unroutable {
+            reason: "null_id",
+            detail: format!("column {} (the event id) is NULL", c.id),
+        })?;
+        let mut headers = Vec::with_capacity(3 + c.headers.len() + c.additional.len());
+        headers.push((ID_HEADER.to_string(), Some(id.into_bytes())));
+        for (header, col) in &c.headers {
+            headers.push((header.clone(), text(row, col)?.map(String::into_bytes)));
+        }
+        let mut envelope: Option<serde_json::Map<String, serde_json::Value>> = None;
+        let mut partition = None;
+        for extra in &c.additional {
+            let Some(v) = row.get(&extra.column) else {
+                if c.missing == Missing::Ignore {
+                    continue;
+                }
+                return Err(Unroutable {
+                    reason: "missing_column",
+                    detail: format!(
+                        "table {} has no column {} (route.additional; set route.missing = \"ignore\" to skip it)",
+                        row.table, extra.column
+                    ),
+                });
+            };
+            match extra.placement {
+                Placement::Header => headers.push((
+                    extra.name().to_string(),
+                    text(row, &extra.column)?.map(String::into_bytes),
+                )),
+                Placement::Envelope => {
+                    envelope
+                        .get_or_insert_with(serde_json::Map::new)
+                        .insert(extra.name().to_string(), json_of(v));
+                }
+                Placement::Partition => {
+                    partition = Some(partition_of(v).map_err(|why| Unroutable {
+                        reason: "invalid_partition",
+                        detail: format!("column {}: {why}", extra.column),
+                    })?)
+                }
+            }
+        }
+        if let Some(mut fields) = envelope {
+            let inner = match payload {
+                Value::Null => serde_json::Value::Null,
+                p => json_of(p),
+            };
+            fields.insert("payload".into(), inner);
+            value = Some(serde_json::Value::Object(fields).to_string().into_bytes());
+        }
+        let (traceparent, tracestate) = trace::context(row, &c.tracing_span_context);
+        for (name, value) in [
+            (trace::TRACEPARENT, traceparent),
+            (trace::TRACESTATE, tracestate),
+        ] {
+            if let Some(value) = value {
+                if !headers.iter().any(|(h, _)| h == name) {
+                    headers.push((name.to_string(), Some(value.into_bytes())));
+                }
+            }
+        }
+        headers.push((
+            POSITION_HEADER.to_string(),
+            Some(row.origin.as_bytes().to_vec()),
+        ));
+        let timestamp = match &c.timestamp {
+            Some(col) => timestamp::millis(column(row, col)?).map_err(|why| Unroutable {
+                reason: "invalid_timestamp",
+                detail: format!("column {col}: {why}"),
+            })?,
+            None => row.committed_ms,
+        };
+        let record = Record {
+            topic,
+            key,
+            value,
+            headers,
+            timestamp,
+            partition,
+        };
+        if record.size() > self.max_message_bytes {
+            return Err(Unroutable {
+                reason: "too_large",
+                detail: format!(
+                    "record of {} bytes exceeds the producer's message.max.bytes ({})",
+                    record.size(),
+                    self.max_message_bytes
+                ),
+            });
+        }
+        Ok(record)
+    }
+}
+
+impl Router {
+    /// The dead-letter record for `row`: the row as JSON, with `outboxd.error`, `outboxd.position` and
+    /// `outboxd.table` headers. It must fit where the row did not: values too big for the producer's
+    /// limit are replaced by their size, so a record too large for Kafka cannot loop forever.
+    pub fn dead_letter(&self, row: &Row, why: &Unroutable, topic: &str) -> Record {
+        let budget = self.max_message_bytes / 2;
+        let mut body: serde_json::Map<String, serde_json::Value> = row
+            .names
+            .iter()
+            .zip(&row.values)
+            .map(|(n, v)| (n.to_string(), v.to_json()))
+            .collect();
+        if serde_json::to_vec(&body).map_or(0, |b| b.len()) > budget {
+            for value in body.values_mut() {
+                if let serde_json::Value::String(s) = value {
+                    if s.len() > 1024 {
+                        *value = serde_json::json!({ "omitted_bytes": s.len() });
+                    }
+                }
+            }
+        }
+        let mut error = format!("{}: {}", why.reason, why.detail);
+        if error.len() > 2048 {
+            let cut = (0..=2048)
+                .rev()
+                .find(|i| error.is_char_boundary(*i))
+                .unwrap_or(0);
+            error.truncate(cut);
+        }
+        Record {
+            topic: topic.to_string(),
+            key: None,
+            value: Some(serde_json::Value::Object(body).to_string().into_bytes()),
+            headers: vec![
+                ("outboxd.error".into(), Some(error.into_bytes())),
+                (
+                    "outboxd.position".into(),
+                    Some(row.origin.as_bytes().to_vec()),
+                ),
+                ("outboxd.table".into(), Some(row.table.as_bytes().to_vec())),
+            ],
+            timestamp: row.committed_ms,
+            partition: None,
+        }
+    }
+}
+
+/// A column as a JSON value inside an envelope: JSON columns stay JSON, the rest as `to_json`.
+fn json_of(v: &Value) -> serde_json::Value {
+    match v {
+        Value::Json(text) => serde_json::from_str(text).unwrap_or_else(|_| text.clone().into()),
+        other => other.to_json(),
+    }
+}
+
+fn partition_of(v: &Value) -> Result<i32, String> {
+    let n = match v {
+        Value::Int(n) => *n,
+        Value::UInt(n) => i64::try_from(*n).unwrap_or(i64::MAX),
+        Value::Text(s) | Value::Decimal(s) => s
+            .trim()
+            .parse::<i64>()
+            .map_err(|_| format!("{s:?} is not a partition number"))?,
+        Value::Null => return Err("NULL is not a partition number".into()),
+        other => {
+            return Err(format!(
+                "{} is not a partition number",
+                other.render().unwrap_or_default()
+            ))
+        }
+    };
+    i32::try_from(n)
+        .ok()
+        .filter(|p| *p >= 0)
+        .ok_or_else(|| format!("{n} is not a partition number"))
+}
+
+fn column<'r>(row: &'r Row, name: &str) -> Result<&'r Value, Unroutable> {
+    row.get(name).ok_or_else(|| Unroutable {
+        reason: "missing_column",
+        detail: format!("table {} has no column {name}", row.table),
+    })
+}
+
+/// The column rendered as text; `None` for NULL.
+fn text(row: &Row, name: &str) -> Result<Option<String>, Unroutable> {
+    match column(row, name)? {
+        Value::Null => Ok(None),
+        Value::BadText { charset, .. } => Err(Unroutable {
+            reason: "invalid_text",
+            detail: format!("column {name} is not valid {charset}"),
+        }),
+        v => Ok(v.render()),
+    }
+}
+
+/// Kafka's rules: 1..=249 characters from `[a-zA-Z0-9._-]`, not `.` or `..`.
+pub fn validate_topic_name(topic: &str) -> Result<(), String> {
+    if topic.is_empty() {
+        return Err("empty topic name".into());
+    }
+    if topic.len() > 249 {
+        return Err(format!("{} characters, more than Kafka's 249", topic.len()));
+    }
+    if topic == "." || topic == ".." {
+        return Err("'.' and '..' are not topic names".into());
+    }
+    if let Some(bad) = topic
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "character {bad:?} is not allowed (only a-z, A-Z, 0-9, '.', '_', '-')"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    fn row(cols: &[(&str, Value)]) -> Row {
+        Row {
+            table: "app.outbox".into(),
+            names: cols
+                .iter()
+                .map(|(n, _)| Arc::from(*n))
+                .collect::<Vec<_>>()
+                .into(),
+            values: cols.iter().map(|(_, v)| v.clone()).collect(),
+            origin: "gtid:0-1-7".into(),
+            committed_ms: Some(1_700_000_000_000),
+        }
+    }
+
+    fn debezium_row() -> Vec<(&'static str, Value)> {
+        vec![
+            ("id", Value::Binary((0u8..16).collect())),
+            ("aggregatetype", Value::Text("order".into())),
+            ("aggregateid", Value::Text("o-1".into())),
+            ("type", Value::Text("OrderCreated".into())),
+            ("payload", Value::Json(r#"{"a":1}"#.into())),
+        ]
+    }
+
+    #[test]
+    fn debezium_defaults() {
+        let router = Router::new(RouteConfig::default(), 1_000_000);
+        let r = router.route(&row(&debezium_row())).unwrap();
+        assert_eq!(r.topic, "outbox.event.order");
+        assert_eq!(r.key.as_deref(), Some(&b"o-1"[..]));
+        assert_eq!(r.value.as_deref(), Some(&br#"{"a":1}"#[..]));
+        assert_eq!(
+            r.headers,
+            vec![
+                (
+                    "id".to_string(),
+                    Some(b"00010203-0405-0607-0809-0a0b0c0d0e0f".to_vec())
+                ),
+                ("outboxd.position".to_string(), Some(b"gtid:0-1-7".to_vec())),
+            ]
+        );
+    }
+
+    #[test]
+    fn custom_route_with_extra_headers_and_tombstone() {
+        let config = RouteConfig {
+            by: "type".into(),
+            topic: "events-${routedByValue}".into(),
+            headers: BTreeMap::from([("eventType".to_string(), "type".to_string())]),
+            ..RouteConfig::default()
+        };
+        let mut cols = debezium_row();
+        cols[4].1 = Value::Null;
+        cols[2].1 = Value::Null;
+        let r = Router::new(config, 1_000_000).route(&row(&cols)).unwrap();
+        assert_eq!(r.topic, "events-OrderCreated");
+        assert_eq!(r.key, None);
+        assert_eq!(r.value, None);
+        assert!(r
+            .headers
+            .contains(&("eventType".to_string(), Some(b"OrderCreated".to_vec()))));
+    }
+
+    #[test]
+    fn unroutable_reasons() {
+        let router = Router::new(RouteConfig::default(), 100);
+        let reason = |cols: Vec<(&str, Value)>| router.route(&row(&cols)).unwrap_err().reason;
+        let mut c = debezium_row();
+        c.remove(1);
+        assert_eq!(reason(c), "missing_column");
+        let mut c = debezium_row();
+        c[1].1 = Value::Null;
+        assert_eq!(reason(c), "null_routing_value");
+        let mut c = debezium_row();
+        c[1].1 = Value::Text("a b".into());
+        assert_eq!(reason(c), "invalid_topic");
+        let mut c = debezium_row();
+        c[4].1 = Value::BadText {
+            bytes: vec![0xff],
+            charset: "utf8mb4".into(),
+        };
+        assert_eq!(reason(c), "invalid_text");
+        let mut c = debezium_row();
+        c[4].1 = Value::Text("x".repeat(200));
+        assert_eq!(reason(c), "too_large");
+        let mut c = debezium_row();
+        c[0].1 = Value::Null;
+        assert_eq!(reason(c), "null_id");
+    }
+
+    #[test]
+    fn a_dead_letter_for_a_too_large_row_fits_the_limit() {
+        let router = Router::new(RouteConfig::default(), 10_000);
+        let mut cols = debezium_row();
+        cols[4].1 = Value::Text("x".repeat(50_000));
+        let row = row(&cols);
+        let why = router.route(&row).unwrap_err();
+        assert_eq!(why.reason, "too_large");
+        let dead = router.dead_letter(&row, &why, "dlq");
+        assert!(dead.size() < 10_000, "{}", dead.size());
+        let body: serde_json::Value = serde_json::from_slice(dead.value.as_ref().unwrap()).unwrap();
+        assert_eq!(body["payload"]["omitted_bytes"], 50_000);
+        assert_eq!(body["aggregatetype"], "order");
+    }
+
+    fn with(extra: &[(&'static str, Value)]) -> Row {
+        let mut cols = debezium_row();
+        cols.extend(extra.iter().cloned());
+        row(&cols)
+    }
+
+    fn header<'r>(r: &'r Record, name: &str) -> Option<&'r [u8]> {
+        r.headers
+            .iter()
+            .find(|(h, _)| h == name)
+            .and_then(|(_, v)| v.as_deref())
+    }
+
+    #[test]
+    fn a_topic_from_a_regular_expression_over_the_routing_value() {
+        let config = RouteConfig {
+            by: "type".into(),
+            topic_regex: Some(r"Order(Created|Paid)".into()),
+            topic: "orders.$1".into(),
+            ..RouteConfig::default()
+        };
+        config.validate().unwrap();
+        let router = Router::new(config, 1_000_000);
+        assert_eq!(
+            router.route(&row(&debezium_row())).unwrap().topic,
+            "orders.Created"
+        );
+        let mut cols = debezium_row();
+        cols[3].1 = Value::Text("CustomerCreated".into());
+        let why = router.route(&row(&cols)).unwrap_err();
+        assert_eq!(why.reason, "topic_regex_mismatch");
+        // Named groups, as Debezium writes them; the whole value must match.
+        let named = RouteConfig {
+            topic_regex: Some(r"(?<routedByValue>ord[a-z]+)".into()),
+            topic: "t.${routedByValue}".into(),
+            ..RouteConfig::default()
+        };
+        named.validate().unwrap();
+        assert_eq!(
+            Router::new(named, 1_000_000)
+                .route(&row(&debezium_row()))
+                .unwrap()
+                .topic,
+            "t.order"
+        );
+        let unknown = RouteConfig {
+            topic_regex: Some("(a)".into()),
+            topic: "t.$2".into(),
+            ..RouteConfig::default()
+        };
+        assert_eq!(unknown.validate().unwrap_err().0, "route.topic");
+        let broken = RouteConfig {
+            topic_regex: Some("(".into()),
+            ..RouteConfig::default()
+        };
+        assert_eq!(broken.validate().unwrap_err().0, "route.topic_regex");
+    }
+
+    #[test]
+    fn additional_columns_go_to_headers_the_envelope_or_the_partition() {
+        let config: RouteConfig = toml::from_str(
+            r#"
+            additional = [
+              { column = "type", placement = "header", as = "eventType" },
+              { column = "type", placement = "envelope", as = "eventType" },
+              { column = "aggregateid", placement = "envelope" },
+              { column = "shard", placement = "partition" },
+            ]
+            "#,
+        )
+        .unwrap();
+        config.validate().unwrap();
+        let router = Router::new(config.clone(), 1_000_000);
+        let r = router.route(&with(&[("shard", Value::Int(4))])).unwrap();
+        assert_eq!(header(&r, "eventType"), Some(&b"OrderCreated"[..]));
+        let value: serde_json::Value = serde_json::from_slice(r.value.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({"payload": {"a": 1}, "eventType": "OrderCreated", "aggregateid": "o-1"})
+        );
+        assert_eq!(r.partition, Some(4));
+        // A missing column: unroutable by default, skipped with missing = "ignore".
+        assert_eq!(
+            router.route(&row(&debezium_row())).unwrap_err().reason,
+            "missing_column"
+        );
+        let ignore = RouteConfig {
+            missing: Missing::Ignore,
+            ..config
+        };
+        assert_eq!(
+            Router::new(ignore, 1_000_000)
+                .route(&row(&debezium_row()))
+                .unwrap()
+                .partition,
+            None
+        );
+        let r = router
+            .route(&with(&[("shard", Value::Int(-1))]))
+            .unwrap_err();
+        assert_eq!(r.reason, "invalid_partition");
+        let two: RouteConfig = toml::from_str(
+            r#"additional = [{ column = "a", placement = "partition" }, { column = "b", placement = "partition" }]"#,
+        )
+        .unwrap();
+        assert!(two.validate().is_err());
+    }
+
+    #[test]
+    fn an_empty_payload_is_a_tombstone_only_when_asked() {
+        let mut cols = debezium_row();
+        cols[4].1 = Value::Text(String::new());
+        let plain = Router::new(RouteConfig::default(), 1_000_000);
+        assert_eq!(plain.route(&row(&cols)).unwrap().value, Some(Vec::new()));
+        let tomb = Router::new(
+            RouteConfig {
+                tombstone_on_empty_payload: true,
+                ..RouteConfig::default()
+            },
+            1_000_000,
+        );
+        assert_eq!(tomb.route(&row(&cols)).unwrap().value, None);
+    }
+
+    #[test]
+    fn the_timestamp_is_the_commit_time_or_a_column() {
+        let plain = Router::new(RouteConfig::default(), 1_000_000);
+        assert_eq!(
+            plain.route(&row(&debezium_row())).unwrap().timestamp,
+            Some(1_700_000_000_000)
+        );
+        let config = RouteConfig {
+            timestamp: Some("created_at".into()),
+            ..RouteConfig::default()
+        };
+        assert!(config.columns().contains(&"created_at".to_string()));
+        let router = Router::new(config, 1_000_000);
+        let r = router
+            .route(&with(&[(
+                "created_at",
+                Value::Temporal("2024-05-01T12:00:00.123000".into()),
+            )]))
+            .unwrap();
+        assert_eq!(r.timestamp, Some(1_714_564_800_123));
+        let bad = router
+            .route(&with(&[("created_at", Value::Text("soon".into()))]))
+            .unwrap_err();
+        assert_eq!(bad.reason, "invalid_timestamp");
+    }
+
+    #[test]
+    fn trace_context_becomes_w3c_headers() {
+        let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let router = Router::new(RouteConfig::default(), 1_000_000);
+        // Debezium's tracingspancontext column: Java properties text.
+        let r = router
+            .route(&with(&[(
+                "tracingspancontext",
+                Value::Text(format!(
+                    "#Mon Nov 23 2026\ntracestate=congo\\=t61rcWkgMzE\ntraceparent={parent}\n"
+                )),
+            )]))
+            .unwrap();
+        assert_eq!(header(&r, "traceparent"), Some(parent.as_bytes()));
+        assert_eq!(header(&r, "tracestate"), Some(&b"congo=t61rcWkgMzE"[..]));
+        // Or plain columns.
+        let r = router
+            .route(&with(&[("traceparent", Value::Text(parent.into()))]))
+            .unwrap();
+        assert_eq!(header(&r, "traceparent"), Some(parent.as_bytes()));
+        assert_eq!(header(&r, "tracestate"), None);
+        // Nothing when the row has neither.
+        let r = router.route(&row(&debezium_row())).unwrap();
+        assert_eq!(header(&r, "traceparent"), None);
+    }
+
+    #[test]
+    fn topic_names() {
+        assert!(validate_topic_name("outbox.event.order_1-x").is_ok());
+        assert!(validate_topic_name("..").is_err());
+        assert!(validate_topic_name(&"a".repeat(250)).is_err());
+        assert!(validate_topic_name("ordér").is_err());
+    }
+}
