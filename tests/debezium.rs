@@ -154,3 +154,36 @@ fn postgres_records_carry_the_commit_time_and_are_routed_like_debeziums() {
     );
     outboxd.stop();
 }
+
+#[test]
+fn an_update_of_an_outbox_row_stops_outboxd_under_on_update_delete_fatal_and_again_after_a_restart()
+{
+    let db = MariaDb::start(&[]);
+    db.sql_socket(crate::rig::scenario::SCHEMA);
+    let broker = Broker::start();
+    create_topic(&broker.bootstrap(), "outbox.event.order", 1);
+    create_topic(&broker.bootstrap(), "outbox.event.customer", 1);
+    let body = crate::rig::scenario::config_body(&db.cdc_url(), &broker.bootstrap(), "", "")
+        + "[route]\non_update_delete = \"fatal\"\n";
+    let mut outboxd = Outboxd::new("dbz-fatal", &body);
+    outboxd.start();
+    crate::rig::scenario::insert_rows(&db, 1, 2, 1);
+    assert_eq!(
+        consume(&broker.bootstrap(), "outbox.event.order", 1, LIMIT).len(),
+        1
+    );
+    db.sql_socket("UPDATE app.outbox SET type = 'Changed';");
+    let status = outboxd.wait_exit(LIMIT);
+    assert!(!status.success());
+    let log = outboxd.log();
+    assert!(
+        log.contains("1 UPDATE(s) and 0 DELETE(s) of outbox rows were not forwarded")
+            && log.contains("on_update_delete = \"warn\""),
+        "{log}"
+    );
+    // The checkpoint stayed before the update: a restart stops at it again instead of skipping it.
+    outboxd.start_with(&["--skip-checks"]);
+    let status = outboxd.wait_exit(LIMIT);
+    assert!(!status.success());
+    assert!(outboxd.log().contains("UPDATE(s)"), "{}", outboxd.log());
+}

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+use crate::route::OnUpdateDelete;
 use crate::source::{Change, Source};
 
 /// Changes handed over in one channel message, at most: a batch is sent when the source would
@@ -27,11 +28,15 @@ pub(super) type Queued = (Result<Change>, Option<OwnedSemaphorePermit>);
 /// aborted.
 pub(super) fn spawn(
     source: Source,
+    on_update_delete: OnUpdateDelete,
     metrics: Arc<Metrics>,
 ) -> (mpsc::Receiver<Vec<Queued>>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel::<Vec<Queued>>(CHANNEL_DEPTH);
     let budget = Arc::new(Semaphore::new(CHANNEL_BYTES as usize));
-    (rx, tokio::spawn(read_changes(source, tx, budget, metrics)))
+    (
+        rx,
+        tokio::spawn(read_changes(source, on_update_delete, tx, budget, metrics)),
+    )
 }
 
 /// Pulls changes until the source fails or the channel closes. Rows take their size from the
@@ -40,6 +45,7 @@ pub(super) fn spawn(
 /// after the batch so far was sent.
 async fn read_changes(
     mut source: Source,
+    on_update_delete: OnUpdateDelete,
     tx: mpsc::Sender<Vec<Queued>>,
     budget: Arc<Semaphore>,
     metrics: Arc<Metrics>,
@@ -61,9 +67,20 @@ async fn read_changes(
         };
         let ended = matches!(change, Ok(Change::Exhausted));
         let ignored = source.ignored();
-        metrics.ignored("update", ignored.updates - reported.updates);
-        metrics.ignored("delete", ignored.deletes - reported.deletes);
+        let (updates, deletes) = (
+            ignored.updates - reported.updates,
+            ignored.deletes - reported.deletes,
+        );
+        metrics.ignored("update", updates);
+        metrics.ignored("delete", deletes);
         reported = ignored;
+        // The change that revealed them is not passed on: the session ends before its position
+        // could be checkpointed, so a restart stops at the same place.
+        let change = match judge(on_update_delete, updates, deletes) {
+            Some(stop) => Err(stop),
+            None => change,
+        };
+        let ended = ended && change.is_ok();
         let failed = change.is_err();
         let permit = match &change {
             Ok(Change::Row(row)) => {
@@ -96,6 +113,29 @@ async fn read_changes(
         if batch.len() >= BATCH && !send(&tx, &mut batch).await {
             return;
         }
+    }
+}
+
+/// Logs UPDATEs and DELETEs of outbox rows as `policy` says; under `fatal`, the error that stops
+/// outboxd.
+fn judge(policy: OnUpdateDelete, updates: u64, deletes: u64) -> Option<Error> {
+    if updates == 0 && deletes == 0 {
+        return None;
+    }
+    let what = format!("{updates} UPDATE(s) and {deletes} DELETE(s) of outbox rows were not forwarded (outboxd forwards INSERTs only)");
+    match policy {
+        OnUpdateDelete::Warn => {
+            tracing::warn!(updates, deletes, "{what}");
+            None
+        }
+        OnUpdateDelete::Error => {
+            tracing::error!(updates, deletes, "{what}");
+            None
+        }
+        OnUpdateDelete::Fatal => Some(
+            Error::source(format!("{what}, and route.on_update_delete = \"fatal\""))
+                .remedy("the application changed outbox rows it should only insert; fix it, or set route.on_update_delete = \"warn\" (they are then counted in outboxd_ignored_total and skipped), then restart"),
+        ),
     }
 }
 

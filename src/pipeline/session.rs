@@ -107,7 +107,8 @@ impl<'a> Session<'a> {
                 limit,
             ))
         });
-        let (changes, reader) = reader::spawn(source, metrics.clone());
+        let (changes, reader) =
+            reader::spawn(source, config.route.on_update_delete, metrics.clone());
         let (writer_stop, writer_stopped) = watch::channel(false);
         let writer = tokio::spawn(write_checkpoints(
             checkpointer.clone(),

@@ -45,6 +45,21 @@ pub struct RouteConfig {
     pub tombstone_on_empty_payload: bool,
     /// Debezium's `tracing.span.context.field`: W3C trace context in Java properties text.
     pub tracing_span_context: String,
+    /// What an UPDATE or DELETE of an outbox row does (Debezium `table.op.invalid.behavior`).
+    pub on_update_delete: OnUpdateDelete,
+}
+
+/// UPDATEs and DELETEs of outbox rows are never forwarded; this says how loudly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnUpdateDelete {
+    /// Counted (`outboxd_ignored_total`) and logged as a warning.
+    #[default]
+    Warn,
+    /// Counted and logged as an error.
+    Error,
+    /// Stops outboxd: the application is not supposed to change outbox rows.
+    Fatal,
 }
 
 impl Default for RouteConfig {
@@ -62,6 +77,7 @@ impl Default for RouteConfig {
             missing: Missing::Error,
             tombstone_on_empty_payload: false,
             tracing_span_context: "tracingspancontext".into(),
+            on_update_delete: OnUpdateDelete::Warn,
         }
     }
 }
