@@ -98,6 +98,11 @@ enum CheckpointAction {
     /// Remove the live checkpoint (kept as a saved copy); the next run starts at the source's end.
     /// Refused while `run` runs.
     Reset,
+    /// Start where a stopped Debezium connector would resume: read its source offset (the JSON
+    /// value from Kafka Connect's offsets topic, or Debezium Server's offsets.dat; `-` reads
+    /// stdin) and write the same position as the live checkpoint (the old one is saved first).
+    /// Refused while `run` runs.
+    ImportDebezium { file: PathBuf },
 }
 
 fn main() -> ExitCode {
@@ -324,6 +329,39 @@ fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), E
             let c = store.write(&identity, &position)?;
             println!(
                 "checkpoint set to {} ({})",
+                c.position,
+                store.path().display()
+            );
+        }
+        CheckpointAction::ImportDebezium { file } => {
+            let input = if file.as_os_str() == "-" {
+                let mut buf = Vec::new();
+                std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)
+                    .map_err(|e| Error::config(format!("cannot read stdin: {e}")))?;
+                buf
+            } else {
+                std::fs::read(&file).map_err(|e| {
+                    Error::config(format!("cannot read {}: {e}", file.display()))
+                        .remedy("give the file holding the Debezium offset, or - for stdin")
+                })?
+            };
+            let (position, notes) =
+                outboxd::checkpoint::debezium::import(config.source.kind(), &input)?;
+            let store = Store::open_locked(dir, &config.name)?;
+            if let Ok(Some(_)) = store.load() {
+                let label = format!(
+                    "before-import-{}",
+                    chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
+                );
+                store.save(&label)?;
+                println!("previous checkpoint saved as {label:?}");
+            }
+            let c = store.write(&anonymous_identity(config), &position)?;
+            for note in notes {
+                println!("{note}");
+            }
+            println!(
+                "checkpoint set to {} ({}); start outboxd after the Debezium connector is stopped",
                 c.position,
                 store.path().display()
             );

@@ -187,3 +187,128 @@ fn an_update_of_an_outbox_row_stops_outboxd_under_on_update_delete_fatal_and_aga
     assert!(!status.success());
     assert!(outboxd.log().contains("UPDATE(s)"), "{}", outboxd.log());
 }
+
+/// The `n` of every record (its `id` header, rig::scenario::uuid_of), sorted.
+fn ns(records: &[crate::rig::Consumed]) -> Vec<u64> {
+    let mut ns: Vec<u64> = records.iter().map(crate::rig::scenario::n_of).collect();
+    ns.sort_unstable();
+    ns
+}
+
+#[test]
+fn a_mariadb_debezium_offset_imports_and_outboxd_resumes_with_nothing_lost() {
+    use crate::rig::scenario::{config_body, consume_events, insert_rows, SCHEMA};
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let broker = Broker::start();
+    create_topic(&broker.bootstrap(), "outbox.event.order", 1);
+    create_topic(&broker.bootstrap(), "outbox.event.customer", 1);
+    // What Debezium forwarded before it stopped; its offset points after them.
+    insert_rows(&db, 0, 5, 1);
+    let (file, pos) = db.binlog_end();
+    let gtids = db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    insert_rows(&db, 5, 10, 1);
+    let outboxd = Outboxd::new(
+        "dbz-import",
+        &config_body(&db.cdc_url(), &broker.bootstrap(), "", ""),
+    );
+    let offset = outboxd.dir_path().join("offset.json");
+    std::fs::write(
+        &offset,
+        format!(r#"{{"ts_sec":1700000000,"file":"{file}","pos":{pos},"gtids":"{gtids}","row":0,"server_id":1,"event":0}}"#),
+    )
+    .unwrap();
+    let out = outboxd
+        .command(&["checkpoint", "import-debezium", offset.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("MariaDB GTID state"), "{text}");
+    let mut outboxd = outboxd;
+    outboxd.start();
+    let records = consume_events(&broker.bootstrap(), 5);
+    assert_eq!(
+        ns(&records),
+        vec![5, 6, 7, 8, 9],
+        "exactly the rows after the offset"
+    );
+    outboxd.stop();
+}
+
+#[test]
+fn a_postgres_debezium_offset_imports_onto_debeziums_slot_and_outboxd_resumes_with_nothing_lost() {
+    let pg = Postgres::start(&[]);
+    pg.sql("postgres", "CREATE DATABASE app;");
+    pg.sql(
+        "app",
+        "CREATE ROLE cdc WITH LOGIN REPLICATION;
+         CREATE TABLE public.outbox (id uuid PRIMARY KEY, aggregatetype text, aggregateid text, type text, payload jsonb);
+         ALTER TABLE public.outbox OWNER TO cdc;
+         CREATE PUBLICATION dbz_publication FOR TABLE public.outbox WITH (publish = 'insert');
+         SELECT pg_create_logical_replication_slot('debezium', 'pgoutput');",
+    );
+    let insert = |from: u64, to: u64| {
+        let sql: String = (from..to)
+            .map(|n| {
+                let (_, kind, key, _) = crate::rig::scenario::event(n);
+                format!(
+                    "INSERT INTO public.outbox VALUES ('{}', '{kind}', '{key}', 'Created', '{{\"n\": {n}}}');\n",
+                    crate::rig::scenario::uuid_of(n)
+                )
+            })
+            .collect();
+        pg.sql("app", &sql);
+    };
+    insert(0, 5);
+    let lsn: u64 = pg
+        .sql("app", "SELECT pg_current_wal_lsn() - '0/0';")
+        .trim()
+        .parse()
+        .unwrap();
+    insert(5, 10);
+    let broker = Broker::start();
+    create_topic(&broker.bootstrap(), "outbox.event.order", 1);
+    create_topic(&broker.bootstrap(), "outbox.event.customer", 1);
+    let body = format!(
+        "[source]\nkind = \"postgres\"\nurl = \"{}\"\ntables = [\"public.outbox\"]\nslot = \"debezium\"\npublication = \"dbz_publication\"\n\
+         [kafka]\nbrokers = \"{}\"\n[http]\nlisten = \"\"\n",
+        pg.url("cdc", "app"),
+        broker.bootstrap()
+    );
+    let mut outboxd = Outboxd::new("dbz-import-pg", &body);
+    let out = outboxd
+        .command(&["checkpoint", "import-debezium", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(
+                format!(r#"{{"lsn_proc":{lsn},"lsn_commit":{lsn},"lsn":{lsn},"txId":750,"ts_usec":1700000000000000}}"#)
+                    .as_bytes(),
+            )?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    outboxd.start();
+    let records = crate::rig::scenario::consume_events(&broker.bootstrap(), 5);
+    assert_eq!(
+        ns(&records),
+        vec![5, 6, 7, 8, 9],
+        "exactly the rows after the offset"
+    );
+    outboxd.stop();
+}

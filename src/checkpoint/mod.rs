@@ -8,6 +8,7 @@
 //! it at most every `checkpoint.interval_ms` (group commit), and once more when the session ends.
 
 mod checkpointer;
+pub mod debezium;
 mod store;
 mod tracker;
 
