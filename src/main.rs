@@ -345,8 +345,7 @@ fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), E
                         .remedy("give the file holding the Debezium offset, or - for stdin")
                 })?
             };
-            let (position, notes) =
-                outboxd::checkpoint::debezium::import(config.source.kind(), &input)?;
+            let imported = outboxd::checkpoint::debezium::import(config.source.kind(), &input)?;
             let store = Store::open_locked(dir, &config.name)?;
             if let Ok(Some(_)) = store.load() {
                 let label = format!(
@@ -356,8 +355,10 @@ fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), E
                 store.save(&label)?;
                 println!("previous checkpoint saved as {label:?}");
             }
-            let c = store.write(&anonymous_identity(config), &position)?;
-            for note in notes {
+            let mut identity = anonymous_identity(config);
+            identity.server_id = imported.server_id;
+            let c = store.write(&identity, &imported.position)?;
+            for note in imported.notes {
                 println!("{note}");
             }
             println!(

@@ -1,7 +1,7 @@
 //! Debezium drop-in, end to end: the Outbox Event Router's options as outboxd's `[route]` keys
 //! (regex topics, additional placements, timestamps, trace context) on real servers.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crate::rig::{consume, create_topic, Broker, MariaDb, Outboxd, Postgres};
 
@@ -9,20 +9,13 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 const PARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
 /// The same `[route]` for both databases: Debezium's `route.by.field = type`, a regex topic, an
 /// extra header and envelope field, and the shard column as the partition.
 const ROUTE: &str = r#"
 [route]
 by = "type"
 topic_regex = 'Order\.(?<action>[A-Za-z]+)'
-topic = "orders"
+topic = "orders.${action}"
 additional = [
   { column = "type", placement = "header", as = "eventType" },
   { column = "aggregatetype", placement = "envelope", as = "kind" },
@@ -45,7 +38,9 @@ fn mariadb_rows_are_routed_by_regex_with_envelope_header_partition_timestamp_and
          );",
     );
     let broker = Broker::start();
-    create_topic(&broker.bootstrap(), "orders", 3);
+    for topic in ["orders.Created", "orders.Paid"] {
+        create_topic(&broker.bootstrap(), topic, 3);
+    }
     create_topic(&broker.bootstrap(), "dlq", 1);
     let body = format!(
         "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.events\"]\nserver_id = 99\n\
@@ -62,14 +57,15 @@ fn mariadb_rows_are_routed_by_regex_with_envelope_header_partition_timestamp_and
            ('00000000-0000-0000-0000-000000000002', 'order', 'o-1', 'Order.Paid', '{{\"n\": 2}}',
             '2024-05-01 12:00:01.000', NULL, 0),
            ('00000000-0000-0000-0000-000000000003', 'customer', 'c-1', 'Customer.Created', '{{\"n\": 3}}',
-            '2024-05-01 12:00:02.000', NULL, 1);"
+            '2024-05-01 12:00:02.000', NULL, 1),
+           ('00000000-0000-0000-0000-000000000004', 'order', 'o-2', 'Order.Created', '{{\"n\": 4}}',
+            '2024-05-01 12:00:03.000', NULL, 7);"
     ));
-    let records = consume(&broker.bootstrap(), "orders", 2, LIMIT);
-    assert_eq!(records.len(), 2);
-    let created = records
-        .iter()
-        .find(|r| r.header("id").unwrap().ends_with('1'))
-        .unwrap();
+    // The capture group picks the topic.
+    let created = consume(&broker.bootstrap(), "orders.Created", 1, LIMIT);
+    let paid = consume(&broker.bootstrap(), "orders.Paid", 1, LIMIT);
+    assert_eq!((created.len(), paid.len()), (1, 1));
+    let created = &created[0];
     assert_eq!(created.partition, 2, "the shard column is the partition");
     assert_eq!(
         created.timestamp,
@@ -79,33 +75,36 @@ fn mariadb_rows_are_routed_by_regex_with_envelope_header_partition_timestamp_and
     assert_eq!(header(created, "eventType"), "Order.Created");
     assert_eq!(header(created, "traceparent"), PARENT);
     assert_eq!(header(created, "tracestate"), "congo=t61");
-    // MariaDB's JSON type is text: the payload stays a string in the envelope, as Debezium (without
-    // expand.json.payload) leaves it. Postgres jsonb is embedded as JSON (below).
+    // The payload is a string in the envelope, as Debezium (without expand.json.payload) writes it.
     let value: serde_json::Value = serde_json::from_slice(created.value.as_ref().unwrap()).unwrap();
     assert_eq!(
         value,
         serde_json::json!({"payload": "{\"n\": 1}", "kind": "order"})
     );
-    let paid = records
-        .iter()
-        .find(|r| r.header("id").unwrap().ends_with('2'))
-        .unwrap();
+    let paid = &paid[0];
     assert_eq!(paid.partition, 0);
     assert_eq!(paid.header("traceparent"), None);
-    // A type the regex does not match is dead-lettered with the reason, not dropped.
-    let dead = consume(&broker.bootstrap(), "dlq", 1, LIMIT);
-    assert_eq!(dead.len(), 1);
-    assert!(
-        header(&dead[0], "outboxd.error").starts_with("topic_regex_mismatch"),
-        "{:?}",
-        dead[0].headers
-    );
+    // A type the regex does not match, and a partition the topic does not have, are dead-lettered
+    // with their reasons: not dropped, not retried forever.
+    let dead = consume(&broker.bootstrap(), "dlq", 2, LIMIT);
+    let mut reasons: Vec<String> = dead
+        .iter()
+        .map(|d| {
+            header(d, "outboxd.error")
+                .split(':')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    reasons.sort();
+    assert_eq!(reasons, ["invalid_partition", "topic_regex_mismatch"]);
     outboxd.stop();
 }
 
 #[test]
 fn postgres_records_carry_the_commit_time_and_are_routed_like_debeziums() {
-    let pg = Postgres::start(&[]);
+    let pg = Postgres::start(&["track_commit_timestamp = on"]);
     pg.sql("postgres", "CREATE DATABASE app;");
     pg.sql(
         "app",
@@ -118,16 +117,15 @@ fn postgres_records_carry_the_commit_time_and_are_routed_like_debeziums() {
     );
     pg.sql("postgres", "GRANT CREATE ON DATABASE app TO cdc;");
     let broker = Broker::start();
-    create_topic(&broker.bootstrap(), "orders", 3);
+    create_topic(&broker.bootstrap(), "orders.Created", 3);
     let body = format!(
         "[source]\nkind = \"postgres\"\nurl = \"{}\"\ntables = [\"public.events\"]\nslot = \"dbz\"\npublication = \"dbz\"\n\
-         [kafka]\nbrokers = \"{}\"\n[http]\nlisten = \"\"\n{ROUTE}",
+         [kafka]\nbrokers = \"{}\"\n[http]\nlisten = \"\"\n{ROUTE}expand_json_payload = true\n",
         pg.url("cdc", "app"),
         broker.bootstrap()
     );
     let mut outboxd = Outboxd::new("dbz-pg", &body);
     outboxd.start();
-    let before = now_ms();
     pg.sql(
         "app",
         &format!(
@@ -135,18 +133,27 @@ fn postgres_records_carry_the_commit_time_and_are_routed_like_debeziums() {
                ('00000000-0000-0000-0000-000000000001', 'order', 'o-1', 'Order.Created', '{{\"n\": 1}}', '{PARENT}', 1);"
         ),
     );
-    let after = now_ms();
-    let records = consume(&broker.bootstrap(), "orders", 1, LIMIT);
+    let records = consume(&broker.bootstrap(), "orders.Created", 1, LIMIT);
     assert_eq!(records.len(), 1);
     let r = &records[0];
-    let ts = r.timestamp.expect("a timestamp");
-    assert!(
-        (before..=after).contains(&ts),
-        "the commit time {ts} is not between {before} and {after}"
+    // The server's own record of the commit time (track_commit_timestamp), in milliseconds.
+    let committed: i64 = pg
+        .sql(
+            "app",
+            "SELECT floor(extract(epoch FROM pg_xact_commit_timestamp(xmin)) * 1000)::bigint FROM public.events;",
+        )
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        r.timestamp,
+        Some(committed),
+        "the record timestamp is the commit time"
     );
     assert_eq!(r.partition, 1);
     assert_eq!(header(r, "eventType"), "Order.Created");
     assert_eq!(header(r, "traceparent"), PARENT);
+    // expand_json_payload: jsonb embedded as JSON.
     let value: serde_json::Value = serde_json::from_slice(r.value.as_ref().unwrap()).unwrap();
     assert_eq!(
         value,
@@ -172,12 +179,19 @@ fn an_update_of_an_outbox_row_stops_outboxd_under_on_update_delete_fatal_and_aga
         consume(&broker.bootstrap(), "outbox.event.order", 1, LIMIT).len(),
         1
     );
+    // A DELETE (the usual cleanup) is only counted, even under fatal.
+    db.sql_socket("DELETE FROM app.outbox;");
+    crate::rig::scenario::insert_rows(&db, 2, 3, 1);
+    assert_eq!(
+        consume(&broker.bootstrap(), "outbox.event.order", 2, LIMIT).len(),
+        2
+    );
     db.sql_socket("UPDATE app.outbox SET type = 'Changed';");
     let status = outboxd.wait_exit(LIMIT);
     assert!(!status.success());
     let log = outboxd.log();
     assert!(
-        log.contains("1 UPDATE(s) and 0 DELETE(s) of outbox rows were not forwarded")
+        log.contains("1 UPDATE(s) of outbox rows reached outboxd")
             && log.contains("on_update_delete = \"warn\""),
         "{log}"
     );
@@ -203,14 +217,16 @@ fn a_mariadb_debezium_offset_imports_and_outboxd_resumes_with_nothing_lost() {
     let broker = Broker::start();
     create_topic(&broker.bootstrap(), "outbox.event.order", 1);
     create_topic(&broker.bootstrap(), "outbox.event.customer", 1);
-    // What Debezium forwarded before it stopped; its offset points after them.
+    // Debezium forwarded rows 0..5, then stopped inside the transaction of rows 5..10 (after its
+    // second event, first row): its offset points at that transaction's start, and its GTID state
+    // already counts the transaction.
     insert_rows(&db, 0, 5, 1);
     let (file, pos) = db.binlog_end();
+    insert_rows(&db, 5, 10, 5);
     let gtids = db
         .sql_socket("SELECT @@gtid_binlog_pos;")
         .trim()
         .to_string();
-    insert_rows(&db, 5, 10, 1);
     let outboxd = Outboxd::new(
         "dbz-import",
         &config_body(&db.cdc_url(), &broker.bootstrap(), "", ""),
@@ -218,7 +234,7 @@ fn a_mariadb_debezium_offset_imports_and_outboxd_resumes_with_nothing_lost() {
     let offset = outboxd.dir_path().join("offset.json");
     std::fs::write(
         &offset,
-        format!(r#"{{"ts_sec":1700000000,"file":"{file}","pos":{pos},"gtids":"{gtids}","row":0,"server_id":1,"event":0}}"#),
+        format!(r#"{{"ts_sec":1700000000,"file":"{file}","pos":{pos},"gtids":"{gtids}","row":1,"server_id":1,"event":2}}"#),
     )
     .unwrap();
     let out = outboxd
@@ -231,7 +247,7 @@ fn a_mariadb_debezium_offset_imports_and_outboxd_resumes_with_nothing_lost() {
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(text.contains("MariaDB GTID state"), "{text}");
+    assert!(text.contains("resuming by FILE:POS"), "{text}");
     let mut outboxd = outboxd;
     outboxd.start();
     let records = consume_events(&broker.bootstrap(), 5);
@@ -273,7 +289,15 @@ fn a_postgres_debezium_offset_imports_onto_debeziums_slot_and_outboxd_resumes_wi
         .trim()
         .parse()
         .unwrap();
-    insert(5, 10);
+    insert(5, 7);
+    // Debezium processed rows 5 and 6 (`lsn`), but its last finished transaction is the one
+    // before (`lsn_commit`): outboxd must start at the commit, so they come again rather than never.
+    let processed: u64 = pg
+        .sql("app", "SELECT pg_current_wal_lsn() - '0/0';")
+        .trim()
+        .parse()
+        .unwrap();
+    insert(7, 10);
     let broker = Broker::start();
     create_topic(&broker.bootstrap(), "outbox.event.order", 1);
     create_topic(&broker.bootstrap(), "outbox.event.customer", 1);
@@ -292,7 +316,7 @@ fn a_postgres_debezium_offset_imports_onto_debeziums_slot_and_outboxd_resumes_wi
         .and_then(|mut child| {
             use std::io::Write;
             child.stdin.take().unwrap().write_all(
-                format!(r#"{{"lsn_proc":{lsn},"lsn_commit":{lsn},"lsn":{lsn},"txId":750,"ts_usec":1700000000000000}}"#)
+                format!(r#"{{"lsn_proc":{processed},"lsn_commit":{lsn},"lsn":{processed},"txId":750,"ts_usec":1700000000000000}}"#)
                     .as_bytes(),
             )?;
             child.wait_with_output()

@@ -2,7 +2,7 @@
 //! Debezium (or any Java producer) onto existing multi-partition topics keeps each key's order.
 
 use crate::rig::kafka::{check_java_partitions, java_murmur2, java_partition};
-use crate::rig::scenario::{config_body, consume_events, insert_rows, SCHEMA};
+use crate::rig::scenario::{config_body, consume_events, SCHEMA};
 use crate::rig::{create_topic, Broker, MariaDb, Outboxd};
 
 #[test]
@@ -36,27 +36,18 @@ fn keyed_records_land_on_the_java_clients_murmur2_partition_of_a_six_partition_t
         &config_body(&db.cdc_url(), &broker.bootstrap(), "", ""),
     );
     outboxd.start();
-    let now_ms = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as i64
-    };
-    // The binlog keeps whole seconds.
-    let before = now_ms() / 1000 * 1000;
-    insert_rows(&db, 0, 300, 10);
-    let after = now_ms();
+    // The session's clock is what the binlog records for its transactions: the record timestamp
+    // must be that commit time, not the time outboxd produced the record.
+    db.sql_socket(&format!(
+        "SET timestamp = 1700000000;\n{}",
+        crate::rig::scenario::transactions(0, 300, 10, crate::rig::scenario::insert_sql)
+    ));
     let records = consume_events(&broker.bootstrap(), 300);
     assert_eq!(records.len(), 300);
-    // The record timestamp is the transaction's time in the binlog, not the produce time.
-    for r in &records {
-        let ts = r.timestamp.expect("a timestamp");
-        assert!(
-            (before..=after).contains(&ts),
-            "{ts} not in {before}..={after}"
-        );
-    }
     check_java_partitions(&records, 6);
+    assert!(records
+        .iter()
+        .all(|r| r.timestamp == Some(1_700_000_000_000)));
     // The keys (key-0 .. key-16) are spread, and librdkafka's old default (CRC32) would have put
     // some of them elsewhere: this test tells the two apart.
     let used: std::collections::BTreeSet<i32> = records.iter().map(|r| r.partition).collect();

@@ -21,8 +21,19 @@ use crate::source::mysql::{BinlogPosition, MariaGtidState};
 use crate::source::postgres::lsn::{lsn_to_string, Lsn};
 use crate::source::Position;
 
-/// The position an offset stands for, and lines to tell the operator.
-pub fn import(kind: SourceKind, input: &[u8]) -> Result<(Position, Vec<String>)> {
+/// What an offset maps to.
+#[derive(Debug)]
+pub struct Imported {
+    pub position: Position,
+    /// MySQL/MariaDB: the server Debezium read (its `server_id`), so a FILE:POS position is not
+    /// taken on another server whose files have the same names.
+    pub server_id: Option<u32>,
+    /// Lines to tell the operator.
+    pub notes: Vec<String>,
+}
+
+/// The position an offset stands for.
+pub fn import(kind: SourceKind, input: &[u8]) -> Result<Imported> {
     let offsets = offsets_in(input);
     let wanted: Vec<&Map<String, Value>> = offsets
         .iter()
@@ -107,7 +118,7 @@ fn number(offset: &Map<String, Value>, key: &str) -> Option<u64> {
     }
 }
 
-fn mysql(offset: &Map<String, Value>) -> Result<(Position, Vec<String>)> {
+fn mysql(offset: &Map<String, Value>) -> Result<Imported> {
     let file = offset
         .get("file")
         .and_then(Value::as_str)
@@ -120,12 +131,19 @@ fn mysql(offset: &Map<String, Value>) -> Result<(Position, Vec<String>)> {
         "binlog {file}:{pos}: the start of the transaction Debezium was in; it is sent again whole (duplicates carry their row's id)"
     )];
     let mut gtid = None;
+    // Debezium stopped inside a transaction (it would skip `event` events and `row` rows of it):
+    // its GTID set may already hold that transaction, so resuming by GTID would skip the rest of
+    // it. Resume at the transaction's start by FILE:POS instead.
+    let inside = number(offset, "event").unwrap_or(0) > 0 || number(offset, "row").unwrap_or(0) > 0;
     if let Some(gtids) = offset
         .get("gtids")
         .and_then(Value::as_str)
         .filter(|g| !g.trim().is_empty())
     {
-        match MariaGtidState::parse(gtids) {
+        match MariaGtidState::parse(&newest_per_domain(gtids)) {
+            Ok(_) if inside => notes.push(format!(
+                "Debezium stopped inside a transaction, which its GTID state {gtids} may already count: resuming by FILE:POS on that server"
+            )),
             Ok(state) if !state.is_empty() => {
                 notes.push(format!(
                     "MariaDB GTID state {gtids}: resumed by GTID, so any server of the topology will do"
@@ -137,16 +155,58 @@ fn mysql(offset: &Map<String, Value>) -> Result<(Position, Vec<String>)> {
             )),
         }
     }
+    let server_id = number(offset, "server_id").and_then(|n| u32::try_from(n).ok());
+    if gtid.is_none() {
+        match server_id {
+            Some(id) => notes.push(format!(
+                "the position belongs to server_id {id}: outboxd refuses to start on another server"
+            )),
+            None => notes.push(
+                "the offset names no server_id: make sure source.url is the server Debezium read (binlog file names repeat across servers)".to_string(),
+            ),
+        }
+    }
     let position = BinlogPosition {
         file: file.to_string(),
         pos,
         gtid,
         mysql_gtids: None,
     };
-    Ok((position.to_position(), notes))
+    let server_id = position.gtid.is_none().then_some(server_id).flatten();
+    Ok(Imported {
+        position: position.to_position(),
+        server_id,
+        notes,
+    })
 }
 
-fn postgres(offset: &Map<String, Value>) -> Result<(Position, Vec<String>)> {
+/// Debezium lists every server of a domain (`0-1-200,0-2-150`); MariaDB's position is the newest
+/// sequence number per domain.
+fn newest_per_domain(gtids: &str) -> String {
+    let mut newest: Vec<(u32, &str, u64)> = Vec::new();
+    for part in gtids.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let mut fields = part.splitn(3, '-');
+        let (Some(domain), Some(server), Some(seq)) = (fields.next(), fields.next(), fields.next())
+        else {
+            return gtids.to_string();
+        };
+        let (Ok(domain), Ok(seq)) = (domain.parse::<u32>(), seq.parse::<u64>()) else {
+            return gtids.to_string();
+        };
+        match newest.iter_mut().find(|(d, _, _)| *d == domain) {
+            Some(entry) if entry.2 < seq => *entry = (domain, server, seq),
+            Some(_) => {}
+            None => newest.push((domain, server, seq)),
+        }
+    }
+    newest
+        .iter()
+        .map(|(d, s, n)| format!("{d}-{s}-{n}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn postgres(offset: &Map<String, Value>) -> Result<Imported> {
     let (key, lsn) = ["lsn_commit", "lsn"]
         .iter()
         .find_map(|k| number(offset, k).map(|n| (*k, n)))
@@ -161,7 +221,11 @@ fn postgres(offset: &Map<String, Value>) -> Result<(Position, Vec<String>)> {
         ),
         "the slot must still hold that WAL: reuse Debezium's slot (source.slot = its slot.name, if it uses pgoutput); a new slot cannot start in the past".to_string(),
     ];
-    Ok((Position::Lsn(lsn), notes))
+    Ok(Imported {
+        position: Position::Lsn(lsn),
+        server_id: None,
+        notes,
+    })
 }
 
 #[cfg(test)]
@@ -171,26 +235,34 @@ mod tests {
     #[test]
     fn a_mariadb_offset_becomes_file_pos_and_gtid_state() {
         let json = br#"{"ts_sec":1700000000,"file":"mariadb-bin.000002","pos":1234,"gtids":"0-1-13","row":1,"server_id":1,"event":2}"#;
-        let (position, notes) = import(SourceKind::Mysql, json).unwrap();
-        let b = position.binlog().unwrap();
+        // Inside a transaction (event 2, row 1): by FILE:POS on that server, not by GTID.
+        let inside = import(SourceKind::Mysql, json).unwrap();
+        let b = inside.position.binlog().unwrap();
         assert_eq!((b.file.as_str(), b.pos), ("mariadb-bin.000002", 1234));
-        assert!(b.gtid.as_ref().is_some_and(|g| !g.is_empty()));
-        assert!(notes[0].contains("sent again whole"));
+        assert_eq!(b.gtid, None);
+        assert_eq!(inside.server_id, Some(1));
+        assert!(inside.notes[0].contains("sent again whole"));
+        // Between transactions: by GTID, the newest sequence of each domain.
+        let between = br#"{"file":"mariadb-bin.000002","pos":1234,"gtids":"0-1-200,0-2-150,1-1-7","row":0,"server_id":1,"event":0}"#;
+        let imported = import(SourceKind::Mysql, between).unwrap();
+        let gtid = imported.position.binlog().unwrap().gtid.clone().unwrap();
+        assert_eq!(gtid.to_string(), "0-1-200,1-1-7");
+        assert_eq!(imported.server_id, None);
     }
 
     #[test]
     fn a_mysql_offset_keeps_file_pos_and_says_why_the_gtid_set_is_not_used() {
         let json = br#"{"file":"binlog.000003","pos":154,"gtids":"3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5"}"#;
-        let (position, notes) = import(SourceKind::Mysql, json).unwrap();
-        assert_eq!(position.binlog().unwrap().gtid, None);
-        assert!(notes[1].contains("FILE:POS"));
+        let imported = import(SourceKind::Mysql, json).unwrap();
+        assert_eq!(imported.position.binlog().unwrap().gtid, None);
+        assert!(imported.notes[1].contains("FILE:POS"));
     }
 
     #[test]
     fn a_postgres_offset_starts_at_the_last_commit() {
         let json = br#"{"lsn_proc":23804400,"lsn_commit":23804272,"lsn":23804400,"txId":750,"ts_usec":1700000000000000}"#;
-        let (position, _) = import(SourceKind::Postgres, json).unwrap();
-        assert_eq!(position, Position::Lsn(Lsn(23804272)));
+        let imported = import(SourceKind::Postgres, json).unwrap();
+        assert_eq!(imported.position, Position::Lsn(Lsn(23804272)));
     }
 
     #[test]
@@ -201,8 +273,8 @@ mod tests {
         file.extend_from_slice(&[0x75, 0x71, 0x00, 0x7e, 0x00]);
         file.extend_from_slice(br#"{"file":"mariadb-bin.000001","pos":4567}"#);
         file.extend_from_slice(&[0x78]);
-        let (position, _) = import(SourceKind::Mysql, &file).unwrap();
-        assert_eq!(position.binlog().unwrap().pos, 4567);
+        let imported = import(SourceKind::Mysql, &file).unwrap();
+        assert_eq!(imported.position.binlog().unwrap().pos, 4567);
     }
 
     #[test]

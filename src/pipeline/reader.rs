@@ -51,6 +51,7 @@ async fn read_changes(
     metrics: Arc<Metrics>,
 ) {
     let mut reported = source.ignored();
+    let mut updated = Updates::default();
     let mut batch: Vec<Queued> = Vec::new();
     loop {
         let change = {
@@ -74,9 +75,9 @@ async fn read_changes(
         metrics.ignored("update", updates);
         metrics.ignored("delete", deletes);
         reported = ignored;
-        // The change that revealed them is not passed on: the session ends before its position
-        // could be checkpointed, so a restart stops at the same place.
-        let change = match judge(on_update_delete, updates, deletes) {
+        // The change that revealed an update is not passed on under `fatal`: the session ends
+        // before its position could be checkpointed, so a restart stops at the same place.
+        let change = match updated.judge(on_update_delete, updates) {
             Some(stop) => Err(stop),
             None => change,
         };
@@ -116,26 +117,48 @@ async fn read_changes(
     }
 }
 
-/// Logs UPDATEs and DELETEs of outbox rows as `policy` says; under `fatal`, the error that stops
-/// outboxd.
-fn judge(policy: OnUpdateDelete, updates: u64, deletes: u64) -> Option<Error> {
-    if updates == 0 && deletes == 0 {
-        return None;
-    }
-    let what = format!("{updates} UPDATE(s) and {deletes} DELETE(s) of outbox rows were not forwarded (outboxd forwards INSERTs only)");
-    match policy {
-        OnUpdateDelete::Warn => {
-            tracing::warn!(updates, deletes, "{what}");
-            None
+/// UPDATEs of outbox rows seen and not yet logged. DELETEs are not judged: deleting forwarded
+/// rows is how an outbox is kept small (Debezium skips them too); they are only counted.
+#[derive(Default)]
+struct Updates {
+    unlogged: u64,
+    logged_at: Option<std::time::Instant>,
+}
+
+/// At most one log line per this interval, with the count since the last one.
+const UPDATE_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Updates {
+    /// Logs `updates` as `policy` says (at most once a minute); under `fatal`, the error that
+    /// stops outboxd.
+    fn judge(&mut self, policy: OnUpdateDelete, updates: u64) -> Option<Error> {
+        if updates == 0 {
+            return None;
         }
-        OnUpdateDelete::Error => {
-            tracing::error!(updates, deletes, "{what}");
-            None
+        if policy == OnUpdateDelete::Fatal {
+            return Some(
+                Error::source(format!(
+                    "{updates} UPDATE(s) of outbox rows reached outboxd, and route.on_update_delete = \"fatal\" (outboxd forwards INSERTs only)"
+                ))
+                .remedy("the application changed outbox rows it should only insert; fix it, or set route.on_update_delete = \"warn\" (they are then counted in outboxd_ignored_events_total and skipped), then restart"),
+            );
         }
-        OnUpdateDelete::Fatal => Some(
-            Error::source(format!("{what}, and route.on_update_delete = \"fatal\""))
-                .remedy("the application changed outbox rows it should only insert; fix it, or set route.on_update_delete = \"warn\" (they are then counted in outboxd_ignored_total and skipped), then restart"),
-        ),
+        self.unlogged += updates;
+        if self
+            .logged_at
+            .is_some_and(|at| at.elapsed() < UPDATE_LOG_INTERVAL)
+        {
+            return None;
+        }
+        let count = std::mem::take(&mut self.unlogged);
+        self.logged_at = Some(std::time::Instant::now());
+        let what = "UPDATEs of outbox rows were not forwarded (outboxd forwards INSERTs only; route.on_update_delete)";
+        if policy == OnUpdateDelete::Error {
+            tracing::error!(updates = count, "{what}");
+        } else {
+            tracing::warn!(updates = count, "{what}");
+        }
+        None
     }
 }
 

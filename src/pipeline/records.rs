@@ -7,7 +7,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::route::{Record, Router, Unroutable};
-use crate::sink::kafka::KafkaSink;
+use crate::sink::kafka::{KafkaSink, TopicState};
 use crate::source::Row;
 
 /// The record for `row` given what the router made of it (`routed`): the record, once its topic is
@@ -19,37 +19,50 @@ pub(super) async fn resolve_record(
     config: &Config,
     router: &Router,
     sink: &KafkaSink,
-    topics: &mut HashMap<String, bool>,
+    topics: &mut HashMap<String, TopicState>,
     metrics: &Metrics,
     row: &Row,
     routed: std::result::Result<Record, Unroutable>,
 ) -> Result<Record> {
     let why = match routed {
         Ok(record) => {
-            let exists = match topics.get(&record.topic) {
+            let state = match topics.get(&record.topic) {
                 Some(known) => *known,
                 None => {
-                    let exists = sink.topic_exists(&record.topic).await?;
-                    topics.insert(record.topic.clone(), exists);
-                    exists
+                    let state = sink.topic_state(&record.topic).await?;
+                    topics.insert(record.topic.clone(), state);
+                    state
                 }
             };
-            if exists {
-                return Ok(record);
-            }
-            Unroutable {
-                reason: "unknown_topic",
-                detail: format!(
-                    "topic {} does not exist and the broker did not create it",
-                    record.topic
-                ),
+            match (state, record.partition) {
+                (TopicState::Missing, _) => Unroutable {
+                    reason: "unknown_topic",
+                    detail: format!(
+                        "topic {} does not exist and the broker did not create it",
+                        record.topic
+                    ),
+                },
+                (
+                    TopicState::Exists {
+                        partitions: Some(n),
+                    },
+                    Some(p),
+                ) if p as usize >= n => Unroutable {
+                    reason: "invalid_partition",
+                    detail: format!(
+                        "partition {p} (route.additional) does not exist: topic {} has {n}",
+                        record.topic
+                    ),
+                },
+                (TopicState::Exists { .. }, _) => return Ok(record),
             }
         }
         Err(why) => why,
     };
     let record = dead_letter(config, router, row, &why)?;
-    if topics.get(&record.topic) != Some(&true) {
-        if !sink.topic_exists(&record.topic).await? {
+    if !matches!(topics.get(&record.topic), Some(TopicState::Exists { .. })) {
+        let state = sink.topic_state(&record.topic).await?;
+        if state == TopicState::Missing {
             return Err(Error::unroutable(format!(
                 "row of {} at {} cannot be routed ({}: {}), and the dead-letter topic {} does not exist",
                 row.table, row.origin, why.reason, why.detail, record.topic
@@ -59,7 +72,7 @@ pub(super) async fn resolve_record(
                 record.topic
             )));
         }
-        topics.insert(record.topic.clone(), true);
+        topics.insert(record.topic.clone(), state);
     }
     metrics.dead_letter(why.reason);
     Ok(record)

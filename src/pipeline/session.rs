@@ -54,8 +54,8 @@ pub(super) struct Session<'a> {
     watchdog: Option<tokio::task::JoinHandle<()>>,
     shutdown: watch::Receiver<bool>,
     /// What this session learned about each topic it asked about (exists or not; asked once each,
-    /// see `KafkaSink::topic_exists`).
-    topics: HashMap<String, bool>,
+    /// see `KafkaSink::topic_state`).
+    topics: HashMap<String, crate::sink::kafka::TopicState>,
     /// Rows of a transaction whose boundary has not arrived yet were sent.
     open_rows: bool,
     /// When stopping began (shutdown requested, input exhausted, replay end reached).
@@ -252,7 +252,7 @@ impl<'a> Session<'a> {
     async fn forward(&mut self, row: Row) -> Step {
         let record = match self.shared.router.route(&row) {
             // The hot path: a topic this session already knows to exist.
-            Ok(record) if self.topics.get(&record.topic) == Some(&true) => record,
+            Ok(record) if known_fit(self.topics.get(&record.topic), record.partition) => record,
             // A new topic (asked about once), or a dead letter: may wait on the broker, so a
             // shutdown request or the drain deadline interrupts it (the open transaction is then
             // sent again on restart).
@@ -508,4 +508,20 @@ fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
         .map(|s| s.to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "(no message)".to_string())
+}
+
+/// Whether a record may skip the topic check: its topic is known to exist and a fixed partition
+/// is known to be in range.
+fn known_fit(state: Option<&crate::sink::kafka::TopicState>, partition: Option<i32>) -> bool {
+    use crate::sink::kafka::TopicState;
+    match (state, partition) {
+        (Some(TopicState::Exists { .. }), None) => true,
+        (
+            Some(TopicState::Exists {
+                partitions: Some(n),
+            }),
+            Some(p),
+        ) => (p as usize) < *n,
+        _ => false,
+    }
 }

@@ -41,15 +41,20 @@ pub struct RouteConfig {
     pub additional: Vec<Additional>,
     /// What an `additional` column missing from a row does.
     pub missing: Missing,
-    /// An empty payload (zero bytes) becomes a tombstone, as a NULL one does.
+    /// An empty (or all-whitespace) payload becomes a tombstone, as a NULL one does.
     pub tombstone_on_empty_payload: bool,
+    /// In an envelope, a JSON payload is embedded as JSON (Debezium `table.expand.json.payload`);
+    /// by default it is a string there, as Debezium writes it.
+    pub expand_json_payload: bool,
     /// Debezium's `tracing.span.context.field`: W3C trace context in Java properties text.
     pub tracing_span_context: String,
     /// What an UPDATE or DELETE of an outbox row does (Debezium `table.op.invalid.behavior`).
     pub on_update_delete: OnUpdateDelete,
 }
 
-/// UPDATEs and DELETEs of outbox rows are never forwarded; this says how loudly.
+/// UPDATEs of outbox rows are never forwarded; this says how loudly (DELETEs, the usual cleanup, are
+/// only counted). MySQL/MariaDB: Postgres publications made by outboxd publish inserts only, so
+/// updates never reach it there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnUpdateDelete {
@@ -76,6 +81,7 @@ impl Default for RouteConfig {
             additional: Vec::new(),
             missing: Missing::Error,
             tombstone_on_empty_payload: false,
+            expand_json_payload: false,
             tracing_span_context: "tracingspancontext".into(),
             on_update_delete: OnUpdateDelete::Warn,
         }
@@ -171,6 +177,45 @@ impl RouteConfig {
                     }
                 }
             }
+        }
+        if self.topic_regex.is_none()
+            && placeholders(&self.topic)
+                .iter()
+                .any(|p| p != "routedByValue")
+        {
+            return bad(
+                "route.topic",
+                format!(
+                    "{:?} refers to a group, but route.topic_regex is not set",
+                    self.topic
+                ),
+                "set route.topic_regex, or use only ${routedByValue}",
+            );
+        }
+        let mut headers: Vec<&str> = self.headers.keys().map(String::as_str).collect();
+        let mut fields: Vec<&str> = Vec::new();
+        for a in &self.additional {
+            let names = match a.placement {
+                Placement::Header => &mut headers,
+                Placement::Envelope => &mut fields,
+                Placement::Partition => continue,
+            };
+            if names.contains(&a.name()) {
+                return bad(
+                    "route.additional",
+                    format!(
+                        "{:?} is placed twice in the {}",
+                        a.name(),
+                        if a.placement == Placement::Header {
+                            "headers"
+                        } else {
+                            "envelope"
+                        }
+                    ),
+                    "give each a distinct name with `as`",
+                );
+            }
+            names.push(a.name());
         }
         let mut partitions = 0;
         for a in &self.additional {
@@ -335,7 +380,11 @@ impl Router {
             });
         }
         let mut value = payload.to_bytes();
-        if c.tombstone_on_empty_payload && value.as_ref().is_some_and(Vec::is_empty) {
+        if c.tombstone_on_empty_payload
+            && value
+                .as_ref()
+                .is_some_and(|v| v.iter().all(u8::is_ascii_whitespace))
+        {
             value = None;
         }
         let id = text(row, &c.id)?.ok_or_else(|| Unroutable {
@@ -347,7 +396,8 @@ impl Router {
         for (header, col) in &c.headers {
             headers.push((header.clone(), text(row, col)?.map(String::into_bytes)));
         }
-        let mut envelope: Option<serde_json::Map<String, serde_json::Value>> = None;
+        // Envelope fields as JSON text, in the configured order.
+        let mut envelope: Option<Vec<(&str, String)>> = None;
         let mut partition = None;
         for extra in &c.additional {
             let Some(v) = row.get(&extra.column) else {
@@ -367,11 +417,9 @@ impl Router {
                     extra.name().to_string(),
                     text(row, &extra.column)?.map(String::into_bytes),
                 )),
-                Placement::Envelope => {
-                    envelope
-                        .get_or_insert_with(serde_json::Map::new)
-                        .insert(extra.name().to_string(), json_of(v));
-                }
+                Placement::Envelope => envelope
+                    .get_or_insert_with(Vec::new)
+                    .push((extra.name(), json_text(v, true))),
                 Placement::Partition => {
                     partition = Some(partition_of(v).map_err(|why| Unroutable {
                         reason: "invalid_partition",
@@ -380,21 +428,30 @@ impl Router {
                 }
             }
         }
-        if let Some(mut fields) = envelope {
-            let inner = match payload {
-                Value::Null => serde_json::Value::Null,
-                p => json_of(p),
-            };
-            fields.insert("payload".into(), inner);
-            value = Some(serde_json::Value::Object(fields).to_string().into_bytes());
+        // A tombstone stays a tombstone (Debezium's too); otherwise the payload and the fields.
+        if let (Some(fields), Some(_)) = (envelope, &value) {
+            let mut text = String::from("{\"payload\":");
+            text.push_str(&json_text(payload, c.expand_json_payload));
+            for (name, field) in fields {
+                text.push(',');
+                text.push_str(&serde_json::Value::from(name).to_string());
+                text.push(':');
+                text.push_str(&field);
+            }
+            text.push('}');
+            value = Some(text.into_bytes());
         }
-        let (traceparent, tracestate) = trace::context(row, &c.tracing_span_context);
-        for (name, value) in [
-            (trace::TRACEPARENT, traceparent),
-            (trace::TRACESTATE, tracestate),
-        ] {
-            if let Some(value) = value {
-                if !headers.iter().any(|(h, _)| h == name) {
+        // A configured traceparent/tracestate header wins over the trace context columns.
+        if !headers
+            .iter()
+            .any(|(h, _)| h == trace::TRACEPARENT || h == trace::TRACESTATE)
+        {
+            let (traceparent, tracestate) = trace::context(row, &c.tracing_span_context);
+            for (name, value) in [
+                (trace::TRACEPARENT, traceparent),
+                (trace::TRACESTATE, tracestate),
+            ] {
+                if let Some(value) = value {
                     headers.push((name.to_string(), Some(value.into_bytes())));
                 }
             }
@@ -403,11 +460,15 @@ impl Router {
             POSITION_HEADER.to_string(),
             Some(row.origin.as_bytes().to_vec()),
         ));
+        // A NULL (or zero-date) column falls back to the commit time, as Debezium falls back to its
+        // default.
         let timestamp = match &c.timestamp {
-            Some(col) => timestamp::millis(column(row, col)?).map_err(|why| Unroutable {
-                reason: "invalid_timestamp",
-                detail: format!("column {col}: {why}"),
-            })?,
+            Some(col) => timestamp::millis(column(row, col)?)
+                .map_err(|why| Unroutable {
+                    reason: "invalid_timestamp",
+                    detail: format!("column {col}: {why}"),
+                })?
+                .or(row.committed_ms),
             None => row.committed_ms,
         };
         let record = Record {
@@ -479,11 +540,18 @@ impl Router {
     }
 }
 
-/// A column as a JSON value inside an envelope: JSON columns stay JSON, the rest as `to_json`.
-fn json_of(v: &Value) -> serde_json::Value {
+/// A column as JSON text inside an envelope. A JSON column is embedded verbatim (not re-encoded:
+/// big numbers, key order and duplicate keys stay as stored) when `expand` is set and it is valid
+/// JSON, and as a string otherwise; other values as [`Value::to_json`].
+fn json_text(v: &Value, expand: bool) -> String {
     match v {
-        Value::Json(text) => serde_json::from_str(text).unwrap_or_else(|_| text.clone().into()),
-        other => other.to_json(),
+        Value::Json(text)
+            if expand && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() =>
+        {
+            text.clone()
+        }
+        Value::Json(text) => serde_json::Value::from(text.as_str()).to_string(),
+        other => other.to_json().to_string(),
     }
 }
 
@@ -736,11 +804,32 @@ mod tests {
         let router = Router::new(config.clone(), 1_000_000);
         let r = router.route(&with(&[("shard", Value::Int(4))])).unwrap();
         assert_eq!(header(&r, "eventType"), Some(&b"OrderCreated"[..]));
-        let value: serde_json::Value = serde_json::from_slice(r.value.as_ref().unwrap()).unwrap();
+        // As Debezium: the JSON payload is a string in the envelope unless expanded.
         assert_eq!(
-            value,
-            serde_json::json!({"payload": {"a": 1}, "eventType": "OrderCreated", "aggregateid": "o-1"})
+            std::str::from_utf8(r.value.as_ref().unwrap()).unwrap(),
+            r#"{"payload":"{\"a\":1}","eventType":"OrderCreated","aggregateid":"o-1"}"#
         );
+        let expanded = Router::new(
+            RouteConfig {
+                expand_json_payload: true,
+                ..config.clone()
+            },
+            1_000_000,
+        );
+        let mut cols = debezium_row();
+        cols[4].1 = Value::Json(r#"{"big": 12345678901234567890123, "b": 1, "a": 2}"#.into());
+        cols.push(("shard", Value::Int(0)));
+        let e = expanded.route(&row(&cols)).unwrap();
+        assert_eq!(
+            std::str::from_utf8(e.value.as_ref().unwrap()).unwrap(),
+            r#"{"payload":{"big": 12345678901234567890123, "b": 1, "a": 2},"eventType":"OrderCreated","aggregateid":"o-1"}"#,
+            "the payload is embedded as stored"
+        );
+        // A NULL payload stays a tombstone.
+        let mut cols = debezium_row();
+        cols[4].1 = Value::Null;
+        cols.push(("shard", Value::Int(0)));
+        assert_eq!(router.route(&row(&cols)).unwrap().value, None);
         assert_eq!(r.partition, Some(4));
         // A missing column: unroutable by default, skipped with missing = "ignore".
         assert_eq!(
@@ -783,6 +872,8 @@ mod tests {
             1_000_000,
         );
         assert_eq!(tomb.route(&row(&cols)).unwrap().value, None);
+        cols[4].1 = Value::Text(" \n".into());
+        assert_eq!(tomb.route(&row(&cols)).unwrap().value, None);
     }
 
     #[test]
@@ -809,6 +900,21 @@ mod tests {
             .route(&with(&[("created_at", Value::Text("soon".into()))]))
             .unwrap_err();
         assert_eq!(bad.reason, "invalid_timestamp");
+        // NULL and MySQL's zero date fall back to the commit time.
+        for empty in [
+            Value::Null,
+            Value::Temporal("0000-00-00T00:00:00.000000Z".into()),
+        ] {
+            let r = router.route(&with(&[("created_at", empty)])).unwrap();
+            assert_eq!(r.timestamp, Some(1_700_000_000_000));
+        }
+        // Seconds (or nonsense) are not taken for milliseconds.
+        for n in [0, -5, 1_700_000_000] {
+            let bad = router
+                .route(&with(&[("created_at", Value::Int(n))]))
+                .unwrap_err();
+            assert_eq!(bad.reason, "invalid_timestamp", "{n}");
+        }
     }
 
     #[test]

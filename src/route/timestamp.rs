@@ -1,25 +1,42 @@
 //! The record timestamp: a column's value (Debezium `table.field.event.timestamp`) or, by default,
-//! when the source transaction committed (what the log says; Debezium's `source.ts_ms`).
+//! when the source transaction committed, as the log says. (Debezium's default is the time it
+//! processed the change; a commit time stays true when outboxd catches up on a backlog.)
 //!
 //! A column may hold a date-time (MySQL DATETIME/TIMESTAMP, Postgres timestamp/timestamptz; a value
 //! without an offset is UTC, as MySQL's binlog and outboxd's rendering give it) or a number of
-//! milliseconds since the Unix epoch.
+//! milliseconds since the Unix epoch. MySQL's zero date counts as no value. Numbers below
+//! 10^11 (March 1973 in milliseconds) are refused: they are seconds, or not times at all, and a
+//! record stamped 1970 would fall to time-based retention at once.
 
 use chrono::{DateTime, NaiveDateTime};
 
 use crate::source::Value;
 
-/// Milliseconds since the Unix epoch for `value`; `Err` says why it is not a time.
+/// The smallest number taken for epoch milliseconds.
+const MIN_MILLIS: i64 = 100_000_000_000;
+
+/// Milliseconds since the Unix epoch for `value` (`None`: no value); `Err` says why it is not a
+/// time.
 pub fn millis(value: &Value) -> Result<Option<i64>, String> {
+    let number = |ms: i64| {
+        if ms >= MIN_MILLIS {
+            Ok(Some(ms))
+        } else {
+            Err(format!(
+                "{ms} is not epoch milliseconds (seconds? the column must hold milliseconds or a date-time)"
+            ))
+        }
+    };
     match value {
         Value::Null => Ok(None),
-        Value::Int(ms) => Ok(Some(*ms)),
-        Value::UInt(ms) => i64::try_from(*ms)
-            .map(Some)
-            .map_err(|_| format!("{ms} is out of range")),
-        Value::Temporal(text) | Value::Text(text) => parse(text)
-            .map(Some)
-            .ok_or_else(|| format!("{text:?} is not a date-time")),
+        Value::Int(ms) => number(*ms),
+        Value::UInt(ms) => number(i64::try_from(*ms).unwrap_or(i64::MAX)),
+        Value::Temporal(text) | Value::Text(text) if text.starts_with("0000-00-00") => Ok(None),
+        Value::Temporal(text) | Value::Text(text) => match parse(text) {
+            Some(ms) if ms > 0 => Ok(Some(ms)),
+            Some(_) => Err(format!("{text:?} is before 1970")),
+            None => Err(format!("{text:?} is not a date-time")),
+        },
         other => Err(format!(
             "{} is not a date-time or epoch milliseconds",
             other.render().unwrap_or_default()

@@ -148,10 +148,28 @@ fn delivery_error(e: &KafkaError, topic: &str) -> Error {
         Some(C::InvalidTopic | C::PolicyViolation) => error.remedy(format!(
             "the broker rejects topic {topic}: create it, or change route.topic"
         )),
+        // Checked against the topic's metadata before sending; reaching here means the topic
+        // shrank or the metadata lied, which a reconnect would only repeat.
+        Some(C::UnknownPartition) => error.remedy(format!(
+            "a route.additional partition placement names a partition {topic} does not have: fix the row or the topic, then restart; nothing was skipped"
+        )),
+        Some(C::InvalidTimestamp) => error.remedy(format!(
+            "the broker refuses the record's timestamp (message.timestamp.difference.max.ms on {topic}?): route.timestamp or the commit time is too far from now; raise the topic's limit, then restart; nothing was skipped"
+        )),
         _ => error
             .remedy("outboxd reconnects and resumes from the last checkpoint; check the broker")
             .transient(),
     }
+}
+
+/// What the broker said about a topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopicState {
+    Missing,
+    /// The partition count, when the broker gave it.
+    Exists {
+        partitions: Option<usize>,
+    },
 }
 
 pub struct KafkaSink {
@@ -381,13 +399,14 @@ impl KafkaSink {
         .await;
     }
 
-    /// Whether `topic` exists (or is being created by the broker right now). Asking is what a produce
-    /// does too, so a broker that auto-creates topics creates it here; one that does not answers
-    /// "unknown topic", which the pipeline treats as a property of the record (dead-letter it, or stop
-    /// naming the topic) instead of a delivery failure to retry forever. "Unknown" is believed only
-    /// after it persisted for `topic.metadata.propagation.max.ms` (librdkafka's own patience, 30 s by
-    /// default): a broker whose metadata lags, or one busy auto-creating, may say so for a moment.
-    pub async fn topic_exists(&self, topic: &str) -> Result<bool> {
+    /// Whether `topic` exists (or is being created by the broker right now), and its partition
+    /// count when the broker said. Asking is what a produce does too, so a broker that auto-creates
+    /// topics creates it here; one that does not answers "unknown topic", which the pipeline treats
+    /// as a property of the record (dead-letter it, or stop naming the topic) instead of a delivery
+    /// failure to retry forever. "Unknown" is believed only after it persisted for
+    /// `topic.metadata.propagation.max.ms` (librdkafka's own patience, 30 s by default): a broker
+    /// whose metadata lags, or one busy auto-creating, may say so for a moment.
+    pub async fn topic_state(&self, topic: &str) -> Result<TopicState> {
         let patience = Duration::from_millis(
             self.properties
                 .get("topic.metadata.propagation.max.ms")
@@ -397,18 +416,20 @@ impl KafkaSink {
         let started = Instant::now();
         loop {
             match self.topic_metadata(topic).await? {
-                Some(known) if known || started.elapsed() >= patience => return Ok(known),
-                Some(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+                Some(TopicState::Missing) if started.elapsed() < patience => {
+                    tokio::time::sleep(Duration::from_millis(500)).await
+                }
+                Some(known) => return Ok(known),
                 // No answer (the broker is down or slow): produce as before; librdkafka queues the
                 // record, and a topic that turns out missing fails its delivery, which ends the
                 // session, and the next session asks again.
-                None => return Ok(true),
+                None => return Ok(TopicState::Exists { partitions: None }),
             }
         }
     }
 
-    /// One metadata request for `topic`: `Some(exists)`, or `None` without an answer.
-    async fn topic_metadata(&self, topic: &str) -> Result<Option<bool>> {
+    /// One metadata request for `topic`; `None` without an answer.
+    async fn topic_metadata(&self, topic: &str) -> Result<Option<TopicState>> {
         let producer = self.producer.clone().expect("producer lives until close");
         let name = topic.to_string();
         let answer = tokio::task::spawn_blocking(move || {
@@ -420,26 +441,29 @@ impl KafkaSink {
                     .topics()
                     .iter()
                     .find(|t| t.name() == name)
-                    .map(|t| t.error().map(RDKafkaErrorCode::from)),
+                    .map(|t| (t.error().map(RDKafkaErrorCode::from), t.partitions().len())),
             )
         })
         .await
         .map_err(|e| Error::sink(format!("topic metadata task died: {e}")))?;
         Ok(match answer {
-            Ok(Some(None)) => Some(true),
-            Ok(Some(Some(
-                RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic,
+            Ok(Some((None, partitions))) => Some(TopicState::Exists {
+                partitions: (partitions > 0).then_some(partitions),
+            }),
+            Ok(Some((
+                Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic),
+                _,
             )))
-            | Ok(None) => Some(false),
+            | Ok(None) => Some(TopicState::Missing),
             // Being created (leader not yet elected) or another passing state: produce and let
             // the delivery report tell.
-            Ok(Some(Some(code))) => {
+            Ok(Some((Some(code), _))) => {
                 tracing::debug!(
                     topic,
                     ?code,
                     "topic metadata carries an error; producing anyway"
                 );
-                Some(true)
+                Some(TopicState::Exists { partitions: None })
             }
             Err(e) => {
                 tracing::debug!(topic, error = %e, "no topic metadata; producing anyway");

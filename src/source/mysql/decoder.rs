@@ -233,6 +233,13 @@ impl Decoder {
             }
             et::ANONYMOUS_GTID => {
                 self.txn_origin = Some(format!("{}:{event_start}", self.file).into());
+                // MySQL 8 with gtid_mode=OFF: the same event layout, commit time included.
+                if let Ok(Some(EventData::AnonymousGtidEvent(g))) = event.read_data() {
+                    let commit_us = g.0.immediate_commit_timestamp();
+                    if commit_us > 0 {
+                        self.txn_committed_ms = Some((commit_us / 1000) as i64);
+                    }
+                }
             }
             et::QUERY => {
                 let data = event
@@ -329,7 +336,12 @@ impl Decoder {
                         let prepared = self.prepared.remove(i);
                         if commit {
                             self.txn_rows += prepared.rows.len() as u64;
-                            out.extend(prepared.rows.into_iter().map(Change::Row));
+                            // Committed now, not when prepared.
+                            let committed_ms = Some(i64::from(timestamp) * 1000);
+                            out.extend(prepared.rows.into_iter().map(|mut row| {
+                                row.committed_ms = committed_ms;
+                                Change::Row(row)
+                            }));
                         } else {
                             tracing::debug!(xid = %rest, rows = prepared.rows.len(), "XA ROLLBACK: the prepared outbox rows are dropped");
                         }
