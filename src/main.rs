@@ -355,9 +355,7 @@ fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), E
                 store.save(&label)?;
                 println!("previous checkpoint saved as {label:?}");
             }
-            let mut identity = anonymous_identity(config);
-            identity.server_id = imported.server_id;
-            let c = store.write(&identity, &imported.position)?;
+            let c = store.write(&anonymous_identity(config), &imported.position)?;
             for note in imported.notes {
                 println!("{note}");
             }

@@ -25,9 +25,6 @@ use crate::source::Position;
 #[derive(Debug)]
 pub struct Imported {
     pub position: Position,
-    /// MySQL/MariaDB: the server Debezium read (its `server_id`), so a FILE:POS position is not
-    /// taken on another server whose files have the same names.
-    pub server_id: Option<u32>,
     /// Lines to tell the operator.
     pub notes: Vec<String>,
 }
@@ -155,16 +152,15 @@ fn mysql(offset: &Map<String, Value>) -> Result<Imported> {
             )),
         }
     }
-    let server_id = number(offset, "server_id").and_then(|n| u32::try_from(n).ok());
+    // Debezium's `server_id` is the server that wrote the last event (the primary, when Debezium
+    // read a replica), not necessarily the one it read: it cannot pin the checkpoint to a server.
     if gtid.is_none() {
-        match server_id {
-            Some(id) => notes.push(format!(
-                "the position belongs to server_id {id}: outboxd refuses to start on another server"
-            )),
-            None => notes.push(
-                "the offset names no server_id: make sure source.url is the server Debezium read (binlog file names repeat across servers)".to_string(),
-            ),
-        }
+        let origin = number(offset, "server_id")
+            .map(|id| format!(" (its last event was written by server_id {id})"))
+            .unwrap_or_default();
+        notes.push(format!(
+            "a FILE:POS position: source.url must be the very server Debezium read{origin}; binlog file names repeat across servers"
+        ));
     }
     let position = BinlogPosition {
         file: file.to_string(),
@@ -172,10 +168,8 @@ fn mysql(offset: &Map<String, Value>) -> Result<Imported> {
         gtid,
         mysql_gtids: None,
     };
-    let server_id = position.gtid.is_none().then_some(server_id).flatten();
     Ok(Imported {
         position: position.to_position(),
-        server_id,
         notes,
     })
 }
@@ -223,7 +217,6 @@ fn postgres(offset: &Map<String, Value>) -> Result<Imported> {
     ];
     Ok(Imported {
         position: Position::Lsn(lsn),
-        server_id: None,
         notes,
     })
 }
@@ -240,14 +233,13 @@ mod tests {
         let b = inside.position.binlog().unwrap();
         assert_eq!((b.file.as_str(), b.pos), ("mariadb-bin.000002", 1234));
         assert_eq!(b.gtid, None);
-        assert_eq!(inside.server_id, Some(1));
+        assert!(inside.notes.iter().any(|n| n.contains("server_id 1")));
         assert!(inside.notes[0].contains("sent again whole"));
         // Between transactions: by GTID, the newest sequence of each domain.
         let between = br#"{"file":"mariadb-bin.000002","pos":1234,"gtids":"0-1-200,0-2-150,1-1-7","row":0,"server_id":1,"event":0}"#;
         let imported = import(SourceKind::Mysql, between).unwrap();
         let gtid = imported.position.binlog().unwrap().gtid.clone().unwrap();
         assert_eq!(gtid.to_string(), "0-1-200,1-1-7");
-        assert_eq!(imported.server_id, None);
     }
 
     #[test]

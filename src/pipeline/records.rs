@@ -26,7 +26,7 @@ pub(super) async fn resolve_record(
 ) -> Result<Record> {
     let why = match routed {
         Ok(record) => {
-            let state = match topics.get(&record.topic) {
+            let mut state = match topics.get(&record.topic) {
                 Some(known) => *known,
                 None => {
                     let state = sink.topic_state(&record.topic).await?;
@@ -34,6 +34,14 @@ pub(super) async fn resolve_record(
                     state
                 }
             };
+            // A fixed partition beyond what is known (or with no count yet): ask again, since
+            // topics gain partitions while a session runs.
+            if let (TopicState::Exists { partitions }, Some(p)) = (state, record.partition) {
+                if partitions.is_none_or(|n| p as usize >= n) {
+                    state = sink.topic_state(&record.topic).await?;
+                    topics.insert(record.topic.clone(), state);
+                }
+            }
             match (state, record.partition) {
                 (TopicState::Missing, _) => Unroutable {
                     reason: "unknown_topic",

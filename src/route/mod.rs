@@ -380,10 +380,12 @@ impl Router {
             });
         }
         let mut value = payload.to_bytes();
+        // Text that is empty or only whitespace (Debezium's rule); binary only when empty.
+        let textual = matches!(payload, Value::Text(_) | Value::Json(_));
         if c.tombstone_on_empty_payload
             && value
                 .as_ref()
-                .is_some_and(|v| v.iter().all(u8::is_ascii_whitespace))
+                .is_some_and(|v| v.is_empty() || (textual && v.iter().all(u8::is_ascii_whitespace)))
         {
             value = None;
         }
@@ -909,7 +911,7 @@ mod tests {
             assert_eq!(r.timestamp, Some(1_700_000_000_000));
         }
         // Seconds (or nonsense) are not taken for milliseconds.
-        for n in [0, -5, 1_700_000_000] {
+        for n in [0, -5, 1_700_000_000, 1_700_000_000_000_000] {
             let bad = router
                 .route(&with(&[("created_at", Value::Int(n))]))
                 .unwrap_err();

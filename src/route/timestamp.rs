@@ -14,27 +14,32 @@ use crate::source::Value;
 
 /// The smallest number taken for epoch milliseconds.
 const MIN_MILLIS: i64 = 100_000_000_000;
+/// The largest (the year 2286): beyond are microseconds or nonsense, which a broker refuses
+/// (`message.timestamp.after.max.ms`) or keeps forever.
+const MAX_MILLIS: i64 = 10_000_000_000_000;
 
 /// Milliseconds since the Unix epoch for `value` (`None`: no value); `Err` says why it is not a
 /// time.
 pub fn millis(value: &Value) -> Result<Option<i64>, String> {
     let number = |ms: i64| {
-        if ms >= MIN_MILLIS {
+        if (MIN_MILLIS..=MAX_MILLIS).contains(&ms) {
             Ok(Some(ms))
         } else {
             Err(format!(
-                "{ms} is not epoch milliseconds (seconds? the column must hold milliseconds or a date-time)"
+                "{ms} is not epoch milliseconds (seconds or microseconds? the column must hold milliseconds or a date-time)"
             ))
         }
     };
     match value {
         Value::Null => Ok(None),
         Value::Int(ms) => number(*ms),
-        Value::UInt(ms) => number(i64::try_from(*ms).unwrap_or(i64::MAX)),
+        Value::UInt(ms) => i64::try_from(*ms)
+            .map_err(|_| format!("{ms} is not epoch milliseconds"))
+            .and_then(number),
         Value::Temporal(text) | Value::Text(text) if text.starts_with("0000-00-00") => Ok(None),
         Value::Temporal(text) | Value::Text(text) => match parse(text) {
-            Some(ms) if ms > 0 => Ok(Some(ms)),
-            Some(_) => Err(format!("{text:?} is before 1970")),
+            Some(ms) if (1..=MAX_MILLIS).contains(&ms) => Ok(Some(ms)),
+            Some(_) => Err(format!("{text:?} is before 1970 or after 2286")),
             None => Err(format!("{text:?} is not a date-time")),
         },
         other => Err(format!(

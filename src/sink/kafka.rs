@@ -148,8 +148,8 @@ fn delivery_error(e: &KafkaError, topic: &str) -> Error {
         Some(C::InvalidTopic | C::PolicyViolation) => error.remedy(format!(
             "the broker rejects topic {topic}: create it, or change route.topic"
         )),
-        // Checked against the topic's metadata before sending; reaching here means the topic
-        // shrank or the metadata lied, which a reconnect would only repeat.
+        // Checked against the topic's metadata before sending when the broker gave a count;
+        // reaching here means it did not, or the topic shrank: a reconnect would only repeat it.
         Some(C::UnknownPartition) => error.remedy(format!(
             "a route.additional partition placement names a partition {topic} does not have: fix the row or the topic, then restart; nothing was skipped"
         )),

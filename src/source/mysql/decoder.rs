@@ -336,8 +336,10 @@ impl Decoder {
                         let prepared = self.prepared.remove(i);
                         if commit {
                             self.txn_rows += prepared.rows.len() as u64;
-                            // Committed now, not when prepared.
-                            let committed_ms = Some(i64::from(timestamp) * 1000);
+                            // Committed now, not when prepared (the XA COMMIT group's own GTID
+                            // event may give milliseconds).
+                            let committed_ms =
+                                self.txn_committed_ms.or(Some(i64::from(timestamp) * 1000));
                             out.extend(prepared.rows.into_iter().map(|mut row| {
                                 row.committed_ms = committed_ms;
                                 Change::Row(row)
