@@ -29,6 +29,7 @@ fi
 
 step "building outboxd (release; the longest step on a fresh machine)"
 cargo build --release --locked --bin outboxd --example consume
+TARGET="${CARGO_TARGET_DIR:-target}"
 
 WORK=$(mktemp -d /tmp/outboxd-quickstart.XXXXXX)
 PIDS=()
@@ -129,7 +130,7 @@ step "outboxd.toml"
 cat "$WORK/outboxd.toml"
 
 step "starting outboxd"
-OUTBOXD_SOURCE__PASSWORD=quickstart ./target/release/outboxd --config "$WORK/outboxd.toml" run \
+OUTBOXD_SOURCE__PASSWORD=quickstart "$TARGET"/release/outboxd --config "$WORK/outboxd.toml" run \
   2>"$WORK/outboxd.log" &
 OUTBOXD=$!
 PIDS+=($OUTBOXD)
@@ -146,11 +147,11 @@ COMMIT;
 SQL
 
 step "records on topic outbox.event.order"
-./target/release/examples/consume "127.0.0.1:$KAFKA_PORT" outbox.event.order 3 30
+"$TARGET"/release/examples/consume "127.0.0.1:$KAFKA_PORT" outbox.event.order 3 30
 
 step "stopping outboxd (SIGTERM: drains acks, writes the final checkpoint)"
 kill -TERM "$OUTBOXD"
 wait "$OUTBOXD" || true
 step "checkpoint"
-./target/release/outboxd --config "$WORK/outboxd.toml" checkpoint show
+"$TARGET"/release/outboxd --config "$WORK/outboxd.toml" checkpoint show
 step "quickstart done"

@@ -45,6 +45,24 @@ if [ "$QUICKSTART" = 1 ]; then
   exit 0
 fi
 
+# promtool, to check deploy/prometheus/alerts.yml (tests/deploy_files.rs): unpacked from Debian's
+# prometheus package (no service installed, nothing started). Optional: without it that test checks
+# the rules' YAML only.
+PROMTOOL="${OUTBOXD_PROMTOOL:-$HOME/.cache/outboxd-test/promtool}"
+if [ ! -x "$PROMTOOL" ]; then
+  tmp=$(mktemp -d)
+  if (cd "$tmp" && { apt-get download prometheus >/dev/null 2>&1 \
+        || { $SUDO apt-get update -qq && apt-get download prometheus >/dev/null 2>&1; }; }) \
+     && dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/root"; then
+    mkdir -p "$(dirname "$PROMTOOL")"
+    cp "$tmp/root/usr/bin/promtool" "$PROMTOOL"
+    echo "install-test-deps: promtool unpacked to $PROMTOOL"
+  else
+    echo "install-test-deps: promtool not available; the alert rules get the YAML check only"
+  fi
+  rm -rf "$tmp"
+fi
+
 BROKER_ROOT="${OUTBOXD_BROKER_ROOT:-$HOME/.cache/outboxd-test/nisshi-0.8.1}"
 if [ ! -x "$BROKER_ROOT/bin/nisshi" ]; then
   echo "install-test-deps: building the nisshi 0.8.1 test broker into $BROKER_ROOT (one time, ~10 min)"

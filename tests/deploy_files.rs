@@ -149,3 +149,31 @@ fn every_alert_rule_is_complete_and_queries_only_series_outboxd_exports() {
         }
     }
 }
+
+#[test]
+fn the_alert_rules_pass_promtool_when_it_is_installed() {
+    // scripts/install-test-deps.sh unpacks promtool from Debian's prometheus package.
+    let promtool = std::env::var_os("OUTBOXD_PROMTOOL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
+                .join(".cache/outboxd-test/promtool")
+        });
+    if !promtool.exists() {
+        eprintln!("promtool not installed: the rules got the YAML check only");
+        return;
+    }
+    let rules =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/prometheus/alerts.yml");
+    let out = std::process::Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(&rules)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success() && text.contains("SUCCESS"), "{text}");
+}
