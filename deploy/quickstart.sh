@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# outboxd in one command: a private MariaDB with a ROW binlog, an in-memory Kafka-protocol broker and
+# outboxd in one command: a private MariaDB with a ROW binlog, a throwaway Kafka-protocol broker and
 # outboxd forwarding an outbox table between them, all on 127.0.0.1 in a temp dir, torn down at exit.
 # It inserts a few outbox rows, prints the Kafka records they became, and shows the checkpoint.
 #
@@ -12,37 +12,73 @@ cd "$(dirname "$0")/.."
 START=$(date +%s)
 step() { echo "== [$(( $(date +%s) - START ))s] $*"; }
 
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "quickstart: cargo (Rust 1.89 or newer) is needed to build outboxd. Install it with:" >&2
+  echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y && . \"\$HOME/.cargo/env\"" >&2
+  exit 1
+fi
+
 step "installing what is missing (MariaDB, build tools)"
 ./scripts/install-test-deps.sh --quickstart
 
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/outboxd-quickstart"
 VENV="$CACHE/noida-venv"
-step "installing the broker (noida-db from PyPI into $VENV)"
-if [ -x "$VENV/bin/noida-db" ] \
-   || { python3 -m venv "$VENV" && "$VENV/bin/pip" install --quiet --disable-pip-version-check noida-db; }; then
+NOIDA_VERSION=0.2.3
+# The server binary inside the wheel (run directly: its Python wrapper would leave it behind when
+# stopped).
+noida_binary() {
+  "$VENV/bin/python" -c 'import importlib.resources as r; print(r.files("noida_db") / "noida-db")' 2>/dev/null
+}
+install_noida() {
+  rm -rf "$VENV"
+  python3 -m venv "$VENV" \
+    && "$VENV/bin/pip" install --quiet --disable-pip-version-check --only-binary=:all: \
+         --timeout 15 --retries 1 "noida-db==$NOIDA_VERSION"
+}
+step "installing the broker (noida-db $NOIDA_VERSION from PyPI into $VENV)"
+NOIDA=""
+if [ -x "$(noida_binary)" ] || install_noida; then
+  NOIDA=$(noida_binary)
+fi
+if [ -n "$NOIDA" ] && [ -x "$NOIDA" ]; then
   BROKER_KIND=noida
 else
+  rm -rf "$VENV"
   step "noida-db is not installable here; building the test broker instead (~10 minutes, once)"
-  ./scripts/install-test-deps.sh
+  ./scripts/install-test-deps.sh --broker
   BROKER_KIND=nisshi
 fi
 
 step "building outboxd (release; the longest step on a fresh machine)"
 cargo build --release --locked --bin outboxd --example consume
-TARGET="${CARGO_TARGET_DIR:-target}"
+TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 
 WORK=$(mktemp -d /tmp/outboxd-quickstart.XXXXXX)
 PIDS=()
 cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  status=$?
+  # Newest first: outboxd before the broker it drains into, the broker before MariaDB.
+  for (( i=${#PIDS[@]}-1; i>=0; i-- )); do
+    kill "${PIDS[$i]}" 2>/dev/null || true
+    wait "${PIDS[$i]}" 2>/dev/null || true
+  done
+  if [ "$status" -ne 0 ]; then
+    for log in "$WORK"/*.log "$WORK"/*.err; do
+      [ -f "$log" ] && { echo "--- $log" >&2; tail -n 20 "$log" >&2; }
+    done
+  fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_for() { # wait_for DESCRIPTION COMMAND...
-  local what=$1; shift
-  for _ in $(seq 1 300); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+wait_for() { # wait_for DESCRIPTION PID COMMAND...: until COMMAND succeeds, while PID lives
+  local what=$1 pid=$2; shift 2
+  for _ in $(seq 1 300); do
+    "$@" >/dev/null 2>&1 && return 0
+    kill -0 "$pid" 2>/dev/null || { echo "quickstart: $what exited (its log follows)" >&2; exit 1; }
+    sleep 0.2
+  done
   echo "quickstart: timed out waiting for $what" >&2; exit 1
 }
 
@@ -75,7 +111,7 @@ mariadb-install-db --defaults-file="$WORK/my.cnf" --user="$(id -un)" \
   --auth-root-authentication-method=normal --skip-test-db >/dev/null
 /usr/sbin/mariadbd --defaults-file="$WORK/my.cnf" >/dev/null 2>&1 &
 PIDS+=($!)
-wait_for "MariaDB" sql -e "select 1"
+wait_for "MariaDB" "$!" sql -e "select 1"
 
 sql <<'SQL'
 CREATE DATABASE app;
@@ -96,7 +132,7 @@ SQL
 step "starting the Kafka-protocol broker ($BROKER_KIND) on 127.0.0.1:$KAFKA_PORT"
 if [ "$BROKER_KIND" = noida ]; then
   # It warns about a missing weak glibc symbol on older systems and runs all the same.
-  "$VENV/bin/noida-db" start --data-dir "$WORK/broker" --host 127.0.0.1 --only kafka \
+  "$NOIDA" start --data-dir "$WORK/broker" --host 127.0.0.1 --only kafka \
     --kafka-port "$KAFKA_PORT" >"$WORK/broker.log" 2>&1 &
 else
   BROKER="${OUTBOXD_BROKER_ROOT:-$HOME/.cache/outboxd-test/nisshi-0.8.1}/bin/nisshi"
@@ -105,7 +141,7 @@ else
     --storage-engine memory://nisshi/ --group-initial-rebalance-delay 0s >"$WORK/broker.log" 2>&1 &
 fi
 PIDS+=($!)
-wait_for "the broker" bash -c "exec 3<>/dev/tcp/127.0.0.1/$KAFKA_PORT"
+wait_for "the broker" "$!" bash -c "exec 3<>/dev/tcp/127.0.0.1/$KAFKA_PORT"
 
 mkdir -p "$WORK/checkpoints"
 cat > "$WORK/outboxd.toml" <<TOML
@@ -134,7 +170,7 @@ OUTBOXD_SOURCE__PASSWORD=quickstart "$TARGET"/release/outboxd --config "$WORK/ou
   2>"$WORK/outboxd.log" &
 OUTBOXD=$!
 PIDS+=($OUTBOXD)
-wait_for "outboxd" grep -q "binlog stream opened" "$WORK/outboxd.log"
+wait_for "outboxd" "$OUTBOXD" grep -q "binlog stream opened" "$WORK/outboxd.log"
 
 step "inserting three events in one business transaction"
 sql <<'SQL'

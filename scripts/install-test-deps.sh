@@ -9,11 +9,20 @@ set -euo pipefail
 
 # --quickstart: only what deploy/quickstart.sh needs (MariaDB and the build tools); no PostgreSQL, no
 # TLS terminator, no test broker build (the quickstart installs a prebuilt broker from PyPI).
+# --broker: only the test broker (the quickstart's fallback when PyPI is out of reach).
 QUICKSTART=0
+BROKER_ONLY=0
 if [ "${1:-}" = "--quickstart" ]; then QUICKSTART=1; fi
+if [ "${1:-}" = "--broker" ]; then BROKER_ONLY=1; fi
 
 SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then
+    SUDO="sudo"
+  else
+    SUDO="missing-sudo"
+  fi
+fi
 
 packages=()
 [ -x /usr/sbin/mariadbd ] || packages+=(mariadb-server)
@@ -34,6 +43,12 @@ command -v cc >/dev/null 2>&1 || packages+=(gcc g++)
 dpkg -s libssl-dev >/dev/null 2>&1 || packages+=(libssl-dev)
 dpkg -s zlib1g-dev >/dev/null 2>&1 || packages+=(zlib1g-dev)
 
+if [ "$BROKER_ONLY" = 1 ]; then packages=(); fi
+if [ "${#packages[@]}" -gt 0 ] && [ "$SUDO" = missing-sudo ]; then
+  echo "install-test-deps: these Debian packages are missing: ${packages[*]}" >&2
+  echo "install-test-deps: run as root (or install sudo): apt-get install ${packages[*]}" >&2
+  exit 1
+fi
 if [ "${#packages[@]}" -gt 0 ]; then
   echo "install-test-deps: installing ${packages[*]}"
   $SUDO apt-get update -qq
@@ -49,15 +64,18 @@ fi
 # prometheus package (no service installed, nothing started). Optional: without it that test checks
 # the rules' YAML only.
 PROMTOOL="${OUTBOXD_PROMTOOL:-$HOME/.cache/outboxd-test/promtool}"
-if [ ! -x "$PROMTOOL" ]; then
+if [ "$BROKER_ONLY" = 0 ] && [ ! -x "$PROMTOOL" ] && [ ! -e "$PROMTOOL.unavailable" ] \
+   && [ "$SUDO" != missing-sudo ]; then
   tmp=$(mktemp -d)
   if (cd "$tmp" && { apt-get download prometheus >/dev/null 2>&1 \
         || { $SUDO apt-get update -qq && apt-get download prometheus >/dev/null 2>&1; }; }) \
      && dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/root"; then
     mkdir -p "$(dirname "$PROMTOOL")"
-    cp "$tmp/root/usr/bin/promtool" "$PROMTOOL"
+    cp "$tmp/root/usr/bin/promtool" "$PROMTOOL" || true
     echo "install-test-deps: promtool unpacked to $PROMTOOL"
   else
+    # Remembered, so later runs do not retry (delete the marker to try again).
+    mkdir -p "$(dirname "$PROMTOOL")" && touch "$PROMTOOL.unavailable" || true
     echo "install-test-deps: promtool not available; the alert rules get the YAML check only"
   fi
   rm -rf "$tmp"

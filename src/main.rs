@@ -32,8 +32,9 @@ outboxd schema --kind mysql > outbox.sql      # the outbox table, grants and ser
 outboxd --config orders.toml check            # is everything in place?\n  \
 outboxd --config orders.toml run              # forward until SIGTERM\n  \
 outboxd --config orders.toml checkpoint show  # where it is\n  \
-outboxd completions bash > /etc/bash_completion.d/outboxd\n\n\
-EXIT STATUS:\n  0 success; 1 an error (its message names what broke and the fix; `check`: a FAIL).\n\n\
+outboxd completions bash > ~/.local/share/bash-completion/completions/outboxd\n\n\
+EXIT STATUS:\n  0 success; 1 an error (its message names what broke and the fix; `check`: a FAIL); \
+2 a command-line usage error.\n\n\
 SEE ALSO:\n  README.md (configuration, guarantees, troubleshooting), deploy/outboxd.example.toml"
 )]
 struct Cli {
@@ -67,7 +68,8 @@ enum Command {
 refuses to start on a misconfiguration; a server that does not answer is waited for. Without a \
 checkpoint the stream starts at the log's current end. On SIGTERM outboxd stops reading, waits up to \
 kafka.drain_timeout_ms for the open acknowledgements, writes the final checkpoint and exits 0.\n\n\
-On a terminal (text logs) a progress line every 10 s shows rows/s, source lag and the checkpoint.",
+On a terminal (text logs) a progress line every 10 s shows rows/s, records forwarded, how far behind \
+the source the reading is, and the records in flight.",
         after_long_help = "EXAMPLES:\n  \
 outboxd --config orders.toml run\n  \
 OUTBOXD_SOURCE__PASSWORD=... outboxd --config orders.toml --log-format json run\n  \
@@ -85,7 +87,7 @@ line per requirement (binlog/WAL settings, privileges, the slot and publication,
 columns, TLS on each connection, the checkpoint, the dead-letter topic), with the fix for each \
 FAIL. Secrets are never printed. Exit status 1 when anything FAILs.",
         after_long_help = "EXAMPLES:\n  outboxd --config orders.toml check\n  \
-outboxd --config orders.toml check && systemctl start outboxd@orders"
+outboxd --config orders.toml check && outboxd --config orders.toml run"
     )]
     Check,
     /// Inspect or move the pipeline's checkpoint.
@@ -101,6 +103,10 @@ outboxd checkpoint reset                           # next run starts at the log'
     },
     /// Forward the outbox rows in a range again, then exit; the live checkpoint is untouched.
     /// With --binlog-file, read local binlog files instead of the server.
+    #[command(after_long_help = "EXAMPLES:\n  \
+outboxd replay --from before-migration                  # a saved checkpoint label, up to now\n  \
+outboxd replay --from mariadb-bin.000042:4 --to gtid:0-1-900\n  \
+outboxd replay --binlog-file /backup/mariadb-bin.000042 --dry-run | head")]
     Replay {
         /// A saved checkpoint label, or a position (FILE:POS, gtid:0-1-42). Required unless
         /// --binlog-file is given (then it defaults to the first file's start).
@@ -127,8 +133,8 @@ outboxd checkpoint reset                           # next run starts at the log'
     },
     /// Print a shell completion script (needs no config).
     #[command(after_long_help = "EXAMPLES:\n  \
-outboxd completions bash > /etc/bash_completion.d/outboxd\n  \
-outboxd completions zsh > \"${fpath[1]}/_outboxd\"\n  \
+outboxd completions bash > ~/.local/share/bash-completion/completions/outboxd\n  \
+outboxd completions zsh > ~/.zfunc/_outboxd   # with fpath+=(~/.zfunc) in ~/.zshrc\n  \
 outboxd completions fish > ~/.config/fish/completions/outboxd.fish")]
     Completions {
         #[arg(value_enum)]

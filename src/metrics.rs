@@ -243,8 +243,8 @@ impl Metrics {
             .store(self.now_ms(), Ordering::Relaxed);
     }
 
-    /// Seconds from the commit of the last forwarded transaction to now (0 after a heartbeat);
-    /// None before the first.
+    /// Seconds from the commit of the last transaction read (its records may still be in flight) to
+    /// now (0 after a heartbeat); None before the first.
     pub fn source_lag_seconds(&self) -> Option<f64> {
         let source_ms = self.source_time_ms.load(Ordering::Relaxed);
         (source_ms != NEVER).then(|| {

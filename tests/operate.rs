@@ -381,7 +381,14 @@ fn help_reads_like_a_man_page_and_completions_need_no_config() {
     ] {
         assert!(help.contains(needle), "--help lacks {needle:?}:\n{help}");
     }
-    for sub in ["run", "check", "checkpoint", "schema", "completions"] {
+    for sub in [
+        "run",
+        "check",
+        "checkpoint",
+        "replay",
+        "schema",
+        "completions",
+    ] {
         let text = run(&[sub, "--help"]);
         assert!(
             text.contains("EXAMPLES:"),
@@ -412,7 +419,7 @@ fn run_on_a_terminal_prints_a_progress_line_a_person_can_read() {
         env.outboxd.binary.display(),
         env.outboxd.config_path().display()
     );
-    let mut child = std::process::Command::new("script")
+    let child = std::process::Command::new("script")
         .args(["-q", "-f", "-e", "-c", &command])
         .arg(&screen)
         .env("OUTBOXD_SOURCE__PASSWORD", rig::mariadb::CDC_PASSWORD)
@@ -423,6 +430,16 @@ fn run_on_a_terminal_prints_a_progress_line_a_person_can_read() {
         .process_group(0)
         .spawn()
         .unwrap();
+    // Whatever happens below, `script` and the outboxd under it go away with the test.
+    struct Group(std::process::Child);
+    impl Drop for Group {
+        fn drop(&mut self) {
+            let group = nix::unistd::Pid::from_raw(self.0.id() as i32);
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Group(child);
     wait_until(
         "the stream to open",
         std::time::Duration::from_secs(60),
@@ -430,20 +447,30 @@ fn run_on_a_terminal_prints_a_progress_line_a_person_can_read() {
     );
     insert_rows(&env.db, 0, 20, 5);
     assert_eq!(consume_all(&env, 20).len(), 20);
+    // The line counts the rows (not just heartbeats).
     wait_until(
         "a progress line",
         std::time::Duration::from_secs(60),
-        || rig::file_contains(&screen, " forwarded · "),
+        || rig::file_contains(&screen, "· 20 forwarded · "),
     );
     let text = std::fs::read_to_string(&screen).unwrap();
-    let line = text.lines().find(|l| l.contains(" forwarded · ")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("· 20 forwarded · "))
+        .unwrap();
     assert!(
         line.contains("rows/s")
             && (line.contains("behind the source") || line.contains("caught up"))
             && line.contains("in flight"),
         "{line}"
     );
-    let group = nix::unistd::Pid::from_raw(child.id() as i32);
+    // SIGTERM reaches outboxd through script; it exits cleanly, and script passes the status on.
+    let group = nix::unistd::Pid::from_raw(child.0.id() as i32);
     let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGTERM);
-    let _ = child.wait();
+    let status = child.0.wait().unwrap();
+    assert!(
+        status.success(),
+        "{status}: {}",
+        std::fs::read_to_string(&screen).unwrap_or_default()
+    );
 }

@@ -2,6 +2,7 @@
 //! behind the source the forwarded transactions are, and what is in flight. Logs stay for machines
 //! (and the line is never printed with `--log-format json` or when stderr is not a terminal).
 
+use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,7 +21,9 @@ pub async fn report(metrics: Arc<Metrics>) {
         let now = (Instant::now(), metrics.forwarded_total());
         let rate = (now.1 - last.1) as f64 / now.0.duration_since(last.0).as_secs_f64().max(0.001);
         last = now;
-        eprintln!(
+        // A closed terminal is no reason to stop forwarding.
+        let _ = writeln!(
+            std::io::stderr(),
             "{}",
             line(
                 rate,
@@ -34,9 +37,11 @@ pub async fn report(metrics: Arc<Metrics>) {
 
 /// `outboxd: 1,234 rows/s · 98,765 forwarded · 12.3 s behind the source · 40 in flight`
 fn line(rate: f64, total: u64, lag: Option<f64>, inflight: i64) -> String {
+    // The lag is that of what was read; with records still unacknowledged it is not "caught up".
     let behind = match lag {
-        None => "nothing forwarded yet".to_string(),
-        Some(l) if l < 1.0 => "caught up".to_string(),
+        None => "nothing read yet".to_string(),
+        Some(l) if l < 1.0 && inflight == 0 => "caught up".to_string(),
+        Some(l) if l < 1.0 => "read up to now".to_string(),
         Some(l) if l < 120.0 => format!("{l:.1} s behind the source"),
         Some(l) if l < 7200.0 => format!("{:.1} min behind the source", l / 60.0),
         Some(l) => format!("{:.1} h behind the source", l / 3600.0),
@@ -71,8 +76,10 @@ mod tests {
             line(1234.4, 98_765, Some(12.34), 40),
             "outboxd: 1,234 rows/s · 98,765 forwarded · 12.3 s behind the source · 40 in flight"
         );
-        assert!(line(0.0, 0, None, 0).contains("nothing forwarded yet"));
+        assert!(line(0.0, 0, None, 0).contains("nothing read yet"));
         assert!(line(5.0, 10, Some(0.2), 0).contains("caught up"));
+        // A broker that does not acknowledge: everything read, nothing caught up.
+        assert!(line(0.0, 10, Some(0.2), 40).contains("read up to now · 40 in flight"));
         assert!(line(5.0, 10, Some(600.0), 0).contains("10.0 min behind"));
     }
 }
