@@ -89,6 +89,29 @@ fn assert_no_secrets(text: &str, c: &Certs) {
     }
 }
 
+/// `source.tls` with `mode` and the client certificate, no CA.
+fn client_only(mode: &str, c: &Certs) -> String {
+    format!(
+        "tls = {{ mode = \"{mode}\", cert = \"{}\", key = \"{}\" }}",
+        c.client.cert.display(),
+        c.client.key.display()
+    )
+}
+
+/// Each case `(what, config body, expected text)` fails `check` and `run` with its own message,
+/// and no secret shows.
+fn each_fails_with_its_own_message(outboxd: &Outboxd, cases: &[(&str, String, &str)], c: &Certs) {
+    for (what, body, expected) in cases {
+        outboxd.rewrite_config(body);
+        for command in ["check", "run"] {
+            let (ok, text) = output(outboxd, &[command]);
+            assert!(!ok, "{what}: {command} succeeded:\n{text}");
+            assert!(text.contains(expected), "{what}: {command}:\n{text}");
+            assert_no_secrets(&text, c);
+        }
+    }
+}
+
 /// `outboxd check` passes and prints `line`.
 fn check_passes_with(outboxd: &Outboxd, body: &str, line: &str) {
     outboxd.rewrite_config(body);
@@ -228,15 +251,7 @@ fn mariadb_certificate_problems_each_fail_check_and_run_with_their_own_message()
             "not signed by a CA in source.tls.ca",
         ),
     ];
-    for (what, body, expected) in &cases {
-        outboxd.rewrite_config(body);
-        for command in ["check", "run"] {
-            let (ok, text) = output(&outboxd, &[command]);
-            assert!(!ok, "{what}: {command} succeeded:\n{text}");
-            assert!(text.contains(expected), "{what}: {command}:\n{text}");
-            assert_no_secrets(&text, &c);
-        }
-    }
+    each_fails_with_its_own_message(&outboxd, &cases, &c);
     // What each weaker mode accepts, against a server that refuses plain text (so a pass is TLS):
     // verify-ca skips the name, require (no ca) the chain, prefer uses TLS when offered.
     let localhost = format!("mysql://cdc@localhost:{}/app", db.port);
@@ -248,20 +263,12 @@ fn mariadb_certificate_problems_each_fail_check_and_run_with_their_own_message()
         ),
         (
             &db.cdc_url(),
-            format!(
-                "tls = {{ mode = \"require\", cert = \"{}\", key = \"{}\" }}",
-                c.client.cert.display(),
-                c.client.key.display()
-            ),
+            client_only("require", &c),
             "require: certificate not checked, client certificate sent",
         ),
         (
             &db.cdc_url(),
-            format!(
-                "tls = {{ mode = \"prefer\", cert = \"{}\", key = \"{}\" }}",
-                c.client.cert.display(),
-                c.client.key.display()
-            ),
+            client_only("prefer", &c),
             "prefer: certificate not checked, client certificate sent",
         ),
     ] {
@@ -443,21 +450,8 @@ fn postgres_certificate_problems_each_fail_check_and_run_with_their_own_message(
             "not signed by a CA in source.tls.ca",
         ),
     ];
-    for (what, body, expected) in &cases {
-        outboxd.rewrite_config(body);
-        for command in ["check", "run"] {
-            let (ok, text) = output(&outboxd, &[command]);
-            assert!(!ok, "{what}: {command} succeeded:\n{text}");
-            assert!(text.contains(expected), "{what}: {command}:\n{text}");
-            assert_no_secrets(&text, &c);
-        }
-    }
+    each_fails_with_its_own_message(&outboxd, &cases, &c);
     let localhost = format!("postgres://cdc@localhost:{}/app", pg.port);
-    let client_only = format!(
-        "tls = {{ mode = \"MODE\", cert = \"{}\", key = \"{}\" }}",
-        c.client.cert.display(),
-        c.client.key.display()
-    );
     for (url, tls, line) in [
         (
             &localhost,
@@ -466,12 +460,12 @@ fn postgres_certificate_problems_each_fail_check_and_run_with_their_own_message(
         ),
         (
             &url,
-            client_only.replace("MODE", "require"),
+            client_only("require", &c),
             "require: certificate not checked, client certificate sent",
         ),
         (
             &url,
-            client_only.replace("MODE", "prefer"),
+            client_only("prefer", &c),
             "prefer: certificate not checked, client certificate sent",
         ),
     ] {
