@@ -6,8 +6,13 @@
 //! anything that a retry cannot fix (bad config, a corrupt checkpoint, an event we cannot decode) ends the
 //! process with a non-zero status. Secrets never reach these strings: URLs are redacted before they are
 //! formatted into a message (see [`crate::source::config::redact_url`]).
+//!
+//! The driver error behind one (mysql_async, tokio-postgres, librdkafka) stays attached as its
+//! [`std::error::Error::source`], for programs and logs that walk the chain; the message already
+//! says in words what it means.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// Which stage broke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +48,7 @@ pub struct Error {
     message: String,
     remedy: Option<String>,
     transient: bool,
+    cause: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -54,6 +60,7 @@ impl Error {
             message: message.into(),
             remedy: None,
             transient: false,
+            cause: None,
         }
     }
 
@@ -80,6 +87,12 @@ impl Error {
     /// Adds the action that fixes this error.
     pub fn remedy(mut self, remedy: impl Into<String>) -> Self {
         self.remedy = Some(remedy.into());
+        self
+    }
+
+    /// Keeps the driver error this one explains, as its `source()`.
+    pub fn caused_by(mut self, cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.cause = Some(Arc::new(cause));
         self
     }
 
@@ -116,4 +129,26 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_driver_error_stays_attached_as_the_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let e = Error::source("the replication connection failed")
+            .transient()
+            .caused_by(io);
+        let cause = std::error::Error::source(&e).expect("a source");
+        assert_eq!(cause.to_string(), "reset by peer");
+        assert!(std::error::Error::source(&Error::config("x")).is_none());
+    }
+}

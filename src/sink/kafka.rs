@@ -137,7 +137,7 @@ fn delivery_error(e: &KafkaError, topic: &str) -> Error {
         KafkaError::MessageProduction(code) => Some(*code),
         _ => None,
     };
-    let error = Error::sink(format!("delivery to topic {topic} failed: {e}"));
+    let error = Error::sink(format!("delivery to topic {topic} failed: {e}")).caused_by(e.clone());
     match code {
         Some(C::MessageSizeTooLarge | C::InvalidRecord | C::InvalidMessageSize) => error.remedy(format!(
             "the broker refuses a record this large: raise the topic's max.message.bytes (and the broker's message.max.bytes) for {topic}, then restart; nothing was skipped"

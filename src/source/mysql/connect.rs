@@ -113,6 +113,10 @@ pub(super) async fn open(config: &SourceConfig) -> Result<Conn> {
 
 /// What a driver error on a connection to `config`'s server means, and what to do.
 pub(super) fn map_err(e: mysql_async::Error, config: &SourceConfig) -> Error {
+    explain(&e, config).caused_by(e)
+}
+
+fn explain(e: &mysql_async::Error, config: &SourceConfig) -> Error {
     let server = redact_url(&config.url);
     let tls = || {
         TlsSettings::of(config).unwrap_or(TlsSettings {

@@ -216,7 +216,7 @@ impl Control {
         let login =
             tokio::time::timeout(Duration::from_secs(10), config.connect_raw(socket, NoTls));
         let (client, connection) = match login.await {
-            Ok(result) => result.map_err(|e| login_error(info, protection, &e))?,
+            Ok(result) => result.map_err(|e| login_error(info, protection, &e).caused_by(e))?,
             Err(_) => {
                 return Err(Error::source(format!(
                     "{}: the login did not finish within 10 s",
@@ -251,10 +251,11 @@ impl Control {
 
     fn failed(&self, what: &str, e: tokio_postgres::Error) -> Error {
         let error = Error::source(format!("{} ({what}): {}", self.shown, describe(&e)));
-        match e.code() {
+        let error = match e.code() {
             Some(code) if !transient_sqlstate(code.code()) => error,
             _ => error.transient(),
-        }
+        };
+        error.caused_by(e)
     }
 
     /// Creates the publication (`FOR TABLE … WITH (publish = 'insert', publish_via_partition_root =

@@ -89,11 +89,12 @@ impl Drop for ReplicationStream {
 /// certificate with a TLS alert: definite).
 fn io_error(shown: &str, e: std::io::Error) -> Error {
     if let Some(refused) = crate::source::tls::alert_error(shown, &e.to_string()) {
-        return refused;
+        return refused.caused_by(e);
     }
     Error::source(format!("{shown}: the replication connection failed: {e}"))
         .remedy("outboxd reconnects by itself")
         .transient()
+        .caused_by(e)
 }
 
 fn protocol_error(shown: &str, what: String) -> Error {
