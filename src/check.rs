@@ -52,8 +52,13 @@ pub async fn run(config: &Config) -> Report {
                 items.push(Item::pass(
                     "checkpoint",
                     format!(
-                        "none yet at {} (run starts at the source's current end)",
-                        store.path().display()
+                        "none yet at {} ({})",
+                        store.path().display(),
+                        match config.source.snapshot {
+                            crate::source::config::SnapshotMode::Never =>
+                                "run starts at the source's current end",
+                            _ => "run first sends the rows already in the outbox tables (source.snapshot), then streams from where that read began",
+                        }
                     ),
                 ));
                 None
@@ -76,7 +81,11 @@ pub async fn run(config: &Config) -> Report {
             None
         }
     };
-    let position = checkpoint.as_ref().map(|c| &c.position);
+    // A snapshot in progress streams from its `then` afterwards: that is what the server must keep.
+    let position = checkpoint.as_ref().map(|c| match &c.position {
+        crate::source::Position::Snapshot(at) => &at.then,
+        other => other,
+    });
     let wanted = config.route.columns();
     match &config.source.db {
         SourceDb::Mysql(_) => {

@@ -592,6 +592,42 @@ listen = ""
     }
 
     #[test]
+    fn snapshot_settings_are_checked_together() {
+        let with = |extra: &str| MINIMAL.replace("[kafka]", &format!("{extra}\n[kafka]"));
+        let c = parse(MINIMAL, &[]).unwrap();
+        assert_eq!(
+            c.source.snapshot,
+            crate::source::config::SnapshotMode::Never
+        );
+        assert_eq!(c.source.snapshot_chunk, 1000);
+        let c = parse(
+            &with("snapshot = \"initial_where\"\nsnapshot_where = \"published = false\""),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            c.source.snapshot_where.as_deref(),
+            Some("published = false")
+        );
+        for (extra, named) in [
+            ("snapshot = \"initial_where\"", "snapshot_where"),
+            (
+                "snapshot = \"initial\"\nsnapshot_where = \"x = 1\"",
+                "snapshot_where",
+            ),
+            ("snapshot_where = \"x = 1\"", "snapshot_where"),
+            (
+                "snapshot = \"initial\"\nsnapshot_chunk = 0",
+                "snapshot_chunk",
+            ),
+            ("snapshot = \"always\"", "snapshot"),
+        ] {
+            let err = parse(&with(extra), &[]).unwrap_err().to_string();
+            assert!(err.contains(named), "{extra}: {err}");
+        }
+    }
+
+    #[test]
     fn unknown_key_is_named() {
         let text = MINIMAL.replace("[kafka]", "[kafka]\nbrokerz = \"x\"");
         let err = parse(&text, &[]).unwrap_err().to_string();

@@ -123,6 +123,20 @@ outboxd replay --binlog-file /backup/mariadb-bin.000042 --dry-run | head")]
         #[arg(long, requires = "binlog_file")]
         dry_run: bool,
     },
+    /// Send the rows in the outbox tables once more (all, or those matching --where), then exit;
+    /// the running pipeline and its checkpoint are untouched.
+    #[command(
+        long_about = "Send the rows already in the outbox tables through the normal router and sink once more, in primary-key order and chunks of source.snapshot_chunk rows, then exit (a re-send, like Debezium's signal-driven snapshot). Records carry the rows' own ids, so consumers that deduplicate by id see nothing new. A running `outboxd run` is undisturbed: progress lives in its own checkpoint (NAME.snapshot.json), so an interrupted snapshot resumes where it stopped; a finished one starts afresh the next time.",
+        after_long_help = "EXAMPLES:
+  outboxd snapshot                                   # every row of every outbox table
+  outboxd snapshot --where \"created_at > now() - interval '1 day'\"   # Postgres
+  outboxd snapshot --where \"aggregatetype = 'order'\""
+    )]
+    Snapshot {
+        /// An SQL condition on the outbox columns choosing the rows (default: all rows).
+        #[arg(long = "where", value_name = "PREDICATE")]
+        predicate: Option<String>,
+    },
     /// Print the recommended outbox table, grants and server settings.
     #[command(
         after_long_help = "EXAMPLES:\n  outboxd schema --kind mysql\n  outboxd schema --kind postgres | psql app"
@@ -327,6 +341,12 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 Ok(ExitCode::SUCCESS)
             })
         }
+        Command::Snapshot { predicate } => runtime()?.block_on(async {
+            let count =
+                outboxd::pipeline::snapshot(&config, predicate, shutdown_signal()).await?;
+            println!("sent {count} record(s)");
+            Ok(ExitCode::SUCCESS)
+        }),
         Command::Checkpoint { action } => {
             checkpoint_command(&config, action)?;
             Ok(ExitCode::SUCCESS)

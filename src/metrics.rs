@@ -48,6 +48,7 @@ pub struct Metrics {
     reconnects: Counter,
     delivery_errors: Counter,
     delivery_seconds: Histogram,
+    snapshot_rows: Counter,
     base: Instant,
     /// Milliseconds since `base` of the last source event (NEVER before the first).
     last_source_event: AtomicI64,
@@ -75,6 +76,7 @@ impl Metrics {
         let source_lag = Gauge::<f64, AtomicU64>::default();
         let reconnects = Counter::default();
         let delivery_errors = Counter::default();
+        let snapshot_rows = Counter::default();
         // 1 ms … 10 s, fine where a healthy broker answers (single-digit to tens of milliseconds).
         let delivery_seconds = Histogram::new(
             [
@@ -133,6 +135,11 @@ impl Metrics {
             "Time from handing a record to the producer to Kafka's acknowledgement (batching, network, broker)",
             delivery_seconds.clone(),
         );
+        registry.register(
+            "snapshot_rows",
+            "Rows read from the outbox tables by a snapshot (sent like log rows, acknowledged or not)",
+            snapshot_rows.clone(),
+        );
         Arc::new(Metrics {
             registry,
             forwarded,
@@ -145,6 +152,7 @@ impl Metrics {
             reconnects,
             delivery_errors,
             delivery_seconds,
+            snapshot_rows,
             base: Instant::now(),
             last_source_event: AtomicI64::new(NEVER),
             last_checkpoint_current: AtomicI64::new(NEVER),
@@ -219,6 +227,12 @@ impl Metrics {
 
     pub fn reconnect(&self) {
         self.reconnects.inc();
+    }
+
+    /// A snapshot read `rows` rows (the read also counts as the source being alive).
+    pub fn snapshot_rows(&self, rows: u64) {
+        self.snapshot_rows.inc_by(rows);
+        self.source_event();
     }
 
     /// The source read an event (any event, heartbeats included).

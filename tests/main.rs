@@ -13,4 +13,5 @@ mod operate;
 mod partitioning;
 mod postgres_pipeline;
 mod replicas;
+mod snapshot;
 mod tls;

@@ -10,7 +10,7 @@ use crate::rig::scenario::{
 };
 use crate::rig::{consume, create_topic, wait_until, Broker, Outboxd, Postgres};
 
-const SCHEMA: &str = "
+pub(crate) const SCHEMA: &str = "
 CREATE ROLE cdc WITH LOGIN REPLICATION;
 CREATE TABLE public.outbox (
   id uuid PRIMARY KEY,
@@ -65,11 +65,11 @@ fn setup_with_server(name: &str, schema: &str, extra_kafka: &str, server_conf: &
 }
 
 /// jsonb as Postgres prints it: keys sorted by length, a space after ':' and ','.
-fn pg_payload(n: u64) -> String {
+pub(crate) fn pg_payload(n: u64) -> String {
     format!(r#"{{"n": {n}, "note": "café 🎉"}}"#)
 }
 
-fn insert_sql(n: u64) -> String {
+pub(crate) fn insert_sql(n: u64) -> String {
     let (_, kind, key, payload) = event(n);
     format!(
         "INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload) VALUES ('{}', '{kind}', '{key}', 'Created', '{payload}');",
@@ -77,7 +77,7 @@ fn insert_sql(n: u64) -> String {
     )
 }
 
-fn insert_rows(pg: &Postgres, from: u64, to: u64, per_txn: u64) {
+pub(crate) fn insert_rows(pg: &Postgres, from: u64, to: u64, per_txn: u64) {
     pg.sql(
         "app",
         &rig::scenario::transactions(from, to, per_txn, insert_sql),

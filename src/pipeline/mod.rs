@@ -33,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::route::Router;
 use crate::sink::kafka::KafkaSink;
+use crate::source::snapshot::Plan;
 use crate::source::{Position, SourceIdentity};
 
 /// Where a pipeline's changes come from.
@@ -54,6 +55,8 @@ pub(crate) struct Shared {
     metrics: Arc<Metrics>,
     input: Input,
     until: Option<Position>,
+    /// When sessions read the outbox tables first (see `source::snapshot`).
+    snapshot: Plan,
 }
 
 /// Runs until `shutdown` turns true (Ok) or a fatal error (Err). With `progress`, a line for people
@@ -71,7 +74,16 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>, progress: bool
         crate::http::serve(&config.http.listen, metrics.clone()).await?;
     }
     let progress = progress.then(|| tokio::spawn(progress::report(metrics.clone())));
-    let result = drive(&config, store, metrics, Input::Live, None, shutdown).await;
+    let result = drive(
+        &config,
+        store,
+        metrics,
+        Input::Live,
+        None,
+        Plan::FirstStart,
+        shutdown,
+    )
+    .await;
     if let Some(task) = progress {
         task.abort();
     }
@@ -98,7 +110,16 @@ pub async fn replay_files(
         Duration::from_millis(config.source.heartbeat_interval_ms),
     );
     let input = Input::Files { paths, from };
-    drive(config, store, metrics.clone(), input, to, shutdown).await?;
+    drive(
+        config,
+        store,
+        metrics.clone(),
+        input,
+        to,
+        Plan::FirstStart,
+        shutdown,
+    )
+    .await?;
     Ok(metrics.forwarded_total())
 }
 
@@ -144,6 +165,37 @@ pub async fn replay(
         metrics.clone(),
         Input::Live,
         Some(to),
+        Plan::FirstStart,
+        shutdown,
+    )
+    .await?;
+    Ok(metrics.forwarded_total())
+}
+
+/// `outboxd snapshot`: sends the rows in the outbox tables (those matching `predicate`) once, then
+/// returns how many records Kafka acknowledged. The live pipeline is undisturbed: progress lives in
+/// its own checkpoint (`NAME.snapshot.json` beside the pipeline's), so an interrupted run resumes
+/// where it stopped, and a finished one is started afresh next time.
+pub async fn snapshot(
+    config: &Config,
+    predicate: Option<String>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<u64> {
+    let mut config = config.clone();
+    config.http.listen.clear();
+    let name = format!("{}.snapshot", config.name);
+    let store = Arc::new(Store::open_locked(&config.checkpoint.dir, &name)?);
+    let metrics = Metrics::new(
+        &config.name,
+        Duration::from_millis(config.source.heartbeat_interval_ms),
+    );
+    drive(
+        &config,
+        store,
+        metrics.clone(),
+        Input::Live,
+        None,
+        Plan::OnDemand { predicate },
         shutdown,
     )
     .await?;
@@ -157,6 +209,7 @@ async fn drive(
     metrics: Arc<Metrics>,
     input: Input,
     until: Option<Position>,
+    snapshot: Plan,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
     let shared = Shared {
@@ -168,6 +221,7 @@ async fn drive(
         metrics,
         input,
         until,
+        snapshot,
     };
     let metrics = &shared.metrics;
     let mut backoff = new_backoff();

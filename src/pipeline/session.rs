@@ -416,6 +416,7 @@ async fn open_source(
             let timeout = connect_timeout(config);
             let connect = Source::connect(
                 &config.source,
+                &shared.snapshot,
                 &config.name,
                 resume.map(|(i, p)| (i, p)),
                 shared.metrics.clone(),

@@ -39,10 +39,29 @@ pub struct SourceConfig {
     pub tls: Option<TlsConfig>,
     /// Heartbeat the server sends when idle; a stream silent for 3x this long is treated as dead.
     pub heartbeat_interval_ms: u64,
+    /// What a first start (no checkpoint) sends of the rows already in the outbox tables.
+    pub snapshot: SnapshotMode,
+    /// `snapshot = "initial_where"`: the SQL predicate choosing the rows to send.
+    pub snapshot_where: Option<String>,
+    /// Rows per snapshot read (one key-ordered chunk, one checkpointed step).
+    pub snapshot_chunk: usize,
     /// What only this kind of database has.
     pub db: SourceDb,
     /// Keys that were set but belong to the other kind of database (not used).
     pub other_db_keys: Vec<&'static str>,
+}
+
+/// `source.snapshot`: what a first start does with the rows already in the outbox tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotMode {
+    /// Start at the log's end (rows written before are not sent).
+    #[default]
+    Never,
+    /// Send every row already in the tables, then stream from where that read began.
+    Initial,
+    /// Like `Initial`, for the rows matching `snapshot_where` (a polling relay's "unpublished").
+    InitialWhere,
 }
 
 /// The per-database part of `[source]`.
@@ -101,6 +120,12 @@ struct RawSource {
     message_prefixes: Option<Vec<String>>,
     #[serde(default = "default_heartbeat_ms")]
     heartbeat_interval_ms: u64,
+    #[serde(default)]
+    snapshot: SnapshotMode,
+    #[serde(default)]
+    snapshot_where: Option<String>,
+    #[serde(default = "default_snapshot_chunk")]
+    snapshot_chunk: usize,
 }
 
 impl TryFrom<RawSource> for SourceConfig {
@@ -146,6 +171,9 @@ impl TryFrom<RawSource> for SourceConfig {
             tables: raw.tables,
             tls: raw.tls,
             heartbeat_interval_ms: raw.heartbeat_interval_ms,
+            snapshot: raw.snapshot,
+            snapshot_where: raw.snapshot_where,
+            snapshot_chunk: raw.snapshot_chunk,
             db,
             other_db_keys,
         })
@@ -195,6 +223,10 @@ fn default_slot() -> String {
 
 fn default_heartbeat_ms() -> u64 {
     5_000
+}
+
+fn default_snapshot_chunk() -> usize {
+    1_000
 }
 
 impl SourceConfig {
@@ -293,6 +325,37 @@ impl SourceConfig {
                     "write each table as \"schema.table\" (MySQL: database.table)",
                 );
             }
+        }
+        match (self.snapshot, &self.snapshot_where) {
+            (SnapshotMode::InitialWhere, None) => {
+                return bad(
+                    "source.snapshot_where",
+                    "snapshot = \"initial_where\" needs a predicate".into(),
+                    "set snapshot_where to the rows still to send, e.g. snapshot_where = \"published = false\"",
+                )
+            }
+            (SnapshotMode::InitialWhere, Some(w)) if w.trim().is_empty() => {
+                return bad(
+                    "source.snapshot_where",
+                    "the predicate is empty".into(),
+                    "write an SQL condition on the outbox columns, e.g. \"published = false\"",
+                )
+            }
+            (SnapshotMode::Never | SnapshotMode::Initial, Some(_)) => {
+                return bad(
+                    "source.snapshot_where",
+                    "a predicate is set, but snapshot is not \"initial_where\"".into(),
+                    "set snapshot = \"initial_where\" to use it, or remove snapshot_where",
+                )
+            }
+            _ => {}
+        }
+        if !(1..=100_000).contains(&self.snapshot_chunk) {
+            return bad(
+                "source.snapshot_chunk",
+                format!("{} rows per read is out of range", self.snapshot_chunk),
+                "use 1..=100000 (default 1000)",
+            );
         }
         // URL TLS parameters against source.tls (files are read when connecting).
         crate::source::tls::TlsSettings::of(self)?;

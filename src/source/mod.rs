@@ -11,6 +11,7 @@ pub mod config;
 pub mod mysql;
 mod position;
 pub mod postgres;
+pub mod snapshot;
 pub mod tls;
 mod value;
 
@@ -99,6 +100,7 @@ pub struct Ignored {
 /// What a source may confirm to its server (a Postgres slot's `confirmed_flush_lsn`): the newest
 /// position the checkpoint holds durably. The checkpoint owns it; a source only asks, without
 /// waiting, so nothing newer than what is on disk is ever confirmed.
+#[derive(Clone)]
 pub struct Durable(watch::Receiver<Option<Position>>);
 
 impl Durable {
@@ -159,13 +161,40 @@ pub enum Source {
     Mysql(mysql::MysqlSource),
     Postgres(postgres::PostgresSource),
     BinlogFiles(mysql::BinlogFileSource),
+    /// The outbox tables' rows, then (on a first start) the log.
+    Snapshot(Box<snapshot::SnapshotSource>),
 }
 
 impl Source {
-    /// Opens a session after `resume` (or at the source's start point). `durable` tells the newest
-    /// position written to the local checkpoint, for sources that confirm progress to the server.
-    /// `pipeline` names the pipeline (MySQL derives its replica server id from it).
+    /// Opens a session after `resume` (or at the source's start point, after a snapshot when `plan`
+    /// asks for one). `durable` tells the newest position written to the local checkpoint, for
+    /// sources that confirm progress to the server. `pipeline` names the pipeline (MySQL derives its
+    /// replica server id from it).
     pub async fn connect(
+        source: &SourceConfig,
+        plan: &snapshot::Plan,
+        pipeline: &str,
+        resume: Option<(&SourceIdentity, &Position)>,
+        metrics: Arc<Metrics>,
+        durable: Durable,
+    ) -> Result<Source> {
+        if let Some(snapshot) = snapshot::SnapshotSource::open(
+            source,
+            plan,
+            pipeline,
+            resume,
+            metrics.clone(),
+            durable.clone(),
+        )
+        .await?
+        {
+            return Ok(Source::Snapshot(Box::new(snapshot)));
+        }
+        Source::connect_stream(source, pipeline, resume, metrics, durable).await
+    }
+
+    /// Opens the log stream after `resume` (a log position), or at the server's end.
+    pub async fn connect_stream(
         source: &SourceConfig,
         pipeline: &str,
         resume: Option<(&SourceIdentity, &Position)>,
@@ -183,10 +212,19 @@ impl Source {
     }
 
     pub async fn next(&mut self) -> Result<Change> {
-        match self {
-            Source::Mysql(s) => s.next().await,
-            Source::Postgres(s) => s.next().await,
-            Source::BinlogFiles(s) => s.next_change(),
+        loop {
+            return match self {
+                Source::Mysql(s) => s.next().await,
+                Source::Postgres(s) => s.next().await,
+                Source::BinlogFiles(s) => s.next_change(),
+                Source::Snapshot(s) => match s.next().await? {
+                    snapshot::Next::Change(change) => Ok(change),
+                    snapshot::Next::Stream(stream) => {
+                        *self = *stream;
+                        continue;
+                    }
+                },
+            };
         }
     }
 
@@ -195,6 +233,7 @@ impl Source {
             Source::Mysql(s) => s.identity(),
             Source::Postgres(s) => s.identity(),
             Source::BinlogFiles(_) => &FILES_IDENTITY,
+            Source::Snapshot(s) => s.identity(),
         }
     }
 
@@ -204,6 +243,7 @@ impl Source {
             Source::Mysql(s) => s.start(),
             Source::Postgres(s) => s.start(),
             Source::BinlogFiles(s) => s.start(),
+            Source::Snapshot(s) => s.start(),
         }
     }
 
@@ -212,6 +252,7 @@ impl Source {
             Source::Mysql(s) => s.ignored(),
             Source::Postgres(s) => s.ignored(),
             Source::BinlogFiles(s) => s.ignored(),
+            Source::Snapshot(s) => s.ignored(),
         }
     }
 }

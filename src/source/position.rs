@@ -1,4 +1,5 @@
-//! Log positions, typed: a binlog position (file, offset and GTID state) or a WAL LSN.
+//! Log positions, typed: a binlog position (file, offset and GTID state) or a WAL LSN, or a place in
+//! an initial snapshot (the table and key read last, and the log position streaming starts at).
 //!
 //! A position is what the checkpoint stores and what a session resumes from. It is a plain value:
 //! ordered by [`Position::reached`], shown by `Display`, stored by serde in the checkpoint's JSON
@@ -14,6 +15,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::mysql::BinlogPosition;
 use super::postgres::Lsn;
+use super::snapshot::SnapshotPosition;
 use crate::error::{Error, Result};
 
 /// A resumable log position.
@@ -23,6 +25,8 @@ pub enum Position {
     Binlog(Arc<BinlogPosition>),
     /// Postgres: a commit's end LSN (or a keepalive's WAL end).
     Lsn(Lsn),
+    /// Inside a snapshot of the outbox tables; never a log position itself.
+    Snapshot(Arc<SnapshotPosition>),
 }
 
 impl Position {
@@ -46,8 +50,8 @@ impl Position {
         }
     }
 
-    /// Whether this boundary is at or past `target`; positions of different kinds never reach
-    /// each other.
+    /// Whether this boundary is at or past `target`; positions of different kinds (and snapshot
+    /// places) never reach each other.
     pub fn reached(&self, target: &Position) -> bool {
         match (self, target) {
             (Position::Lsn(c), Position::Lsn(t)) => c >= t,
@@ -74,6 +78,7 @@ impl fmt::Display for Position {
         match self {
             Position::Binlog(b) => b.fmt(f),
             Position::Lsn(l) => l.fmt(f),
+            Position::Snapshot(s) => s.fmt(f),
         }
     }
 }
@@ -88,6 +93,9 @@ impl fmt::Debug for Position {
 #[derive(Serialize, Deserialize)]
 #[serde(untagged)]
 enum Stored {
+    Snapshot {
+        snapshot: SnapshotPosition,
+    },
     Lsn {
         lsn: String,
     },
@@ -103,6 +111,9 @@ impl Serialize for Position {
     fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
         let stored = match self {
             Position::Lsn(l) => Stored::Lsn { lsn: l.to_string() },
+            Position::Snapshot(s) => Stored::Snapshot {
+                snapshot: (**s).clone(),
+            },
             Position::Binlog(b) => Stored::Binlog {
                 file: b.file.clone(),
                 pos: b.pos,
@@ -118,10 +129,18 @@ impl<'de> Deserialize<'de> for Position {
         use serde::de::Error as _;
         let bad = || {
             D::Error::custom(
-                "not a position: expected {\"file\": NAME, \"pos\": N[, \"gtid_set\": GTIDS]} or {\"lsn\": \"X/Y\"}",
+                "not a position: expected {\"file\": NAME, \"pos\": N[, \"gtid_set\": GTIDS]}, {\"lsn\": \"X/Y\"} or {\"snapshot\": {...}}",
             )
         };
         match Stored::deserialize(deserializer).map_err(|_| bad())? {
+            Stored::Snapshot { snapshot } => {
+                if matches!(snapshot.then, Position::Snapshot(_)) {
+                    return Err(D::Error::custom(
+                        "a snapshot's `then` must be a log position",
+                    ));
+                }
+                Ok(Position::Snapshot(Arc::new(snapshot)))
+            }
             Stored::Lsn { lsn } => Lsn::parse(&lsn)
                 .map(Position::Lsn)
                 .ok_or_else(|| D::Error::custom(format!("{lsn:?} is not an LSN (like 0/16B3748)"))),
@@ -163,6 +182,29 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn a_snapshot_place_is_stored_with_the_log_position_it_streams_from() {
+        let stored = json!({"snapshot": {
+            "table": "app.outbox",
+            "after": [42, "text", {"base64": "AAE="}],
+            "rows": 1000,
+            "where": "published = false",
+            "then": {"file": "b.000002", "pos": 4}
+        }});
+        let position: Position = serde_json::from_value(stored.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&position).unwrap(), stored);
+        let Position::Snapshot(at) = &position else {
+            panic!("{position}")
+        };
+        assert_eq!(at.after.as_ref().unwrap()[2].to_bytes(), vec![0, 1]);
+        assert!(!position.reached(&at.then) && !at.then.reached(&position));
+        assert!(position
+            .to_string()
+            .contains("then streaming from b.000002:4"));
+        let nested = json!({"snapshot": {"table": "t", "rows": 0, "then": stored}});
+        assert!(serde_json::from_value::<Position>(nested).is_err());
     }
 
     #[test]

@@ -80,7 +80,8 @@ impl Outboxd {
         cmd
     }
 
-    /// Starts `outboxd run` and waits until its checkpoint file exists (the start position is fixed).
+    /// Starts `outboxd run` and waits until its stream (or its snapshot) opened: the start position
+    /// is fixed in the checkpoint by then.
     pub fn start(&mut self) {
         self.start_with(&[]);
     }
@@ -114,7 +115,10 @@ impl Outboxd {
                         std::fs::read_to_string(&log_path).unwrap_or_default()
                     );
                 }
-                super::file_contains(&log_path, "stream opened")
+                // A first start with a snapshot opens the stream only once the tables are read.
+                ["stream opened", "snapshot started", "resuming the snapshot"]
+                    .iter()
+                    .any(|line| super::file_contains(&log_path, line))
             },
         );
     }

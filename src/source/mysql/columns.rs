@@ -246,6 +246,31 @@ pub fn convert(columns: &TableColumns, i: usize, value: BinlogValue<'_>) -> Valu
     }
 }
 
+/// Converts a value of a query result (binary protocol, session `time_zone = '+00:00'`) the way
+/// [`convert`] converts the same column's binlog value, so a snapshot row and a logged row of the
+/// same data become the same record.
+pub fn convert_selected(column: &mysql_async::Column, value: MyValue) -> Value {
+    let ty = column.column_type();
+    let kind = ColumnKind {
+        charset: Charset::from_collation(column.character_set()),
+        unsigned: column
+            .flags()
+            .contains(mysql_async::consts::ColumnFlags::UNSIGNED_FLAG),
+    };
+    match value {
+        // MySQL's JSON type is reported with the binary character set; its text is UTF-8.
+        MyValue::Bytes(b) if ty == ColumnType::MYSQL_TYPE_JSON => match String::from_utf8(b) {
+            Ok(text) => Value::Json(text),
+            Err(e) => Value::BadText {
+                bytes: e.into_bytes(),
+                charset: "JSON".into(),
+            },
+        },
+        // A TIMESTAMP arrives as a date-time in the session's UTC and renders like the log's epoch.
+        v => convert_plain(ty, &kind, v),
+    }
+}
+
 /// Declared byte length of a CHAR/BINARY column from its table-map metadata (two bytes that pack the
 /// real type and a 10-bit length).
 fn fixed_string_len(meta: Option<&[u8]>) -> Option<usize> {

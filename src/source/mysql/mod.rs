@@ -22,6 +22,7 @@ mod json_text;
 mod position;
 mod preflight;
 mod row_image;
+pub mod snapshot;
 
 use std::collections::VecDeque;
 use std::sync::Arc;

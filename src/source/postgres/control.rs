@@ -158,7 +158,7 @@ fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
-fn quote_ident(name: &str) -> String {
+pub(super) fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
@@ -249,7 +249,7 @@ impl Control {
         Ok(row.map(|r| (r.get(0), r.get(1))))
     }
 
-    fn failed(&self, what: &str, e: tokio_postgres::Error) -> Error {
+    pub(super) fn failed(&self, what: &str, e: tokio_postgres::Error) -> Error {
         let error = Error::source(format!("{} ({what}): {}", self.shown, describe(&e)));
         let error = match e.code() {
             Some(code) if !transient_sqlstate(code.code()) => error,

@@ -34,7 +34,7 @@ use tokio::io::{ReadHalf, WriteHalf};
 use tokio::sync::Notify;
 
 use super::control::{refuses_plain_text, transient_sqlstate, ConnInfo};
-use super::lsn::lsn_to_string;
+use super::lsn::{lsn_to_string, parse_lsn};
 use super::socket::{self, Socket};
 use crate::error::{Error, Result};
 use crate::source::Durable;
@@ -350,6 +350,46 @@ impl Connection {
             }
         }
         system.ok_or_else(|| protocol_error(&self.shown, "IDENTIFY_SYSTEM returned no row".into()))
+    }
+
+    /// `CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT`: the new slot's consistent point and the name of
+    /// the snapshot it exports (every transaction committed before that point, none after), which
+    /// another connection can import (`SET TRANSACTION SNAPSHOT`) while this one stays open and idle.
+    pub async fn create_slot_exporting(&mut self, slot: &str) -> Result<(u64, String)> {
+        let mut out = BytesMut::new();
+        frontend::query(
+            &format!(
+                "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT",
+                quote_ident(slot)
+            ),
+            &mut out,
+        )
+        .map_err(|e| protocol_error(&self.shown, e.to_string()))?;
+        self.write(&out).await?;
+        let mut created = None;
+        loop {
+            match self.message().await? {
+                backend::Message::DataRow(row) => {
+                    let buffer = row.buffer();
+                    let fields: Vec<Option<String>> = row
+                        .ranges()
+                        .map(|r| Ok(r.map(|r| String::from_utf8_lossy(&buffer[r]).into_owned())))
+                        .collect()
+                        .map_err(|e| protocol_error(&self.shown, e.to_string()))?;
+                    if let [_, Some(point), Some(snapshot), ..] = fields.as_slice() {
+                        created = parse_lsn(point).map(|lsn| (lsn, snapshot.clone()));
+                    }
+                }
+                backend::Message::ReadyForQuery(_) => break,
+                _ => {}
+            }
+        }
+        created.ok_or_else(|| {
+            protocol_error(
+                &self.shown,
+                "CREATE_REPLICATION_SLOT returned no consistent point and snapshot".into(),
+            )
+        })
     }
 
     /// Starts streaming `slot` from `start` for `publication`; the stream confirms to the server
