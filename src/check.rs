@@ -54,11 +54,7 @@ pub async fn run(config: &Config) -> Report {
                     format!(
                         "none yet at {} ({})",
                         store.path().display(),
-                        match config.source.snapshot {
-                            crate::source::config::SnapshotMode::Never =>
-                                "run starts at the source's current end",
-                            _ => "run first sends the rows already in the outbox tables (source.snapshot), then streams from where that read began",
-                        }
+                        config.source.first_start()
                     ),
                 ));
                 None

@@ -66,7 +66,8 @@ enum Command {
     #[command(
         long_about = "Forward outbox rows until SIGINT/SIGTERM. The preflight (`check`) runs first and \
 refuses to start on a misconfiguration; a server that does not answer is waited for. Without a \
-checkpoint the stream starts at the log's current end. On SIGTERM outboxd stops reading, waits up to \
+checkpoint the stream starts at the log's current end (or, with source.snapshot, after sending the \
+rows already in the outbox tables). On SIGTERM outboxd stops reading, waits up to \
 kafka.drain_timeout_ms for the open acknowledgements, writes the final checkpoint and exits 0.\n\n\
 On a terminal (text logs) a progress line every 10 s shows rows/s, records forwarded, how far behind \
 the source the reading is, and the records in flight.",
@@ -385,8 +386,9 @@ fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), E
             match store.load()? {
                 Some(c) => println!("{}", serde_json::to_string_pretty(&c).expect("json")),
                 None => println!(
-                    "no checkpoint at {} (a run starts at the source's current end)",
-                    store.path().display()
+                    "no checkpoint at {} ({})",
+                    store.path().display(),
+                    config.source.first_start()
                 ),
             }
         }
@@ -460,7 +462,11 @@ fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), E
             let store = Store::open_locked(dir, &config.name)?;
             match store.reset()? {
                 Some(label) => println!(
-                    "checkpoint removed (saved as {label:?}); the next run starts at the source's current end"
+                    "checkpoint removed (saved as {label:?}); {}",
+                    config
+                        .source
+                        .first_start()
+                        .replacen("a run", "the next run", 1)
                 ),
                 None => println!("no checkpoint to reset"),
             }

@@ -83,8 +83,14 @@ fn assert_streaming_checkpoint(outboxd: &Outboxd) {
 /// Rows 0..2000 exist before the first start; 2000..3000 are written while the snapshot reads;
 /// 3000..3100 after it is done. Each arrives exactly once.
 fn mariadb_first_start(name: &str, grants: &str, env_vars: &[(&str, &str)]) {
-    let mut env = maria_env(name, "snapshot = \"initial\"\nsnapshot_chunk = 150");
-    env.db.sql_socket(grants);
+    let mut env = maria_env(
+        name,
+        "snapshot = \"initial\"\nsnapshot_chunk = 150\n[route]\nheaders = { state = \"state\" }",
+    );
+    // An ENUM travels in the binlog as its index: snapshot rows must carry the same.
+    env.db.sql_socket(&format!(
+        "ALTER TABLE app.outbox ADD COLUMN state ENUM('new', 'sent') NOT NULL DEFAULT 'sent'; {grants}"
+    ));
     insert_rows(&env.db, 0, 2000, 10);
     env.outboxd.start_with_env(&[], env_vars);
     let socket = env.db.socket_path();
@@ -104,6 +110,9 @@ fn mariadb_first_start(name: &str, grants: &str, env_vars: &[(&str, &str)]) {
         twice.truncate(10);
         twice
     });
+    for r in &records {
+        assert_eq!(r.header("state").as_deref(), Some("2"), "row {}", n_of(r));
+    }
     let snapshot_rows = records
         .iter()
         .filter(|r| r.header("outboxd.position").as_deref() == Some("snapshot"))
@@ -114,7 +123,7 @@ fn mariadb_first_start(name: &str, grants: &str, env_vars: &[(&str, &str)]) {
     );
     insert_rows(&env.db, 3000, 3100, 10);
     let records = consume_distinct_events(&env.broker.bootstrap(), 3100);
-    check_records_by(&records, 0..3100, |n| event(n).3);
+    assert_eq!(check_records_by(&records, 0..3100, |n| event(n).3), 0);
     let log = env.outboxd.log();
     assert!(log.contains("snapshot read every table"), "{log}");
     assert!(log.contains("snapshot done: streaming the log"), "{log}");
@@ -203,8 +212,10 @@ fn crash_and_resume(
 fn postgres_first_start_sends_the_unpublished_rows_once_then_streams() {
     let mut env = pg_env(
         "snap-pg",
-        "ALTER TABLE public.outbox ADD COLUMN published boolean NOT NULL DEFAULT false;",
-        "snapshot = \"initial_where\"\nsnapshot_where = \"NOT published\"\nsnapshot_chunk = 70",
+        "ALTER TABLE public.outbox ADD COLUMN published boolean NOT NULL DEFAULT false, \
+         ADD COLUMN flag boolean DEFAULT true, ADD COLUMN code char(4) DEFAULT 'ab';",
+        "snapshot = \"initial_where\"\nsnapshot_where = \"NOT published\"\nsnapshot_chunk = 70\n\
+         [route]\nheaders = { flag = \"flag\", code = \"code\" }",
     );
     pg_rows::insert_rows(&env.pg, 0, 1000, 10);
     env.pg.sql(
@@ -229,6 +240,11 @@ fn postgres_first_start_sends_the_unpublished_rows_once_then_streams() {
     );
     let duplicates = check_records_by(&records, 500..1500, pg_rows::pg_payload);
     assert_eq!(duplicates, 0);
+    // Snapshot rows render their columns exactly as streamed rows do (pgoutput's text forms).
+    for r in &records {
+        assert_eq!(r.header("flag").as_deref(), Some("true"), "row {}", n_of(r));
+        assert_eq!(r.header("code").as_deref(), Some("ab  "), "row {}", n_of(r));
+    }
     let log = env.outboxd.log();
     assert!(
         log.contains("created the replication slot with an exported snapshot"),

@@ -243,6 +243,14 @@ impl SourceConfig {
             .collect()
     }
 
+    /// Where a run without a checkpoint starts, in words (`check`, `checkpoint show/reset`).
+    pub fn first_start(&self) -> &'static str {
+        match self.snapshot {
+            SnapshotMode::Never => "a run starts at the source's current end",
+            SnapshotMode::Initial | SnapshotMode::InitialWhere => "a run first sends the rows already in the outbox tables (source.snapshot), then streams from where that read began",
+        }
+    }
+
     pub fn kind(&self) -> SourceKind {
         match self.db {
             SourceDb::Mysql(_) => SourceKind::Mysql,

@@ -36,6 +36,9 @@ use crate::metrics::Metrics;
 
 /// How often a running snapshot says how far it got.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+/// The longest one chunk read may take before the server counts as gone (a predicate without an
+/// index may scan far for one chunk; a silent server must still not hang the pipeline).
+const CHUNK_READ_LIMIT: Duration = Duration::from_secs(300);
 
 /// A place in a snapshot, as the checkpoint stores it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -235,7 +238,7 @@ impl SnapshotSource {
                         "the checkpoint holds a snapshot of {}, which is not in source.tables",
                         at.table
                     ))
-                    .remedy("add the table back to source.tables to finish the snapshot, or `outboxd checkpoint set POSITION` to stream from a log position without it"));
+                    .remedy("add the table back to source.tables to finish the snapshot (for `outboxd snapshot`, or delete NAME.snapshot.json in checkpoint.dir to start anew)"));
                 }
                 let begun = begin(config, false).await?;
                 tracing::info!(position = %at, "resuming the snapshot");
@@ -381,14 +384,21 @@ impl SnapshotSource {
             .as_mut()
             .ok_or_else(|| Error::source("the snapshot reader is closed").transient())?;
         let table = self.tables[self.index].clone();
-        let rows = reader
-            .chunk(
-                &table,
-                self.at.after.as_deref(),
-                self.at.predicate.as_deref(),
-                self.chunk,
-            )
-            .await?;
+        let read = reader.chunk(
+            &table,
+            self.at.after.as_deref(),
+            self.at.predicate.as_deref(),
+            self.chunk,
+        );
+        let rows = tokio::time::timeout(CHUNK_READ_LIMIT, read)
+            .await
+            .map_err(|_| {
+                Error::source(format!(
+                    "the server did not answer a snapshot read of {table} within {CHUNK_READ_LIMIT:?}"
+                ))
+                .remedy("outboxd reconnects and resumes the snapshot from its checkpoint; if the server is healthy, index the snapshot_where columns or lower source.snapshot_chunk")
+                .transient()
+            })??;
         if rows.is_empty() {
             tracing::info!(table = %table, rows = self.at.rows, "snapshot finished a table");
             self.index += 1;
@@ -397,6 +407,14 @@ impl SnapshotSource {
                 self.at.after = None;
             }
             return Ok(());
+        }
+        // Keys only grow: a chunk that ends where the last one did would be read forever (a
+        // predicate that escapes its parentheses, a key the database orders differently).
+        if rows.last().map(|r| &r.key) == self.at.after.as_ref() {
+            return Err(Error::config(format!(
+                "the snapshot of {table} made no progress: a chunk ended at the key it started after"
+            ))
+            .remedy("check source.snapshot_where (or --where): it must be one condition, ANDed with outboxd's key range"));
         }
         let count = rows.len() as u64;
         let mut last = None;

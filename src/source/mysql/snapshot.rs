@@ -8,7 +8,8 @@
 //! - MySQL has no such status, so a second connection takes `LOCK TABLES … READ` on the outbox
 //!   tables (which waits until no transaction that wrote to them is still committing, and keeps new
 //!   ones out), the snapshot starts, the binlog end is read, and the lock is released: a few
-//!   milliseconds in which outbox writers wait (at most `lock_wait_timeout` = 10 s to get it).
+//!   milliseconds in which outbox writers wait (while the lock is wanted, new writers queue behind
+//!   it: outboxd waits at most `lock_wait_timeout` = 5 s for it, then retries later).
 //!
 //! Chunks are `SELECT … WHERE (pk) > (last key) ORDER BY pk LIMIT n` over the primary key (binary
 //! protocol, so keys keep their types), values converted by [`super::columns::convert_selected`]
@@ -28,7 +29,7 @@ use crate::source::snapshot::{Begun, KeyValue, KeyedRow, TableReader};
 use crate::source::{Row, SourceIdentity};
 
 /// Longest wait for the outbox tables' read lock (MySQL only); writers queue behind it meanwhile.
-const LOCK_WAIT_SECONDS: u32 = 10;
+const LOCK_WAIT_SECONDS: u32 = 5;
 
 /// A table as the snapshot reads it.
 struct Plan {
@@ -68,8 +69,9 @@ pub async fn begin(config: &SourceConfig, exact: bool) -> Result<Begun> {
             .map(|t| format!("{} READ", quote_table(t)))
             .collect();
         let locked = async {
+            // A connection lost while holding the lock must not keep it for hours.
             lock.query_drop(format!(
-                "SET SESSION lock_wait_timeout = {LOCK_WAIT_SECONDS}"
+                "SET SESSION lock_wait_timeout = {LOCK_WAIT_SECONDS}, wait_timeout = 60"
             ))
             .await?;
             lock.query_drop(format!("LOCK TABLES {}", tables.join(", ")))
@@ -177,7 +179,7 @@ impl Reader {
                 after.map_or(0, |k| k.len()),
                 plan.keys
             ))
-            .remedy("the table's primary key changed during the snapshot: `outboxd checkpoint reset` and start the snapshot again"));
+            .remedy("the table's primary key changed during the snapshot: start it again (`outboxd checkpoint reset`; for `outboxd snapshot`, delete NAME.snapshot.json in checkpoint.dir)"));
         }
         params.push(MyValue::UInt(limit as u64));
         let result: Vec<mysql_async::Row> = self
@@ -218,14 +220,22 @@ impl Reader {
     async fn plan(&mut self, table: &str, predicate: Option<&str>) -> Result<Plan> {
         let (schema, name) = table.split_once('.').unwrap_or(("", table));
         let config = &self.config;
-        let columns: Vec<String> = self
+        let described: Vec<(String, String, String)> = self
             .conn
             .exec(
-                "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
+                "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
                 (schema, name),
             )
             .await
             .map_err(|e| map_err(e, config))?;
+        let columns: Vec<String> = described.iter().map(|(c, _, _)| c.clone()).collect();
+        let type_of = |column: &str| {
+            described
+                .iter()
+                .find(|(c, _, _)| c == column)
+                .map(|(_, data, full)| (data.to_ascii_lowercase(), full.clone()))
+                .unwrap_or_default()
+        };
         if columns.is_empty() {
             return Err(Error::source(format!(
                 "outbox table {table} does not exist (or the outboxd user cannot see it)"
@@ -252,9 +262,35 @@ impl Reader {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let selected = format!("{}, {}", list(&keys), list(&columns));
+        // The binlog carries an ENUM's index and a SET's bit mask, not their labels: read those.
+        let values = columns
+            .iter()
+            .map(|c| match type_of(c).0.as_str() {
+                "enum" | "set" => format!("{}+0", quote_ident(c)),
+                _ => quote_ident(c),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let selected = format!("{}, {values}", list(&keys));
         let order = list(&keys);
-        let placeholders = vec!["?"; keys.len()].join(", ");
+        // Each key is compared as its own type: a DECIMAL against a string would be compared as a
+        // double (and skip keys that round alike); floating-point, ENUM and SET keys have no exact
+        // order to resume by.
+        let mut placeholders = Vec::with_capacity(keys.len());
+        for key in &keys {
+            let (data, full) = type_of(key);
+            placeholders.push(match data.as_str() {
+                "decimal" | "numeric" => format!("CAST(? AS {})", full.to_ascii_uppercase().replace(" UNSIGNED", "")),
+                "float" | "double" | "real" | "enum" | "set" | "bit" => {
+                    return Err(Error::config(format!(
+                        "outbox table {table}'s primary key column {key} is {full}, which a snapshot cannot resume by exactly"
+                    ))
+                    .remedy("give the table an integer, character, binary or date-time primary key, or set source.snapshot = \"never\""))
+                }
+                _ => "?".to_string(),
+            });
+        }
+        let placeholders = placeholders.join(", ");
         let filter = predicate.map(|p| format!("({p})"));
         let first_where = filter
             .clone()
@@ -299,7 +335,7 @@ fn read_error(
                 predicate.unwrap_or_default(),
                 se.message
             ))
-            .remedy("fix source.snapshot_where: an SQL condition on the outbox table's columns, e.g. \"published = false\"")
+            .remedy("fix source.snapshot_where (or the --where of `outboxd snapshot`): an SQL condition on the outbox table's columns, e.g. \"published = false\"")
             .caused_by(e)
         }
         mysql_async::Error::Server(se) if se.code == ER_TABLEACCESS_DENIED => {

@@ -8,7 +8,7 @@
 //! which sees everything the slot would send again too: no row is missing, rows committed since
 //! the slot's position arrive twice (a warning says so).
 //!
-//! Chunks select every column as text (`col::text`, exactly what pgoutput sends) and convert it
+//! Chunks select every column in its type's text output form (exactly what pgoutput sends) and convert it
 //! with the decoder's own conversion, so a snapshot row and a streamed row of the same data become
 //! the same record. Keys travel as text and are compared after a cast to the key's own type.
 
@@ -140,7 +140,7 @@ impl Reader {
                 after.map_or(0, |k| k.len()),
                 plan.keys
             ))
-            .remedy("the table's primary key changed during the snapshot: `outboxd checkpoint reset` and start the snapshot again"));
+            .remedy("the table's primary key changed during the snapshot: start it again (`outboxd checkpoint reset`; for `outboxd snapshot`, delete NAME.snapshot.json in checkpoint.dir)"));
         }
         let texts: Vec<String> = after
             .unwrap_or_default()
@@ -231,11 +231,16 @@ impl Reader {
         }
         let key_names: Vec<String> = keys.iter().map(|r| quote_ident(r.get(0))).collect();
         let key_types: Vec<String> = keys.iter().map(|r| r.get(1)).collect();
+        // Keys as text (cast back to their type to compare); values in their type's own output
+        // form, which is what pgoutput sends (`format('%s', …)` calls the output function, where a
+        // cast to text would write `true` for `t` and drop a char(n)'s padding).
         let selected: Vec<String> = key_names
             .iter()
-            .cloned()
-            .chain(columns.iter().map(|r| quote_ident(r.get(0))))
             .map(|c| format!("{c}::text"))
+            .chain(columns.iter().map(|r| {
+                let c = quote_ident(r.get(0));
+                format!("CASE WHEN {c} IS NULL THEN NULL ELSE format('%s', {c}) END")
+            }))
             .collect();
         let order = key_names.join(", ");
         let params: Vec<String> = key_types
@@ -291,7 +296,7 @@ impl Reader {
                     "the snapshot cannot read {table} with snapshot_where = {p:?}: {}",
                     error.message()
                 ))
-                .remedy("fix source.snapshot_where: an SQL condition on the outbox table's columns, e.g. \"published = false\"")
+                .remedy("fix source.snapshot_where (or the --where of `outboxd snapshot`): an SQL condition on the outbox table's columns, e.g. \"published = false\"")
             }
             _ => self.control.failed("reading a snapshot chunk", e),
         }
