@@ -80,7 +80,7 @@ fn assert_streaming_checkpoint(outboxd: &Outboxd) {
     );
 }
 
-/// Rows 0..2000 exist before the first start; 2000..3000 are written while the snapshot reads;
+/// Rows 0..2000 exist before the first start; 2000..3000 are written while it starts and reads;
 /// 3000..3100 after it is done. Each arrives exactly once.
 fn mariadb_first_start(name: &str, grants: &str, env_vars: &[(&str, &str)]) {
     let mut env = maria_env(
@@ -92,11 +92,13 @@ fn mariadb_first_start(name: &str, grants: &str, env_vars: &[(&str, &str)]) {
         "ALTER TABLE app.outbox ADD COLUMN state ENUM('new', 'sent') NOT NULL DEFAULT 'sent'; {grants}"
     ));
     insert_rows(&env.db, 0, 2000, 10);
-    env.outboxd.start_with_env(&[], env_vars);
+    // The writer is already committing while outboxd pairs its read with the binlog position, so a
+    // pairing that missed or repeated a transaction shows below as a missing or twice-sent row.
     let socket = env.db.socket_path();
     let writer = std::thread::spawn(move || {
-        sql_at(&socket, &transactions(2000, 3000, 5, insert_sql));
+        sql_at(&socket, &transactions(2000, 3000, 1, insert_sql));
     });
+    env.outboxd.start_with_env(&[], env_vars);
     writer.join().unwrap();
     let records = consume_distinct_events(&env.broker.bootstrap(), 3000);
     let duplicates = check_records_by(&records, 0..3000, |n| event(n).3);
@@ -229,8 +231,12 @@ fn postgres_first_start_sends_the_unpublished_rows_once_then_streams() {
             })
             .collect::<String>(),
     );
-    env.outboxd.start();
-    pg_rows::insert_rows(&env.pg, 1000, 1500, 5);
+    // Writes go on while outboxd creates the slot and imports its snapshot (see mariadb_first_start).
+    let (pg, outboxd) = (&env.pg, &mut env.outboxd);
+    std::thread::scope(|scope| {
+        scope.spawn(|| pg_rows::insert_rows(pg, 1000, 1500, 1));
+        outboxd.start();
+    });
     let records = consume_distinct_events(&env.broker.bootstrap(), 1000);
     let seen = counts(&records);
     let published: Vec<u64> = seen.keys().copied().filter(|n| *n < 500).collect();

@@ -66,10 +66,7 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>, progress: bool
         tracing::warn!("{unused}; remove it, or check source.kind");
     }
     let store = Arc::new(Store::open_locked(&config.checkpoint.dir, &config.name)?);
-    let metrics = Metrics::new(
-        &config.name,
-        Duration::from_millis(config.source.heartbeat_interval_ms),
-    );
+    let metrics = new_metrics(&config);
     if !config.http.listen.is_empty() {
         crate::http::serve(&config.http.listen, metrics.clone()).await?;
     }
@@ -105,10 +102,7 @@ pub async fn replay_files(
         .tempdir()
         .map_err(|e| Error::checkpoint(format!("cannot create a temporary directory: {e}")))?;
     let store = Arc::new(Store::open_locked(scratch.path(), &config.name)?);
-    let metrics = Metrics::new(
-        &config.name,
-        Duration::from_millis(config.source.heartbeat_interval_ms),
-    );
+    let metrics = new_metrics(config);
     let input = Input::Files { paths, from };
     drive(
         config,
@@ -155,10 +149,7 @@ pub async fn replay(
     let store = Arc::new(Store::open_locked(scratch.path(), &config.name)?);
     store.write(&from.0, &from.1)?;
     tracing::info!(from = %from.1, to = %to, "replaying");
-    let metrics = Metrics::new(
-        &config.name,
-        Duration::from_millis(config.source.heartbeat_interval_ms),
-    );
+    let metrics = new_metrics(&config);
     drive(
         &config,
         store,
@@ -185,10 +176,7 @@ pub async fn snapshot(
     config.http.listen.clear();
     let name = format!("{}.snapshot", config.name);
     let store = Arc::new(Store::open_locked(&config.checkpoint.dir, &name)?);
-    let metrics = Metrics::new(
-        &config.name,
-        Duration::from_millis(config.source.heartbeat_interval_ms),
-    );
+    let metrics = new_metrics(&config);
     drive(
         &config,
         store,
@@ -266,6 +254,14 @@ async fn drive(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// The metrics of a run of `config`'s pipeline (readiness judged by its heartbeat interval).
+fn new_metrics(config: &Config) -> Arc<Metrics> {
+    Metrics::new(
+        &config.name,
+        Duration::from_millis(config.source.heartbeat_interval_ms),
+    )
 }
 
 fn new_backoff() -> impl Iterator<Item = Duration> {

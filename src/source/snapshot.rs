@@ -120,6 +120,42 @@ pub struct KeyedRow {
     pub key: Vec<KeyValue>,
 }
 
+/// Where snapshot rows come from, as their `outboxd.position` header says (one shared string).
+static ORIGIN: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("snapshot"));
+
+impl KeyedRow {
+    /// A row of `table` (columns `names`) read by a snapshot.
+    pub fn new(
+        table: &Arc<str>,
+        names: &Arc<[Arc<str>]>,
+        values: Vec<super::Value>,
+        key: Vec<KeyValue>,
+    ) -> KeyedRow {
+        KeyedRow {
+            row: Row {
+                table: table.clone(),
+                names: names.clone(),
+                values,
+                origin: ORIGIN.clone(),
+                committed_ms: None,
+            },
+            key,
+        }
+    }
+}
+
+/// A resumed snapshot's key must have as many columns as the table's primary key has now.
+pub fn check_key_width(table: &str, after: Option<&[KeyValue]>, keys: usize) -> Result<()> {
+    match after {
+        Some(key) if key.len() != keys => Err(Error::checkpoint(format!(
+            "the checkpoint's snapshot key has {} columns, but {table}'s primary key has {keys}",
+            key.len()
+        ))
+        .remedy("the table's primary key changed during the snapshot: start it again (`outboxd checkpoint reset`; for `outboxd snapshot`, delete NAME.snapshot.json in checkpoint.dir)")),
+        _ => Ok(()),
+    }
+}
+
 /// A database's snapshot reader: key-ordered chunks of one table.
 pub enum TableReader {
     Mysql(super::mysql::snapshot::Reader),
@@ -194,7 +230,6 @@ pub struct SnapshotSource {
     finished: bool,
     identity: SourceIdentity,
     start: Position,
-    origin: Arc<str>,
     metrics: Arc<Metrics>,
     began: Instant,
     rows_at_begin: u64,
@@ -270,7 +305,6 @@ impl SnapshotSource {
             finished: false,
             identity,
             start,
-            origin: Arc::from("snapshot"),
             metrics,
             began: Instant::now(),
             last_report: Instant::now(),
@@ -418,8 +452,7 @@ impl SnapshotSource {
         }
         let count = rows.len() as u64;
         let mut last = None;
-        for KeyedRow { mut row, key } in rows {
-            row.origin = self.origin.clone();
+        for KeyedRow { row, key } in rows {
             self.buffer.push_back(Change::Row(row));
             last = Some(key);
         }

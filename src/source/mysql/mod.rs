@@ -127,13 +127,7 @@ impl MysqlSource {
             .await
             .map_err(|e| map_err(e, config))?;
         server.require_row_binlog()?;
-        let identity = SourceIdentity {
-            kind: SourceKind::Mysql,
-            server_id: Some(server.server_id),
-            server_uuid: server.server_uuid.clone(),
-            system_identifier: None,
-            slot: None,
-        };
+        let identity = server.identity();
         // "Behind its own checkpoint" is told from "a replica lagging behind another server" by the
         // identity in the checkpoint. A FILE:POS position always belongs to this server (see
         // `check_identity`); a GTID position only when the checkpoint names this server (one set
@@ -426,6 +420,17 @@ impl ServerInfo {
                 remedy: "SET GLOBAL binlog_row_image = 'FULL'; and binlog_row_image=FULL in the server's config file",
             },
         ]
+    }
+
+    /// The identity a checkpoint written against this server names.
+    fn identity(&self) -> SourceIdentity {
+        SourceIdentity {
+            kind: SourceKind::Mysql,
+            server_id: Some(self.server_id),
+            server_uuid: self.server_uuid.clone(),
+            system_identifier: None,
+            slot: None,
+        }
     }
 
     fn require_row_binlog(&self) -> Result<()> {

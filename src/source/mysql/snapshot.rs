@@ -24,9 +24,8 @@ use mysql_async::{Conn, Value as MyValue};
 use super::connect::{map_err, open};
 use super::{current_end, BinlogPosition, MariaGtidState, ServerInfo};
 use crate::error::{Error, Result};
-use crate::source::config::{SourceConfig, SourceKind};
-use crate::source::snapshot::{Begun, KeyValue, KeyedRow, TableReader};
-use crate::source::{Row, SourceIdentity};
+use crate::source::config::SourceConfig;
+use crate::source::snapshot::{check_key_width, Begun, KeyValue, KeyedRow, TableReader};
 
 /// Longest wait for the outbox tables' read lock (MySQL only); writers queue behind it meanwhile.
 const LOCK_WAIT_SECONDS: u32 = 5;
@@ -105,13 +104,7 @@ pub async fn begin(config: &SourceConfig, exact: bool) -> Result<Begun> {
             current_end(&mut conn, &server).await.map_err(err)?
         }
     };
-    let identity = SourceIdentity {
-        kind: SourceKind::Mysql,
-        server_id: Some(server.server_id),
-        server_uuid: server.server_uuid.clone(),
-        system_identifier: None,
-        slot: None,
-    };
+    let identity = server.identity();
     Ok(Begun {
         reader: TableReader::Mysql(Reader {
             conn,
@@ -173,14 +166,7 @@ impl Reader {
             None => (&plan.first, Vec::new()),
             Some(key) => (&plan.next, key.iter().map(key_param).collect()),
         };
-        if after.is_some_and(|k| k.len() != plan.keys) {
-            return Err(Error::checkpoint(format!(
-                "the checkpoint's snapshot key has {} columns, but {table}'s primary key has {}",
-                after.map_or(0, |k| k.len()),
-                plan.keys
-            ))
-            .remedy("the table's primary key changed during the snapshot: start it again (`outboxd checkpoint reset`; for `outboxd snapshot`, delete NAME.snapshot.json in checkpoint.dir)"));
-        }
+        check_key_width(table, after, plan.keys)?;
         params.push(MyValue::UInt(limit as u64));
         let result: Vec<mysql_async::Row> = self
             .conn
@@ -202,16 +188,7 @@ impl Reader {
                 .zip(columns.iter().skip(plan.keys))
                 .map(|(v, c)| super::columns::convert_selected(c, v))
                 .collect();
-            rows.push(KeyedRow {
-                row: Row {
-                    table: plan.table.clone(),
-                    names: plan.names.clone(),
-                    values,
-                    origin: Arc::from(""),
-                    committed_ms: None,
-                },
-                key,
-            });
+            rows.push(KeyedRow::new(&plan.table, &plan.names, values, key));
         }
         Ok(rows)
     }

@@ -23,8 +23,8 @@ use super::stream::Connection;
 use super::{position, within};
 use crate::error::{Error, Result};
 use crate::source::config::{PostgresOptions, SourceConfig, SourceKind};
-use crate::source::snapshot::{Begun, KeyValue, KeyedRow, TableReader};
-use crate::source::{Row, SourceIdentity, Value};
+use crate::source::snapshot::{check_key_width, Begun, KeyValue, KeyedRow, TableReader};
+use crate::source::{SourceIdentity, Value};
 
 /// A table as the snapshot reads it.
 struct Plan {
@@ -134,14 +134,7 @@ impl Reader {
             self.plans.insert(plan_key.clone(), plan);
         }
         let plan = &self.plans[&plan_key];
-        if after.is_some_and(|k| k.len() != plan.keys) {
-            return Err(Error::checkpoint(format!(
-                "the checkpoint's snapshot key has {} columns, but {table}'s primary key has {}",
-                after.map_or(0, |k| k.len()),
-                plan.keys
-            ))
-            .remedy("the table's primary key changed during the snapshot: start it again (`outboxd checkpoint reset`; for `outboxd snapshot`, delete NAME.snapshot.json in checkpoint.dir)"));
-        }
+        check_key_width(table, after, plan.keys)?;
         let texts: Vec<String> = after
             .unwrap_or_default()
             .iter()
@@ -178,16 +171,7 @@ impl Reader {
                     None => Value::Null,
                 })
                 .collect();
-            rows.push(KeyedRow {
-                row: Row {
-                    table: plan.table.clone(),
-                    names: plan.names.clone(),
-                    values,
-                    origin: Arc::from(""),
-                    committed_ms: None,
-                },
-                key,
-            });
+            rows.push(KeyedRow::new(&plan.table, &plan.names, values, key));
         }
         Ok(rows)
     }
