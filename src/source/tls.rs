@@ -519,6 +519,27 @@ pub fn alert_error(server: &str, detail: &str) -> Option<Error> {
         .then(|| client_cert_refused(server, detail))
 }
 
+/// True if `e` (or an error under it) is a connection that broke after it was set up: a reset,
+/// an abort, a broken pipe or an early end. Right after a TLS 1.3 handshake with a client
+/// certificate, that is also how a refusal looks when the server's reset overtakes its alert; the
+/// sources then ask again without writing (`mysql/cert_probe.rs`, `postgres/socket.rs`).
+pub fn connection_lost(e: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof
+            ) {
+                return true;
+            }
+        }
+        next = e.source();
+    }
+    false
+}
+
 /// The server does not offer TLS although `source.tls` requires it.
 pub fn no_tls_error(server: &str, settings: &TlsSettings) -> Error {
     Error::source(format!(

@@ -13,10 +13,12 @@ use std::time::Duration;
 
 use mysql_async::{Conn, DriverError, IoError, Opts, OptsBuilder};
 
+use super::cert_probe;
 use crate::error::{Error, Result};
 use crate::source::config::{redact_url, SourceConfig, SourceKind, TlsMode};
 use crate::source::tls::{
-    alert_error, handshake_error, no_tls_error, url_tls_keys, TlsSettings, NEEDS_TLS_REMEDY,
+    alert_error, connection_lost, handshake_error, no_tls_error, url_tls_keys, TlsSettings,
+    NEEDS_TLS_REMEDY,
 };
 
 pub(super) const ER_ACCESS_DENIED: u16 = 1045;
@@ -81,8 +83,25 @@ fn without_tls_keys(url: &str) -> String {
 
 /// A connection to `config`'s first host, as the driver reports its failure.
 pub(super) async fn open_raw(config: &SourceConfig) -> std::result::Result<Conn, ConnectFailure> {
-    let (opts, tls) = connect_opts(config).map_err(ConnectFailure::Config)?;
-    match Conn::new(opts.clone()).await {
+    let (opts, tls) = connect_opts(config).map_err(ConnectFailure::Explained)?;
+    let result = Conn::new(opts.clone()).await;
+    if let Err(e) = &result {
+        // Not inside the handshake (that is IoError::Tls): the case cert_probe.rs explains.
+        let after_handshake = matches!(e, mysql_async::Error::Io(IoError::Io(_)));
+        if tls.cert.is_some() && after_handshake && connection_lost(e) {
+            let shown = redact_url(&config.url);
+            let probe = cert_probe::client_cert_refused(
+                opts.ip_or_hostname(),
+                opts.tcp_port(),
+                &tls,
+                &shown,
+            );
+            if let Some(refused) = probe.await {
+                return Err(ConnectFailure::Explained(refused));
+            }
+        }
+    }
+    match result {
         Err(mysql_async::Error::Driver(DriverError::NoClientSslFlagFromServer))
             if tls.mode == TlsMode::Prefer =>
         {
@@ -99,14 +118,15 @@ pub(super) async fn open_raw(config: &SourceConfig) -> std::result::Result<Conn,
 }
 
 pub(super) enum ConnectFailure {
-    Config(Error),
+    /// Already an outboxd error with its remedy (a bad setting, a refused client certificate).
+    Explained(Error),
     Driver(mysql_async::Error),
 }
 
 /// A connection to `config`'s first host.
 pub(super) async fn open(config: &SourceConfig) -> Result<Conn> {
     open_raw(config).await.map_err(|f| match f {
-        ConnectFailure::Config(e) => e,
+        ConnectFailure::Explained(e) => e,
         ConnectFailure::Driver(e) => map_err(e, config),
     })
 }

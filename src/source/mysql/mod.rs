@@ -14,6 +14,7 @@
 //! session ends with a transient error so the pipeline reconnects from the checkpoint.
 
 mod binlog_file;
+mod cert_probe;
 mod columns;
 mod connect;
 mod decoder;

@@ -28,7 +28,7 @@ pub async fn preflight(
         Ok(Ok(conn)) => conn,
         Ok(Err(failure)) => {
             let e = match failure {
-                ConnectFailure::Config(e) => e,
+                ConnectFailure::Explained(e) => e,
                 ConnectFailure::Driver(e) => map_err(e, config),
             };
             let remedy = e

@@ -10,7 +10,9 @@ use super::lsn::parse_lsn;
 use super::socket::{self, Protection};
 use crate::error::{Error, Result};
 use crate::source::config::{redact_url, SourceConfig, SourceKind};
-use crate::source::tls::{alert_error, url_tls_keys, ClientTls, TlsSettings, NEEDS_TLS_REMEDY};
+use crate::source::tls::{
+    alert_error, connection_lost, url_tls_keys, ClientTls, TlsSettings, NEEDS_TLS_REMEDY,
+};
 
 /// Where and as whom to connect, from `source.url` and the password settings.
 #[derive(Clone)]
@@ -216,7 +218,15 @@ impl Control {
         let login =
             tokio::time::timeout(Duration::from_secs(10), config.connect_raw(socket, NoTls));
         let (client, connection) = match login.await {
-            Ok(result) => result.map_err(|e| login_error(info, protection, &e).caused_by(e))?,
+            Ok(Ok(connected)) => connected,
+            Ok(Err(e)) => {
+                if connection_lost(&e) {
+                    if let Some(refused) = socket::client_cert_refused(info).await {
+                        return Err(refused.caused_by(e));
+                    }
+                }
+                return Err(login_error(info, protection, &e).caused_by(e));
+            }
             Err(_) => {
                 return Err(Error::source(format!(
                     "{}: the login did not finish within 10 s",

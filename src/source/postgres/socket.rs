@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 use super::control::ConnInfo;
 use crate::error::{Error, Result};
 use crate::source::config::TlsMode;
-use crate::source::tls::{handshake_error, no_tls_error};
+use crate::source::tls::{alert_error, handshake_error, no_tls_error};
 
 /// Time allowed for the TCP connect and, separately, for the TLS negotiation.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -41,6 +41,37 @@ fn unreachable(info: &ConnInfo, what: String) -> Error {
     Error::source(format!("cannot connect to {}: {what}", info.shown))
         .remedy("outboxd retries; check that the server is up and reachable")
         .transient()
+}
+
+/// How long [`client_cert_refused`] waits for the server's verdict after the handshake. A server
+/// that accepted our certificate says nothing (it waits for our startup message), so this is what
+/// an acceptance costs.
+const VERDICT_WAIT: Duration = Duration::from_secs(2);
+
+/// After a login broke with a reset while we presented a client certificate: the definite "the
+/// server refused our client certificate" error if that is what happened, else None.
+///
+/// Under TLS 1.3 the server judges our certificate after our side of the handshake has ended, and
+/// we write the startup message at once. A refusing server sends an alert and closes; when its
+/// reset arrives before our write, the write fails and the alert waiting in the receive queue is
+/// never read (about one login in two on a loaded 2-core machine). So this connects again, as far
+/// as the end of the handshake, and reads instead of writing: the alert, or silence.
+pub async fn client_cert_refused(info: &ConnInfo) -> Option<Error> {
+    let presents = info.tls.as_ref()?.settings.cert.is_some();
+    if !presents {
+        return None;
+    }
+    let mut socket = match connect(info).await {
+        Ok((socket, Protection::Tls)) => socket,
+        // TLS 1.2 judges the certificate inside the handshake: that error is the verdict.
+        Err(e) if !e.is_transient() => return Some(e),
+        _ => return None,
+    };
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(VERDICT_WAIT, socket.read(&mut byte)).await {
+        Ok(Err(e)) => alert_error(&info.shown, &e.to_string()),
+        _ => None,
+    }
 }
 
 /// Opens a socket to `info`'s server, negotiating TLS as `info.tls` says.

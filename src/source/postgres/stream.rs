@@ -37,6 +37,7 @@ use super::control::{refuses_plain_text, transient_sqlstate, ConnInfo};
 use super::lsn::{lsn_to_string, parse_lsn};
 use super::socket::{self, Socket};
 use crate::error::{Error, Result};
+use crate::source::tls::connection_lost;
 use crate::source::Durable;
 
 /// Bytes asked of the socket per read (many small messages in one).
@@ -171,8 +172,18 @@ impl Connection {
             &mut out,
         )
         .map_err(|e| protocol_error(&conn.shown, e.to_string()))?;
-        conn.write(&out).await?;
-        conn.authenticate(info).await?;
+        let login = async {
+            conn.write(&out).await?;
+            conn.authenticate(info).await
+        };
+        if let Err(e) = login.await {
+            if connection_lost(&e) {
+                if let Some(refused) = socket::client_cert_refused(info).await {
+                    return Err(refused);
+                }
+            }
+            return Err(e);
+        }
         Ok(conn)
     }
 
