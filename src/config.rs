@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+pub use crate::retention::PruneConfig;
 pub use crate::route::RouteConfig;
 pub use crate::secrets::is_secret_key;
 use crate::source::config::url_secrets;
@@ -38,6 +39,9 @@ pub struct Config {
     pub checkpoint: CheckpointConfig,
     #[serde(default)]
     pub http: HttpConfig,
+    /// Deleting forwarded rows (`crate::retention`); absent: outboxd never deletes.
+    #[serde(default)]
+    pub prune: Option<PruneConfig>,
 }
 
 #[derive(Clone, Deserialize)]
@@ -190,6 +194,9 @@ impl Config {
             );
         }
         self.source.validate()?;
+        if let Some(prune) = &self.prune {
+            prune.settings(&self.source)?;
+        }
         if let Err((key, why, fix)) = self.route.validate() {
             return bad(&key, why, &fix);
         }
@@ -326,6 +333,9 @@ impl Config {
             secrets.push(p);
         }
         secrets.extend(url_secrets(&self.source.url));
+        if let Some(url) = self.prune.as_ref().and_then(|p| p.url.as_deref()) {
+            secrets.extend(url_secrets(url));
+        }
         for (key, value) in &self.kafka.properties {
             if is_secret_key(key) {
                 secrets.push(value.clone());
@@ -356,6 +366,12 @@ fn secrets_in(doc: &toml::Table) -> Vec<String> {
         if let Some(url) = source.get("url").and_then(toml::Value::as_str) {
             secrets.extend(url_secrets(url));
         }
+    }
+    if let Some(url) = section("prune")
+        .and_then(|p| p.get("url"))
+        .and_then(toml::Value::as_str)
+    {
+        secrets.extend(url_secrets(url));
     }
     if let Some(properties) = section("kafka")
         .and_then(|k| k.get("properties"))

@@ -138,6 +138,19 @@ outboxd replay --binlog-file /backup/mariadb-bin.000042 --dry-run | head")]
         #[arg(long = "where", value_name = "PREDICATE")]
         predicate: Option<String>,
     },
+    /// Delete forwarded rows from the outbox tables once ([prune] settings), then exit.
+    #[command(
+        long_about = "Delete outbox rows that outboxd has forwarded and Kafka acknowledged, once, with the [prune] settings (defaults without that section: older_than 1h, batches of 1000, mode delete), then exit. It samples the server (the log end, and the oldest open transaction), waits up to --wait for the live checkpoint to cover that sample, and only then deletes (or, with mode = \"drop_partitions\", drops whole partitions behind it). If the checkpoint does not get there (outboxd not running, Kafka not acknowledging, a snapshot in progress) nothing is deleted and the exit status is 1. `run` does the same every prune.every when the config has a [prune] section.",
+        after_long_help = "EXAMPLES:\n  outboxd prune\n  outboxd prune --older-than 7d\n  outboxd prune --older-than 0s --wait 5m"
+    )]
+    Prune {
+        /// Keep forwarded rows at least this long (overrides prune.older_than).
+        #[arg(long, value_name = "DURATION")]
+        older_than: Option<String>,
+        /// How long to wait for the checkpoint to cover the sample.
+        #[arg(long, value_name = "DURATION", default_value = "1m")]
+        wait: String,
+    },
     /// Print the recommended outbox table, grants and server settings.
     #[command(
         after_long_help = "EXAMPLES:\n  outboxd schema --kind mysql\n  outboxd schema --kind postgres | psql app"
@@ -347,6 +360,32 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 outboxd::pipeline::snapshot(&config, predicate, shutdown_signal()).await?;
             println!("sent {count} record(s)");
             Ok(ExitCode::SUCCESS)
+        }),
+        Command::Prune { older_than, wait } => runtime()?.block_on(async {
+            let mut settings = config.prune.clone().unwrap_or_default();
+            if let Some(older_than) = older_than {
+                settings.older_than = older_than;
+            }
+            let prune = settings.settings(&config.source)?;
+            let wait = humantime::parse_duration(&wait).map_err(|e| {
+                outboxd::error::Error::config(format!("--wait {wait:?}: {e}"))
+                    .remedy("write a duration like \"30s\" or \"5m\"")
+            })?;
+            let store = Store::open_unlocked(&config.checkpoint.dir, &config.name)?;
+            let metrics = outboxd::metrics::Metrics::new(&config.name, std::time::Duration::from_secs(1));
+            match outboxd::retention::round(&prune, &store, &metrics, wait).await? {
+                outboxd::retention::Outcome::Pruned { deleted, dropped } => {
+                    println!("deleted {deleted} row(s)");
+                    for partition in dropped {
+                        println!("dropped partition {partition}");
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                outboxd::retention::Outcome::Waiting(reason) => Err(outboxd::error::Error::checkpoint(
+                    format!("prune deleted nothing: {reason}"),
+                )
+                .remedy("prune deletes only rows the checkpoint covers: is `outboxd run` running and Kafka acknowledging? Try again, or give a longer --wait")),
+            }
         }),
         Command::Checkpoint { action } => {
             checkpoint_command(&config, action)?;

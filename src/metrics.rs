@@ -28,6 +28,11 @@ struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
     kind: String,
 }
@@ -49,6 +54,10 @@ pub struct Metrics {
     delivery_errors: Counter,
     delivery_seconds: Histogram,
     snapshot_rows: Counter,
+    pruned_rows: Counter,
+    partitions_dropped: Counter,
+    prune_runs: Family<ResultLabel, Counter>,
+    outbox_rows: Gauge,
     base: Instant,
     /// Milliseconds since `base` of the last source event (NEVER before the first).
     last_source_event: AtomicI64,
@@ -77,6 +86,10 @@ impl Metrics {
         let reconnects = Counter::default();
         let delivery_errors = Counter::default();
         let snapshot_rows = Counter::default();
+        let pruned_rows = Counter::default();
+        let partitions_dropped = Counter::default();
+        let prune_runs = Family::<ResultLabel, Counter>::default();
+        let outbox_rows = Gauge::default();
         // 1 ms … 10 s, fine where a healthy broker answers (single-digit to tens of milliseconds).
         let delivery_seconds = Histogram::new(
             [
@@ -140,6 +153,26 @@ impl Metrics {
             "Rows read from the outbox tables by a snapshot (sent like log rows, acknowledged or not)",
             snapshot_rows.clone(),
         );
+        registry.register(
+            "prune_rows",
+            "Forwarded rows deleted from the outbox tables by prune",
+            pruned_rows.clone(),
+        );
+        registry.register(
+            "prune_partitions_dropped",
+            "Outbox table partitions dropped by prune (mode drop_partitions)",
+            partitions_dropped.clone(),
+        );
+        registry.register(
+            "prune_runs",
+            "Prune rounds by result: pruned, waiting (the checkpoint had not reached the sampled log end; nothing deleted), failed",
+            prune_runs.clone(),
+        );
+        registry.register(
+            "outbox_rows",
+            "The database's estimate of the rows in the outbox tables, read by each prune round",
+            outbox_rows.clone(),
+        );
         Arc::new(Metrics {
             registry,
             forwarded,
@@ -153,6 +186,10 @@ impl Metrics {
             delivery_errors,
             delivery_seconds,
             snapshot_rows,
+            pruned_rows,
+            partitions_dropped,
+            prune_runs,
+            outbox_rows,
             base: Instant::now(),
             last_source_event: AtomicI64::new(NEVER),
             last_checkpoint_current: AtomicI64::new(NEVER),
@@ -233,6 +270,22 @@ impl Metrics {
     pub fn snapshot_rows(&self, rows: u64) {
         self.snapshot_rows.inc_by(rows);
         self.source_event();
+    }
+
+    /// A prune round ended: `result` is pruned, waiting or failed.
+    pub fn prune_run(&self, result: &str, rows: u64, partitions: u64) {
+        self.prune_runs
+            .get_or_create(&ResultLabel {
+                result: result.to_string(),
+            })
+            .inc();
+        self.pruned_rows.inc_by(rows);
+        self.partitions_dropped.inc_by(partitions);
+    }
+
+    /// The database's estimate of the rows in the outbox tables.
+    pub fn outbox_rows(&self, rows: u64) {
+        self.outbox_rows.set(rows.min(i64::MAX as u64) as i64);
     }
 
     /// The source read an event (any event, heartbeats included).

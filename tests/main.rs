@@ -12,6 +12,7 @@ mod mysql_pipeline;
 mod operate;
 mod partitioning;
 mod postgres_pipeline;
+mod prune;
 mod replicas;
 mod snapshot;
 mod tls;

@@ -26,17 +26,17 @@ GRANT SELECT ON ALL TABLES IN SCHEMA public TO cdc;
 GRANT CREATE ON DATABASE app TO cdc;
 ";
 
-struct PgEnv {
-    pg: Postgres,
-    broker: Broker,
-    outboxd: Outboxd,
+pub(crate) struct PgEnv {
+    pub(crate) pg: Postgres,
+    pub(crate) broker: Broker,
+    pub(crate) outboxd: Outboxd,
 }
 
 fn setup(name: &str, extra_kafka: &str) -> PgEnv {
     setup_with_schema(name, SCHEMA, extra_kafka)
 }
 
-fn setup_with_schema(name: &str, schema: &str, extra_kafka: &str) -> PgEnv {
+pub(crate) fn setup_with_schema(name: &str, schema: &str, extra_kafka: &str) -> PgEnv {
     setup_with_server(name, schema, extra_kafka, &[])
 }
 
@@ -363,7 +363,7 @@ fn a_frozen_walsender_is_noticed_by_the_missing_heartbeats_and_nothing_is_lost()
 }
 
 /// The outbox partitioned by time, as many teams keep it so old events can be dropped cheaply.
-const PARTITIONED_SCHEMA: &str = "
+pub(crate) const PARTITIONED_SCHEMA: &str = "
 CREATE ROLE cdc WITH LOGIN REPLICATION;
 CREATE TABLE public.outbox (
   id uuid NOT NULL,
@@ -385,7 +385,7 @@ GRANT CREATE ON DATABASE app TO cdc;
 ";
 
 /// Row `n` with an explicit `created_at`, so the test picks the partition it lands in.
-fn insert_at_sql(n: u64, created_at: &str) -> String {
+pub(crate) fn insert_at_sql(n: u64, created_at: &str) -> String {
     let (_, kind, key, payload) = event(n);
     format!(
         "INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload, created_at) VALUES ('{}', '{kind}', '{key}', 'Created', '{payload}', '{created_at}');",

@@ -71,6 +71,15 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>, progress: bool
         crate::http::serve(&config.http.listen, metrics.clone()).await?;
     }
     let progress = progress.then(|| tokio::spawn(progress::report(metrics.clone())));
+    let prune = match &config.prune {
+        Some(settings) => Some(tokio::spawn(crate::retention::run(
+            settings.settings(&config.source)?,
+            store.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        ))),
+        None => None,
+    };
     let result = drive(
         &config,
         store,
@@ -82,6 +91,9 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>, progress: bool
     )
     .await;
     if let Some(task) = progress {
+        task.abort();
+    }
+    if let Some(task) = prune {
         task.abort();
     }
     result

@@ -11,6 +11,7 @@ pub mod config;
 pub mod mysql;
 mod position;
 pub mod postgres;
+pub mod prune;
 pub mod snapshot;
 pub mod tls;
 mod value;

@@ -22,6 +22,7 @@ mod event_types;
 mod json_text;
 mod position;
 mod preflight;
+pub mod prune;
 mod row_image;
 pub mod snapshot;
 

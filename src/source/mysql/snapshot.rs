@@ -361,12 +361,12 @@ fn key_param(key: &KeyValue) -> MyValue {
     }
 }
 
-fn quote_ident(name: &str) -> String {
+pub(super) fn quote_ident(name: &str) -> String {
     format!("`{}`", name.replace('`', "``"))
 }
 
 /// `schema.table` as a quoted name.
-fn quote_table(table: &str) -> String {
+pub(super) fn quote_table(table: &str) -> String {
     match table.split_once('.') {
         Some((schema, name)) => format!("{}.{}", quote_ident(schema), quote_ident(name)),
         None => quote_ident(table),

@@ -24,6 +24,7 @@ mod decoder;
 pub mod lsn;
 pub mod pgoutput;
 mod preflight;
+pub mod prune;
 pub mod snapshot;
 mod socket;
 mod stream;

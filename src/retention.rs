@@ -1,0 +1,348 @@
+//! Retention: deleting outbox rows outboxd has forwarded, so the table stays small (what a polling
+//! relay's cleanup worker or partition maintainer does). `[prune]` in the config runs it beside the
+//! pipeline every `every`; `outboxd prune` runs one round and exits.
+//!
+//! # Why nothing unacknowledged is deleted
+//! outboxd reads the log, not the table, so a deleted row is still forwarded from its INSERT in the
+//! log. The table is what operators and `outboxd snapshot` look at, though, and a relay's users
+//! expect it to hold every row not yet delivered. So a round first takes a *sample* on the server
+//! (`source::prune`): the log end `L`, read after the point before which every inserting
+//! transaction had ended (MySQL: the oldest open InnoDB transaction's start; Postgres: the oldest
+//! running transaction id). Then it waits until the durable checkpoint (the file `run` writes only
+//! after Kafka acknowledged everything before it) reaches `L`. Only then does it delete the rows
+//! the sample lets go, `older_than` applied on top, in batches of `batch` rows, each its own
+//! statement. While Kafka does not acknowledge, the checkpoint does not move, the round ends as
+//! "waiting" and nothing is deleted. No round runs while the checkpoint is inside a snapshot (the
+//! snapshot still has to read the rows).
+//!
+//! A row's creation time must be set by the server as its transaction runs (`DEFAULT
+//! CURRENT_TIMESTAMP` / `now()`). On MySQL a time set by the application from a slow clock can let
+//! a row go before it is acknowledged (it is still forwarded from the log); Postgres judges by the
+//! row's transaction id and has no such caveat.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use tokio::sync::watch;
+
+use crate::checkpoint::Store;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::source::config::{redact_url, SourceConfig, SourceKind};
+use crate::source::prune::Pruner;
+use crate::source::Position;
+
+/// How often a round looks at the checkpoint while it waits for it to reach the sample.
+const CHECKPOINT_POLL: Duration = Duration::from_millis(200);
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PruneMode {
+    /// Batched `DELETE`s.
+    #[default]
+    Delete,
+    /// Drop whole partitions (tables partitioned BY RANGE on the creation time).
+    DropPartitions,
+}
+
+/// `[prune]`.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PruneConfig {
+    /// Time between rounds in `run`.
+    #[serde(default = "default_every")]
+    pub every: String,
+    /// Keep forwarded rows at least this long (by `column`).
+    #[serde(default = "default_older_than")]
+    pub older_than: String,
+    /// Rows per DELETE statement.
+    #[serde(default = "default_batch")]
+    pub batch: u64,
+    /// The server to delete on (the primary, when `source.url` is a replica); default `source.url`.
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub mode: PruneMode,
+    /// The outbox tables' creation-time column.
+    #[serde(default = "default_column")]
+    pub column: String,
+}
+
+impl std::fmt::Debug for PruneConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PruneConfig")
+            .field("every", &self.every)
+            .field("older_than", &self.older_than)
+            .field("batch", &self.batch)
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("mode", &self.mode)
+            .field("column", &self.column)
+            .finish()
+    }
+}
+
+impl Default for PruneConfig {
+    fn default() -> Self {
+        PruneConfig {
+            every: default_every(),
+            older_than: default_older_than(),
+            batch: default_batch(),
+            url: None,
+            mode: PruneMode::Delete,
+            column: default_column(),
+        }
+    }
+}
+
+fn default_every() -> String {
+    "1m".into()
+}
+fn default_older_than() -> String {
+    "1h".into()
+}
+fn default_batch() -> u64 {
+    1000
+}
+fn default_column() -> String {
+    "created_at".into()
+}
+
+/// Checked `[prune]` settings with the connection they use.
+#[derive(Clone)]
+pub struct Prune {
+    pub every: Duration,
+    pub older_than: Duration,
+    pub batch: u64,
+    pub mode: PruneMode,
+    pub column: String,
+    pub tables: Vec<String>,
+    /// `source` with `prune.url` in place of its URL.
+    server: SourceConfig,
+    /// Whether `server` is another server than the one the stream reads.
+    elsewhere: bool,
+}
+
+fn duration(key: &str, text: &str) -> Result<Duration> {
+    humantime::parse_duration(text.trim()).map_err(|e| {
+        Error::config(format!(
+            "key `prune.{key}`: {text:?} is not a duration: {e}"
+        ))
+        .remedy("write a duration like \"30s\", \"15m\", \"1h\" or \"7d\"")
+    })
+}
+
+impl PruneConfig {
+    /// Checks the settings against the source they prune.
+    pub fn settings(&self, source: &SourceConfig) -> Result<Prune> {
+        let every = duration("every", &self.every)?;
+        let older_than = duration("older_than", &self.older_than)?;
+        if every < Duration::from_secs(1) {
+            return Err(Error::config(format!(
+                "key `prune.every`: {:?} is shorter than a second",
+                self.every
+            ))
+            .remedy("use at least \"1s\" (default \"1m\")"));
+        }
+        if self.batch == 0 || self.batch > 100_000 {
+            return Err(Error::config(format!(
+                "key `prune.batch`: {} is out of range",
+                self.batch
+            ))
+            .remedy("use 1..=100000 rows per statement (default 1000)"));
+        }
+        if self.column.trim().is_empty() {
+            return Err(Error::config("key `prune.column`: empty column name")
+                .remedy("name the outbox table's creation-time column (default created_at)"));
+        }
+        let mut server = source.clone();
+        let mut elsewhere = false;
+        if let Some(url) = &self.url {
+            let expected = match source.kind() {
+                SourceKind::Mysql => ["mysql://", "mariadb://"],
+                SourceKind::Postgres => ["postgres://", "postgresql://"],
+            };
+            if !expected.iter().any(|p| url.starts_with(p)) {
+                return Err(Error::config(format!(
+                    "key `prune.url`: {} is not a {} URL like source.url",
+                    redact_url(url),
+                    source.kind().as_str()
+                ))
+                .remedy("point prune.url at the primary of the server source.url reads"));
+            }
+            if url::Url::parse(url).is_ok_and(|u| u.password().is_some()) {
+                // The URL's own password, not source.password.
+                server.password = None;
+                server.password_file = None;
+            }
+            elsewhere = *url != source.url;
+            server.url = url.clone();
+        }
+        Ok(Prune {
+            every,
+            older_than,
+            batch: self.batch,
+            mode: self.mode,
+            column: self.column.clone(),
+            tables: source.tables.clone(),
+            server,
+            elsewhere,
+        })
+    }
+}
+
+/// How a round ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The checkpoint covered the sample; `deleted` rows and `dropped` partitions are gone.
+    Pruned { deleted: u64, dropped: Vec<String> },
+    /// The checkpoint did not reach the sample in time (Kafka not acknowledging, the pipeline
+    /// stopped or behind, a snapshot in progress): nothing was deleted.
+    Waiting(String),
+}
+
+/// One round: sample, wait up to `wait` for the checkpoint to cover it, delete.
+pub async fn round(
+    prune: &Prune,
+    store: &Store,
+    metrics: &Metrics,
+    wait: Duration,
+) -> Result<Outcome> {
+    let mut pruner = Pruner::connect(&prune.server).await?;
+    let result = round_on(&mut pruner, prune, store, metrics, wait).await;
+    pruner.close().await;
+    let (name, rows, partitions) = match &result {
+        Ok(Outcome::Pruned { deleted, dropped }) => ("pruned", *deleted, dropped.len() as u64),
+        Ok(Outcome::Waiting(_)) => ("waiting", 0, 0),
+        Err(_) => ("failed", 0, 0),
+    };
+    metrics.prune_run(name, rows, partitions);
+    result
+}
+
+async fn round_on(
+    pruner: &mut Pruner,
+    prune: &Prune,
+    store: &Store,
+    metrics: &Metrics,
+    wait: Duration,
+) -> Result<Outcome> {
+    let (log_end, what) = pruner.sample(prune.older_than.as_secs()).await?;
+    if prune.elsewhere && !has_gtids(&log_end) {
+        return Err(Error::config(
+            "prune.url names another server, and its binlog position cannot be compared with the checkpoint's without GTIDs",
+        )
+        .remedy("leave prune.url unset (prune where outboxd reads), or use MariaDB GTIDs (outboxd compares MySQL GTID sets only from the stream so far)"));
+    }
+    if let Some(reason) = wait_for_checkpoint(store, &log_end, wait).await? {
+        return Ok(Outcome::Waiting(reason));
+    }
+    let mut deleted = 0;
+    let mut dropped = Vec::new();
+    for table in &prune.tables {
+        match prune.mode {
+            PruneMode::Delete => loop {
+                let n = pruner
+                    .delete_batch(table, &prune.column, prune.batch)
+                    .await?;
+                deleted += n;
+                if n < prune.batch {
+                    break;
+                }
+            },
+            PruneMode::DropPartitions => {
+                dropped.extend(pruner.drop_partitions(table, &prune.column).await?);
+            }
+        }
+    }
+    if let Ok(rows) = pruner.estimate_rows(&prune.tables).await {
+        metrics.outbox_rows(rows);
+    }
+    tracing::info!(deleted, dropped = ?dropped, cutoff = %what, "prune round done");
+    Ok(Outcome::Pruned { deleted, dropped })
+}
+
+fn has_gtids(position: &Position) -> bool {
+    match position {
+        Position::Binlog(b) => b.gtid_text().is_some_and(|g| !g.is_empty()),
+        _ => true,
+    }
+}
+
+/// Waits until the durable checkpoint reaches `log_end`; Some(reason) if it did not within `wait`.
+async fn wait_for_checkpoint(
+    store: &Store,
+    log_end: &Position,
+    wait: Duration,
+) -> Result<Option<String>> {
+    let started = Instant::now();
+    loop {
+        let checkpoint = store.load()?;
+        let reason = match &checkpoint {
+            Some(c) if c.position.reached(log_end) => return Ok(None),
+            Some(c) if matches!(c.position, Position::Snapshot(_)) => {
+                return Ok(Some(format!(
+                    "a snapshot is in progress ({}): prune waits until it has finished",
+                    c.position
+                )))
+            }
+            Some(c) => format!(
+                "the checkpoint ({}) has not reached the log end sampled before deleting ({log_end}) within {}",
+                c.position,
+                humantime::format_duration(wait)
+            ),
+            None => format!(
+                "there is no checkpoint yet at {}: nothing has been forwarded",
+                store.path().display()
+            ),
+        };
+        if started.elapsed() >= wait || checkpoint.is_none() {
+            return Ok(Some(reason));
+        }
+        tokio::time::sleep(CHECKPOINT_POLL).await;
+    }
+}
+
+/// Runs a round every `prune.every` until `shutdown`. A transient failure is logged and the next
+/// round tries again; a definite one (a missing privilege, a bad column) is logged with its fix and
+/// ends pruning for this process, while forwarding goes on.
+pub async fn run(
+    prune: Prune,
+    store: Arc<Store>,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut ticks = tokio::time::interval(prune.every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+        let round = round(&prune, &store, &metrics, prune.every);
+        let result = tokio::select! {
+            r = round => r,
+            _ = shutdown.changed() => return,
+        };
+        match result {
+            Ok(Outcome::Waiting(reason)) => tracing::info!("prune: nothing deleted: {reason}"),
+            Ok(Outcome::Pruned { .. }) => {}
+            Err(e) if e.is_transient() => tracing::warn!(
+                error = %e.message(),
+                remedy = e.remedy_text().unwrap_or_default(),
+                "prune round failed; trying again next round"
+            ),
+            Err(e) => {
+                tracing::error!(
+                    error = %e.message(),
+                    remedy = e.remedy_text().unwrap_or_default(),
+                    "prune stopped (forwarding goes on)"
+                );
+                return;
+            }
+        }
+    }
+}

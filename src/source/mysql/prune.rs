@@ -1,0 +1,279 @@
+//! Deleting forwarded rows from MySQL/MariaDB outbox tables (see `crate::retention` for the policy).
+//!
+//! A sample reads, in this order, the time before which every inserting transaction has ended and
+//! then the binlog end. The time is the older of `NOW() - older_than` and the start of the oldest
+//! open InnoDB transaction (`information_schema.innodb_trx`), less [`MARGIN_SECONDS`]; a row whose
+//! `created_at` (filled by the server as the transaction runs) is older began before every
+//! transaction still open, so it had ended before the binlog end was read. Once the checkpoint
+//! covers that end, such rows have been acknowledged. The margin covers `trx_started`'s whole
+//! seconds and the moment between a statement's start (its `NOW()`) and its transaction's entry in
+//! `innodb_trx`.
+//!
+//! Deletes are `DELETE … WHERE created_at < ? LIMIT batch`, each its own autocommit statement, so
+//! no lock is held longer than one batch. Partitions are dropped when their upper bound is at or
+//! before the same time (RANGE and RANGE COLUMNS on the column, or on a function of it that grows
+//! with it: `UNIX_TIMESTAMP`, `TO_DAYS`, `TO_SECONDS`, `YEAR`).
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Value as MyValue};
+
+use super::connect::{map_err, open};
+use super::snapshot::{quote_ident, quote_table};
+use super::{current_end, ServerInfo};
+use crate::error::{Error, Result};
+use crate::source::config::SourceConfig;
+use crate::source::Position;
+
+/// Seconds taken off the oldest open transaction's start (see the module docs).
+const MARGIN_SECONDS: u32 = 5;
+/// How long a DROP PARTITION waits for the table's metadata lock before trying next time.
+const LOCK_WAIT_SECONDS: u32 = 5;
+
+const ER_SPECIFIC_ACCESS_DENIED: u16 = 1227;
+const ER_TABLEACCESS_DENIED: u16 = 1142;
+const ER_OPTION_PREVENTS_STATEMENT: u16 = 1290;
+const ER_BAD_FIELD: u16 = 1054;
+
+pub struct Pruner {
+    conn: Conn,
+    config: SourceConfig,
+}
+
+/// What a sample found: the binlog end, and the time before which rows may go once the checkpoint
+/// covers that end.
+pub struct Sample {
+    pub log_end: Position,
+    cutoff: MyValue,
+    pub shown: String,
+}
+
+impl Pruner {
+    pub async fn connect(config: &SourceConfig) -> Result<Pruner> {
+        Ok(Pruner {
+            conn: open(config).await?,
+            config: config.clone(),
+        })
+    }
+
+    fn failed(&self, what: &str, e: mysql_async::Error) -> Error {
+        match &e {
+            mysql_async::Error::Server(se)
+                if [ER_SPECIFIC_ACCESS_DENIED, ER_TABLEACCESS_DENIED].contains(&se.code) =>
+            {
+                Error::source(format!("prune: {what}: {}", se.message))
+                    .remedy("GRANT PROCESS (to see open transactions), and SELECT, DELETE (and DROP for drop_partitions) on the outbox tables, to the user in prune.url (or source.url)")
+                    .caused_by(e)
+            }
+            mysql_async::Error::Server(se) if se.code == ER_OPTION_PREVENTS_STATEMENT => {
+                Error::source(format!("prune: {what}: {}", se.message))
+                    .remedy("the server is read-only (a replica?): set prune.url to the primary")
+                    .caused_by(e)
+            }
+            mysql_async::Error::Server(se) if se.code == ER_BAD_FIELD => {
+                Error::config(format!("prune: {what}: {}", se.message))
+                    .remedy("set prune.column to the outbox table's creation-time column (filled by the server: DEFAULT CURRENT_TIMESTAMP)")
+                    .caused_by(e)
+            }
+            _ => {
+                let inner = map_err(e, &self.config);
+                let text = format!("prune: {what}: {}", inner.message());
+                let mut out = Error::source(text);
+                if let Some(r) = inner.remedy_text() {
+                    out = out.remedy(r.to_string());
+                }
+                if inner.is_transient() {
+                    out = out.transient();
+                }
+                out
+            }
+        }
+    }
+
+    /// Samples the cutoff time, then the binlog end (in that order; see the module docs).
+    pub async fn sample(&mut self, older_than_secs: u64) -> Result<Sample> {
+        let query = format!(
+            "SELECT LEAST(NOW(6) - INTERVAL {older_than_secs} SECOND, \
+             COALESCE((SELECT MIN(trx_started) FROM information_schema.innodb_trx), NOW(6)) \
+             - INTERVAL {MARGIN_SECONDS} SECOND)"
+        );
+        let cutoff: Option<MyValue> = self
+            .conn
+            .query_first(query)
+            .await
+            .map_err(|e| self.failed("reading the open transactions", e))?;
+        let cutoff = cutoff.unwrap_or(MyValue::NULL);
+        let shown = match &cutoff {
+            MyValue::Date(y, mo, d, h, mi, s, _) => {
+                format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02}")
+            }
+            other => format!("{other:?}"),
+        };
+        let info = ServerInfo::read(&mut self.conn)
+            .await
+            .map_err(|e| self.failed("reading the server's settings", e))?;
+        let end = current_end(&mut self.conn, &info)
+            .await
+            .map_err(|e| self.failed("reading the binlog end", e))?;
+        Ok(Sample {
+            log_end: end.to_position(),
+            cutoff,
+            shown,
+        })
+    }
+
+    /// Deletes up to `batch` rows of `table` older than the sample's cutoff; returns how many.
+    pub async fn delete_batch(
+        &mut self,
+        table: &str,
+        column: &str,
+        sample: &Sample,
+        batch: u64,
+    ) -> Result<u64> {
+        let statement = format!(
+            "DELETE FROM {} WHERE {} < ? LIMIT {batch}",
+            quote_table(table),
+            quote_ident(column)
+        );
+        self.conn
+            .exec_drop(statement, (sample.cutoff.clone(),))
+            .await
+            .map_err(|e| self.failed(&format!("deleting from {table}"), e))?;
+        Ok(self.conn.affected_rows())
+    }
+
+    /// Drops the partitions of `table` whose upper bound is at or before the sample's cutoff, oldest
+    /// first; returns their names.
+    pub async fn drop_partitions(
+        &mut self,
+        table: &str,
+        column: &str,
+        sample: &Sample,
+    ) -> Result<Vec<String>> {
+        let (schema, name) = table.split_once('.').unwrap_or(("", table));
+        let rows: Vec<(String, String, String, String)> = self
+            .conn
+            .exec(
+                "SELECT PARTITION_NAME, PARTITION_METHOD, COALESCE(PARTITION_EXPRESSION, ''), \
+                 COALESCE(PARTITION_DESCRIPTION, '') FROM information_schema.PARTITIONS \
+                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND PARTITION_NAME IS NOT NULL \
+                 ORDER BY PARTITION_ORDINAL_POSITION",
+                (schema, name),
+            )
+            .await
+            .map_err(|e| self.failed(&format!("reading the partitions of {table}"), e))?;
+        if rows.is_empty() {
+            return Err(not_partitioned(table));
+        }
+        let mut dropped = Vec::new();
+        // Never the last partition: MySQL refuses to drop them all, and new rows need a home.
+        for (partition, method, expression, bound) in &rows[..rows.len() - 1] {
+            let at_cutoff = bound_expression(table, column, method, expression)?;
+            if bound.eq_ignore_ascii_case("MAXVALUE") || bound.is_empty() {
+                break;
+            }
+            // The bound is the server's own rendering of a constant (a number or a quoted literal).
+            let behind: Option<i64> = self
+                .conn
+                .exec_first(
+                    format!("SELECT ({at_cutoff}) >= ({bound})"),
+                    (sample.cutoff.clone(),),
+                )
+                .await
+                .map_err(|e| self.failed(&format!("comparing partition {partition}"), e))?;
+            if behind != Some(1) {
+                break;
+            }
+            self.conn
+                .query_drop(format!(
+                    "SET SESSION lock_wait_timeout = {LOCK_WAIT_SECONDS}"
+                ))
+                .await
+                .map_err(|e| self.failed("setting lock_wait_timeout", e))?;
+            self.conn
+                .query_drop(format!(
+                    "ALTER TABLE {} DROP PARTITION {}",
+                    quote_table(table),
+                    quote_ident(partition)
+                ))
+                .await
+                .map_err(|e| self.failed(&format!("dropping partition {partition}"), e))?;
+            dropped.push(partition.clone());
+        }
+        Ok(dropped)
+    }
+
+    /// The server's estimate of the rows in `tables` (`information_schema.TABLES.TABLE_ROWS`).
+    pub async fn estimate_rows(&mut self, tables: &[String]) -> Result<u64> {
+        let mut total = 0u64;
+        for table in tables {
+            let (schema, name) = table.split_once('.').unwrap_or(("", table));
+            let rows: Option<Option<u64>> = self
+                .conn
+                .exec_first(
+                    "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                    (schema, name),
+                )
+                .await
+                .map_err(|e| self.failed("estimating the outbox rows", e))?;
+            total += rows.flatten().unwrap_or(0);
+        }
+        Ok(total)
+    }
+
+    pub async fn close(self) {
+        let _ = self.conn.disconnect().await;
+    }
+}
+
+fn not_partitioned(table: &str) -> Error {
+    Error::config(format!(
+        "prune.mode = \"drop_partitions\", but {table} has no partitions"
+    ))
+    .remedy("partition the table BY RANGE on its creation time, or use prune.mode = \"delete\"")
+}
+
+/// The partition expression with the column replaced by a parameter, for comparing with a bound.
+fn bound_expression(table: &str, column: &str, method: &str, expression: &str) -> Result<String> {
+    let unquoted = expression.replace('`', "");
+    let function = unquoted
+        .strip_suffix(&format!("({column})"))
+        .map(|f| f.trim().to_ascii_lowercase());
+    let ok = match method {
+        "RANGE COLUMNS" => unquoted == column,
+        "RANGE" => matches!(
+            function.as_deref(),
+            Some("unix_timestamp" | "to_days" | "to_seconds" | "year")
+        ),
+        _ => false,
+    };
+    if !ok {
+        return Err(Error::config(format!(
+            "prune.mode = \"drop_partitions\": {table} is partitioned BY {method} ({expression}), which outboxd cannot compare with prune.column {column:?}"
+        ))
+        .remedy("partition BY RANGE COLUMNS(column), or BY RANGE on UNIX_TIMESTAMP, TO_DAYS, TO_SECONDS or YEAR of it; or use prune.mode = \"delete\""));
+    }
+    Ok(match function {
+        Some(f) if method == "RANGE" => format!("{f}(?)"),
+        _ => "?".to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bound_expression;
+
+    #[test]
+    fn partition_expressions_outboxd_can_compare_are_told_apart() {
+        let ok = |m, e| bound_expression("app.outbox", "created_at", m, e);
+        assert_eq!(ok("RANGE COLUMNS", "`created_at`").unwrap(), "?");
+        assert_eq!(
+            ok("RANGE", "unix_timestamp(`created_at`)").unwrap(),
+            "unix_timestamp(?)"
+        );
+        assert_eq!(ok("RANGE", "to_days(`created_at`)").unwrap(), "to_days(?)");
+        let refused = ok("RANGE", "`id` DIV 1000").unwrap_err();
+        assert!(refused.message().contains("cannot compare"), "{refused}");
+        assert!(ok("HASH", "`created_at`").is_err());
+        assert!(ok("RANGE COLUMNS", "`id`").is_err());
+    }
+}

@@ -1,0 +1,320 @@
+//! Retention (`[prune]` and `outboxd prune`) on real MariaDB and Postgres: forwarded rows are
+//! deleted (or their partitions dropped), and while Kafka acknowledges nothing, nothing is.
+
+use std::time::Duration;
+
+use crate::postgres_pipeline::{self as pg_rows, PgEnv};
+use crate::rig::scenario::{
+    config_body, consume_distinct_events, insert_rows, insert_sql, Env, SCHEMA,
+};
+use crate::rig::{create_topic, wait_until, Broker, MariaDb, Outboxd};
+
+const ROUNDS: &str = "[prune]\nevery = \"1s\"\nolder_than = \"0s\"\nbatch = 50\n";
+
+fn maria_env(name: &str, schema: &str, prune: &str) -> Env {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(schema);
+    // Pruning needs DELETE on the outbox, and PROCESS to see the open transactions.
+    db.sql_socket(
+        "GRANT DELETE, DROP, ALTER ON app.* TO 'cdc'@'127.0.0.1'; GRANT PROCESS ON *.* TO 'cdc'@'127.0.0.1';",
+    );
+    let broker = Broker::start();
+    for topic in ["outbox.event.order", "outbox.event.customer"] {
+        create_topic(&broker.bootstrap(), topic, 3);
+    }
+    let body = format!(
+        "{}{prune}",
+        config_body(&db.cdc_url(), &broker.bootstrap(), "", "")
+    );
+    let outboxd = Outboxd::new(name, &body);
+    Env {
+        db,
+        broker,
+        outboxd,
+    }
+}
+
+/// Adds a section at the end of `outboxd`'s config file.
+fn append_config(outboxd: &Outboxd, section: &str) {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(outboxd.config_path())
+        .unwrap();
+    file.write_all(section.as_bytes()).unwrap();
+}
+
+fn maria_count(db: &MariaDb, sql: &str) -> u64 {
+    db.sql_socket(sql).trim().parse().unwrap_or(u64::MAX)
+}
+
+/// How many prune rounds the log shows after byte `from`, whatever they did.
+fn rounds_since(outboxd: &Outboxd, from: usize) -> usize {
+    let log = outboxd.log();
+    log[from..].matches("prune: nothing deleted").count()
+        + log[from..].matches("prune round done").count()
+}
+
+/// `outboxd prune` with a short wait; (exit success, output).
+fn prune_once(outboxd: &Outboxd, wait: &str) -> (bool, String) {
+    let out = outboxd
+        .command(&["prune", "--older-than", "0s", "--wait", wait])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Rows forwarded and acknowledged are deleted by `run`'s rounds; with the broker frozen, rounds
+/// and `outboxd prune` delete nothing; after it thaws, everything arrives and is deleted.
+#[test]
+fn mariadb_prune_deletes_what_kafka_acknowledged_and_nothing_while_the_broker_is_frozen() {
+    let mut env = maria_env("prune-maria", SCHEMA, ROUNDS);
+    env.outboxd.start();
+    insert_rows(&env.db, 0, 300, 10);
+    consume_distinct_events(&env.broker.bootstrap(), 300);
+    let count = "SELECT COUNT(*) FROM app.outbox";
+    wait_until(
+        "the rounds delete the forwarded rows",
+        Duration::from_secs(60),
+        || maria_count(&env.db, count) == 0,
+    );
+    assert!(env.outboxd.log().contains("prune round done"));
+
+    env.broker.freeze();
+    // Created "long ago" by the application's clock: only the checkpoint keeps them.
+    let mut script = String::new();
+    for n in 300..500 {
+        script.push_str(&maria_insert_at(n, "2000-01-01 00:00:00"));
+    }
+    env.db.sql_socket(&script);
+    let mark = env.outboxd.log().len();
+    wait_until(
+        "prune rounds while the broker is frozen",
+        Duration::from_secs(60),
+        || rounds_since(&env.outboxd, mark) >= 3,
+    );
+    let (ok, text) = prune_once(&env.outboxd, "2s");
+    assert!(!ok, "prune succeeded with a frozen broker:\n{text}");
+    assert!(text.contains("prune deleted nothing"), "{text}");
+    assert_eq!(
+        maria_count(&env.db, count),
+        200,
+        "unacknowledged rows were deleted"
+    );
+
+    env.broker.thaw();
+    let records = consume_distinct_events(&env.broker.bootstrap(), 500);
+    assert!(records.len() >= 500);
+    wait_until(
+        "the rounds delete the rest once Kafka acknowledged it",
+        Duration::from_secs(60),
+        || maria_count(&env.db, count) == 0,
+    );
+    let (ok, text) = prune_once(&env.outboxd, "30s");
+    assert!(ok, "{text}");
+    assert!(text.contains("deleted 0 row(s)"), "{text}");
+    env.outboxd.stop();
+}
+
+#[test]
+fn postgres_prune_deletes_what_kafka_acknowledged_and_nothing_while_the_broker_is_frozen() {
+    let mut env: PgEnv = pg_rows::setup_with_schema("prunepg", pg_rows::SCHEMA, "");
+    append_config(&env.outboxd, ROUNDS);
+    env.outboxd.start();
+    pg_rows::insert_rows(&env.pg, 0, 300, 10);
+    consume_distinct_events(&env.broker.bootstrap(), 300);
+    let count = || {
+        env.pg
+            .sql("app", "SELECT COUNT(*) FROM public.outbox")
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(u64::MAX)
+    };
+    wait_until(
+        "the rounds delete the forwarded rows",
+        Duration::from_secs(60),
+        || count() == 0,
+    );
+
+    env.broker.freeze();
+    pg_rows::insert_rows(&env.pg, 300, 500, 10);
+    let mark = env.outboxd.log().len();
+    wait_until(
+        "prune rounds while the broker is frozen",
+        Duration::from_secs(60),
+        || rounds_since(&env.outboxd, mark) >= 3,
+    );
+    let (ok, text) = prune_once(&env.outboxd, "2s");
+    assert!(!ok, "prune succeeded with a frozen broker:\n{text}");
+    assert_eq!(count(), 200, "unacknowledged rows were deleted");
+
+    env.broker.thaw();
+    consume_distinct_events(&env.broker.bootstrap(), 500);
+    wait_until(
+        "the rounds delete the rest once Kafka acknowledged it",
+        Duration::from_secs(60),
+        || count() == 0,
+    );
+    env.outboxd.stop();
+}
+
+const MARIA_PARTITIONED: &str = "
+CREATE DATABASE app;
+CREATE TABLE app.outbox (
+  id BINARY(16) NOT NULL,
+  aggregatetype VARCHAR(255) NOT NULL,
+  aggregateid VARCHAR(255) NOT NULL,
+  type VARCHAR(255) NOT NULL,
+  payload LONGTEXT,
+  created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+  PRIMARY KEY (id, created_at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
+PARTITION BY RANGE COLUMNS(created_at) (
+  PARTITION p2000 VALUES LESS THAN ('2001-01-01'),
+  PARTITION p2001 VALUES LESS THAN ('2002-01-01'),
+  PARTITION pnow VALUES LESS THAN (MAXVALUE)
+);
+";
+
+fn maria_insert_at(n: u64, created_at: &str) -> String {
+    insert_sql(n)
+        .replace(
+            "type, payload) VALUES (",
+            "type, payload, created_at) VALUES (",
+        )
+        .replace("');", &format!("', '{created_at}');"))
+}
+
+/// Partitions wholly behind the checkpoint are dropped, the one new rows go to is kept, and
+/// nothing is dropped while the rows in it are unacknowledged.
+#[test]
+fn mariadb_drop_partitions_drops_only_partitions_behind_the_checkpoint() {
+    let mut env = maria_env(
+        "prune-parts-maria",
+        MARIA_PARTITIONED,
+        "[prune]\nevery = \"1s\"\nolder_than = \"0s\"\nmode = \"drop_partitions\"\n",
+    );
+    env.outboxd.start();
+    env.broker.freeze();
+    let mut script = String::from("BEGIN;");
+    for n in 0..30 {
+        let at = match n / 10 {
+            0 => "2000-06-01 00:00:00",
+            1 => "2001-06-01 00:00:00",
+            _ => "",
+        };
+        script.push_str(&if at.is_empty() {
+            insert_sql(n)
+        } else {
+            maria_insert_at(n, at)
+        });
+    }
+    script.push_str("COMMIT;");
+    env.db.sql_socket(&script);
+    let partitions = "SELECT COUNT(*) FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = 'app' AND TABLE_NAME = 'outbox'";
+    let mark = env.outboxd.log().len();
+    wait_until(
+        "prune rounds while the broker is frozen",
+        Duration::from_secs(60),
+        || rounds_since(&env.outboxd, mark) >= 3,
+    );
+    assert_eq!(
+        maria_count(&env.db, partitions),
+        3,
+        "a partition of unacknowledged rows went"
+    );
+
+    env.broker.thaw();
+    consume_distinct_events(&env.broker.bootstrap(), 30);
+    wait_until(
+        "the partitions behind the checkpoint are dropped",
+        Duration::from_secs(60),
+        || maria_count(&env.db, partitions) == 1,
+    );
+    assert_eq!(maria_count(&env.db, "SELECT COUNT(*) FROM app.outbox"), 10);
+    assert!(env.outboxd.log().contains("p2001"), "{}", env.outboxd.log());
+    env.outboxd.stop();
+}
+
+#[test]
+fn postgres_drop_partitions_drops_only_partitions_behind_the_checkpoint() {
+    let mut env: PgEnv =
+        pg_rows::setup_with_schema("prunepgparts", pg_rows::PARTITIONED_SCHEMA, "");
+    append_config(
+        &env.outboxd,
+        "[prune]\nevery = \"1s\"\nolder_than = \"0s\"\nmode = \"drop_partitions\"\n",
+    );
+    env.outboxd.start();
+    env.broker.freeze();
+    let mut script = String::from("BEGIN;");
+    for n in 0..20 {
+        script.push_str(&if n < 10 {
+            pg_rows::insert_at_sql(n, "1999-06-01 00:00:00+00")
+        } else {
+            pg_rows::insert_sql(n)
+        });
+    }
+    script.push_str("COMMIT;");
+    env.pg.sql("app", &script);
+    let partitions = || {
+        env.pg
+            .sql(
+                "app",
+                "SELECT COUNT(*) FROM pg_inherits WHERE inhparent = 'public.outbox'::regclass",
+            )
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(u64::MAX)
+    };
+    let mark = env.outboxd.log().len();
+    wait_until(
+        "prune rounds while the broker is frozen",
+        Duration::from_secs(60),
+        || rounds_since(&env.outboxd, mark) >= 3,
+    );
+    assert_eq!(partitions(), 2, "a partition of unacknowledged rows went");
+
+    env.broker.thaw();
+    consume_distinct_events(&env.broker.bootstrap(), 20);
+    wait_until(
+        "the partition behind the checkpoint is dropped",
+        Duration::from_secs(60),
+        || partitions() == 1,
+    );
+    let left = env.pg.sql("app", "SELECT COUNT(*) FROM public.outbox");
+    assert_eq!(left.trim(), "10");
+    env.outboxd.stop();
+}
+
+/// Settings are checked by name before anything connects.
+#[test]
+fn bad_prune_settings_are_refused_by_name() {
+    let db_url = "mysql://cdc@127.0.0.1:1/app";
+    for (extra, key) in [
+        ("[prune]\nevery = \"soon\"\n", "prune.every"),
+        ("[prune]\nbatch = 0\n", "prune.batch"),
+        ("[prune]\nmode = \"truncate\"\n", "mode"),
+        (
+            "[prune]\nurl = \"postgres://x@127.0.0.1/app\"\n",
+            "prune.url",
+        ),
+    ] {
+        let outboxd = Outboxd::new(
+            "prune-bad",
+            &format!("{}{extra}", config_body(db_url, "127.0.0.1:1", "", "")),
+        );
+        let out = outboxd.command(&["check"]).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{extra}: {text}");
+        assert!(text.contains(key), "{extra}: {text}");
+    }
+}
