@@ -33,6 +33,30 @@ use crate::source::config::{redact_url, SourceConfig, SourceKind};
 use crate::source::prune::Pruner;
 use crate::source::Position;
 
+/// Time allowed for connecting, sampling and estimating: a server that goes silent fails the round
+/// (transient) instead of holding it forever.
+const SHORT_STEP: Duration = Duration::from_secs(60);
+/// Time allowed for one DELETE batch or one table's partition drops (a batch on an unindexed column
+/// scans the table).
+const LONG_STEP: Duration = Duration::from_secs(300);
+
+/// `step`, or a transient error naming `what` if it does not finish within `limit`.
+async fn bounded<T>(
+    what: &str,
+    limit: Duration,
+    step: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, step).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::source(format!(
+            "prune: {what} did not finish within {}",
+            humantime::format_duration(limit)
+        ))
+        .remedy("outboxd tries again next round; check the server (a long lock, a missing index on prune.column)")
+        .transient()),
+    }
+}
+
 /// How often a round looks at the checkpoint while it waits for it to reach the sample.
 const CHECKPOINT_POLL: Duration = Duration::from_millis(200);
 
@@ -155,6 +179,12 @@ impl PruneConfig {
             return Err(Error::config("key `prune.column`: empty column name")
                 .remedy("name the outbox table's creation-time column (default created_at)"));
         }
+        if self.url.is_none() && source.urls().len() > 1 {
+            return Err(Error::config(
+                "key `prune.url`: source.url lists several servers, and prune must delete on the primary",
+            )
+            .remedy("set prune.url to the primary (with MariaDB GTIDs, so its position can be compared with the checkpoint)"));
+        }
         let mut server = source.clone();
         let mut elsewhere = false;
         if let Some(url) = &self.url {
@@ -208,9 +238,9 @@ pub async fn round(
     metrics: &Metrics,
     wait: Duration,
 ) -> Result<Outcome> {
-    let mut pruner = Pruner::connect(&prune.server).await?;
+    let mut pruner = bounded("connecting", SHORT_STEP, Pruner::connect(&prune.server)).await?;
     let result = round_on(&mut pruner, prune, store, metrics, wait).await;
-    pruner.close().await;
+    let _ = tokio::time::timeout(SHORT_STEP, pruner.close()).await;
     let (name, rows, partitions) = match &result {
         Ok(Outcome::Pruned { deleted, dropped }) => ("pruned", *deleted, dropped.len() as u64),
         Ok(Outcome::Waiting(_)) => ("waiting", 0, 0),
@@ -227,14 +257,19 @@ async fn round_on(
     metrics: &Metrics,
     wait: Duration,
 ) -> Result<Outcome> {
-    let (log_end, what) = pruner.sample(prune.older_than.as_secs()).await?;
+    let (log_end, what) = bounded(
+        "sampling the server",
+        SHORT_STEP,
+        pruner.sample(prune.older_than.as_secs()),
+    )
+    .await?;
     if prune.elsewhere && !has_gtids(&log_end) {
         return Err(Error::config(
             "prune.url names another server, and its binlog position cannot be compared with the checkpoint's without GTIDs",
         )
         .remedy("leave prune.url unset (prune where outboxd reads), or use MariaDB GTIDs (outboxd compares MySQL GTID sets only from the stream so far)"));
     }
-    if let Some(reason) = wait_for_checkpoint(store, &log_end, wait).await? {
+    if let Some(reason) = wait_for_checkpoint(store, &log_end, wait, prune.elsewhere).await? {
         return Ok(Outcome::Waiting(reason));
     }
     let mut deleted = 0;
@@ -242,20 +277,23 @@ async fn round_on(
     for table in &prune.tables {
         match prune.mode {
             PruneMode::Delete => loop {
-                let n = pruner
-                    .delete_batch(table, &prune.column, prune.batch)
-                    .await?;
+                let batch = pruner.delete_batch(table, &prune.column, prune.batch);
+                let n = bounded(&format!("deleting from {table}"), LONG_STEP, batch).await?;
                 deleted += n;
                 if n < prune.batch {
                     break;
                 }
             },
             PruneMode::DropPartitions => {
-                dropped.extend(pruner.drop_partitions(table, &prune.column).await?);
+                let drop = pruner.drop_partitions(table, &prune.column);
+                dropped.extend(
+                    bounded(&format!("dropping partitions of {table}"), LONG_STEP, drop).await?,
+                );
             }
         }
     }
-    if let Ok(rows) = pruner.estimate_rows(&prune.tables).await {
+    let estimate = pruner.estimate_rows(&prune.tables);
+    if let Ok(rows) = bounded("estimating the rows", SHORT_STEP, estimate).await {
         metrics.outbox_rows(rows);
     }
     tracing::info!(deleted, dropped = ?dropped, cutoff = %what, "prune round done");
@@ -274,11 +312,19 @@ async fn wait_for_checkpoint(
     store: &Store,
     log_end: &Position,
     wait: Duration,
+    elsewhere: bool,
 ) -> Result<Option<String>> {
     let started = Instant::now();
     loop {
         let checkpoint = store.load()?;
         let reason = match &checkpoint {
+            // Positions of two servers compare by GTID only; a file position means nothing there.
+            Some(c) if elsewhere && !has_gtids(&c.position) => {
+                return Ok(Some(format!(
+                    "the checkpoint ({}) has no GTID state to compare with prune.url's server",
+                    c.position
+                )))
+            }
             Some(c) if c.position.reached(log_end) => return Ok(None),
             Some(c) if matches!(c.position, Position::Snapshot(_)) => {
                 return Ok(Some(format!(
@@ -312,7 +358,10 @@ pub async fn run(
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut ticks = tokio::time::interval(prune.every);
+    // The first round waits one period, so the session has checked the checkpoint against the
+    // server before anything is compared with it.
+    let mut ticks =
+        tokio::time::interval_at(tokio::time::Instant::now() + prune.every, prune.every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {

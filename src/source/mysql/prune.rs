@@ -33,6 +33,8 @@ const ER_SPECIFIC_ACCESS_DENIED: u16 = 1227;
 const ER_TABLEACCESS_DENIED: u16 = 1142;
 const ER_OPTION_PREVENTS_STATEMENT: u16 = 1290;
 const ER_BAD_FIELD: u16 = 1054;
+/// Lock wait timeout, deadlock, query interrupted, MariaDB's statement time limit: next round.
+const RETRY_NEXT_ROUND: [u16; 4] = [1205, 1213, 1317, 1969];
 
 pub struct Pruner {
     conn: Conn,
@@ -49,8 +51,14 @@ pub struct Sample {
 
 impl Pruner {
     pub async fn connect(config: &SourceConfig) -> Result<Pruner> {
+        let mut conn = open(config).await?;
+        // READ COMMITTED: a DELETE scanning for old rows locks only the rows it deletes, not
+        // every row and gap it passes (which would block the application's inserts).
+        conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .await
+            .map_err(|e| map_err(e, config))?;
         Ok(Pruner {
-            conn: open(config).await?,
+            conn,
             config: config.clone(),
         })
     }
@@ -67,6 +75,12 @@ impl Pruner {
             mysql_async::Error::Server(se) if se.code == ER_OPTION_PREVENTS_STATEMENT => {
                 Error::source(format!("prune: {what}: {}", se.message))
                     .remedy("the server is read-only (a replica?): set prune.url to the primary")
+                    .caused_by(e)
+            }
+            mysql_async::Error::Server(se) if RETRY_NEXT_ROUND.contains(&se.code) => {
+                Error::source(format!("prune: {what}: {}", se.message))
+                    .remedy("a transaction held the rows or the table; outboxd tries again next round")
+                    .transient()
                     .caused_by(e)
             }
             mysql_async::Error::Server(se) if se.code == ER_BAD_FIELD => {

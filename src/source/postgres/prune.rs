@@ -5,7 +5,9 @@
 //! before the WAL end; once the checkpoint covers that end, its rows have been acknowledged. Rows
 //! carry their inserting transaction in the `xmin` system column, so the test is exact and needs
 //! no clock and no privilege beyond the table's: `age(xmin) > age(sample_xmin)` (both ages against
-//! the same current transaction, so wraparound does not matter; a frozen row's age is the largest).
+//! the same current transaction, so wraparound does not matter). A row frozen more than 2^31
+//! transactions ago keeps its raw `xmin` and shows a negative age: it is old, and goes too. The WAL
+//! end is the *insert* position, which covers commits written with `synchronous_commit = off`.
 //! `older_than` is applied to the creation-time column on top.
 //!
 //! Deletes go through `(tableoid, ctid)` in batches (one statement each, its own transaction); the
@@ -71,7 +73,7 @@ impl Pruner {
             .control
             .client()
             .query_one(
-                "SELECT pg_snapshot_xmin(pg_current_snapshot())::text, pg_current_wal_lsn()::text",
+                "SELECT pg_snapshot_xmin(pg_current_snapshot())::text, pg_current_wal_insert_lsn()::text",
                 &[],
             )
             .await
@@ -101,7 +103,7 @@ impl Pruner {
         batch: u64,
     ) -> Result<u64> {
         let condition = format!(
-            "{} < now() - interval '{} seconds' AND age(xmin) > age('{}'::xid)",
+            "{} < now() - interval '{} seconds' AND (age(xmin) > age('{}'::xid) OR age(xmin) < 0)",
             quote_ident(column),
             sample.older_than_secs,
             sample.xmin
@@ -218,7 +220,7 @@ impl Pruner {
             let newer: bool = client
                 .query_one(
                     format!(
-                        "SELECT EXISTS (SELECT 1 FROM {partition} WHERE age(xmin) <= age('{}'::xid))",
+                        "SELECT EXISTS (SELECT 1 FROM {partition} WHERE age(xmin) >= 0 AND age(xmin) <= age('{}'::xid))",
                         sample.xmin
                     )
                     .as_str(),
