@@ -5,14 +5,9 @@ use crate::rig;
 use crate::rig::scenario::*;
 use crate::rig::{wait_until, Broker, MariaDb, Outboxd};
 
-fn output(outboxd: &Outboxd, args: &[&str]) -> (bool, String) {
-    let out = outboxd.command(args).output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+/// Runs `outboxd ARGS`; (success, stdout + stderr).
+pub(crate) fn output(outboxd: &Outboxd, args: &[&str]) -> (bool, String) {
+    output_with_env(outboxd, args, &[])
 }
 
 /// A pipeline reading `url`, producing to a fresh broker.

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::operate::output;
 use crate::postgres_pipeline::{self as pg_rows, PgEnv};
 use crate::rig::scenario::{
     config_body, consume_distinct_events, insert_rows, insert_sql, Env, SCHEMA,
@@ -57,16 +58,7 @@ fn rounds_since(outboxd: &Outboxd, from: usize) -> usize {
 
 /// `outboxd prune` with a short wait; (exit success, output).
 fn prune_once(outboxd: &Outboxd, wait: &str) -> (bool, String) {
-    let out = outboxd
-        .command(&["prune", "--older-than", "0s", "--wait", wait])
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    output(outboxd, &["prune", "--older-than", "0s", "--wait", wait])
 }
 
 /// Rows forwarded and acknowledged are deleted by `run`'s rounds; with the broker frozen, rounds
@@ -308,13 +300,8 @@ fn bad_prune_settings_are_refused_by_name() {
             "prune-bad",
             &format!("{}{extra}", config_body(db_url, "127.0.0.1:1", "", "")),
         );
-        let out = outboxd.command(&["check"]).output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(!out.status.success(), "{extra}: {text}");
+        let (ok, text) = output(&outboxd, &["check"]);
+        assert!(!ok, "{extra}: {text}");
         assert!(text.contains(key), "{extra}: {text}");
     }
 }
