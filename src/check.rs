@@ -94,6 +94,9 @@ pub async fn run(config: &Config) -> Report {
             crate::source::postgres::preflight(&config.source, own, position, &wanted).await,
         ),
     }
+    if let Some(prune) = &config.prune {
+        items.extend(crate::retention::preflight(prune, &config.source).await);
+    }
     items.extend(crate::sink::kafka::preflight(&config.kafka).await);
     Report { items }
 }

@@ -374,17 +374,29 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             let store = Store::open_unlocked(&config.checkpoint.dir, &config.name)?;
             let metrics = outboxd::metrics::Metrics::new(&config.name, std::time::Duration::from_secs(1));
             match outboxd::retention::round(&prune, &store, &metrics, wait).await? {
-                outboxd::retention::Outcome::Pruned { deleted, dropped } => {
+                outboxd::retention::Outcome::Pruned {
+                    deleted,
+                    dropped,
+                    created,
+                } => {
+                    for partition in created {
+                        println!("created partition {partition}");
+                    }
                     println!("deleted {deleted} row(s)");
                     for partition in dropped {
                         println!("dropped partition {partition}");
                     }
                     Ok(ExitCode::SUCCESS)
                 }
-                outboxd::retention::Outcome::Waiting(reason) => Err(outboxd::error::Error::checkpoint(
+                outboxd::retention::Outcome::Waiting { reason, created } => {
+                    for partition in created {
+                        println!("created partition {partition}");
+                    }
+                    Err(outboxd::error::Error::checkpoint(
                     format!("prune deleted nothing: {reason}"),
                 )
-                .remedy("prune deletes only rows the checkpoint covers: is `outboxd run` running and Kafka acknowledging? Try again, or give a longer --wait")),
+                .remedy("prune deletes only rows the checkpoint covers: is `outboxd run` running and Kafka acknowledging? Try again, or give a longer --wait"))
+                }
             }
         }),
         Command::Checkpoint { action } => {

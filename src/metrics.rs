@@ -56,6 +56,7 @@ pub struct Metrics {
     snapshot_rows: Counter,
     pruned_rows: Counter,
     partitions_dropped: Counter,
+    partitions_created: Counter,
     prune_runs: Family<ResultLabel, Counter>,
     outbox_rows: Gauge,
     base: Instant,
@@ -88,6 +89,7 @@ impl Metrics {
         let snapshot_rows = Counter::default();
         let pruned_rows = Counter::default();
         let partitions_dropped = Counter::default();
+        let partitions_created = Counter::default();
         let prune_runs = Family::<ResultLabel, Counter>::default();
         let outbox_rows = Gauge::default();
         // 1 ms … 10 s, fine where a healthy broker answers (single-digit to tens of milliseconds).
@@ -164,6 +166,11 @@ impl Metrics {
             partitions_dropped.clone(),
         );
         registry.register(
+            "prune_partitions_created",
+            "Outbox table partitions created ahead by prune (prune.partitions_ahead)",
+            partitions_created.clone(),
+        );
+        registry.register(
             "prune_runs",
             "Prune rounds by result: pruned, waiting (the checkpoint had not reached the sampled log end; nothing deleted), failed",
             prune_runs.clone(),
@@ -188,6 +195,7 @@ impl Metrics {
             snapshot_rows,
             pruned_rows,
             partitions_dropped,
+            partitions_created,
             prune_runs,
             outbox_rows,
             base: Instant::now(),
@@ -273,14 +281,15 @@ impl Metrics {
     }
 
     /// A prune round ended: `result` is pruned, waiting or failed.
-    pub fn prune_run(&self, result: &str, rows: u64, partitions: u64) {
+    pub fn prune_run(&self, result: &str, rows: u64, dropped: u64, created: u64) {
         self.prune_runs
             .get_or_create(&ResultLabel {
                 result: result.to_string(),
             })
             .inc();
         self.pruned_rows.inc_by(rows);
-        self.partitions_dropped.inc_by(partitions);
+        self.partitions_dropped.inc_by(dropped);
+        self.partitions_created.inc_by(created);
     }
 
     /// The database's estimate of the rows in the outbox tables.

@@ -29,8 +29,9 @@ use tokio::sync::watch;
 use crate::checkpoint::Store;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+use crate::preflight::Item;
 use crate::source::config::{redact_url, SourceConfig, SourceKind};
-use crate::source::prune::Pruner;
+use crate::source::prune::{fail_item, Ahead, Pruner};
 use crate::source::Position;
 
 /// Time allowed for connecting, sampling and estimating: a server that goes silent fails the round
@@ -91,6 +92,12 @@ pub struct PruneConfig {
     /// The outbox tables' creation-time column.
     #[serde(default = "default_column")]
     pub column: String,
+    /// Width of each partition created ahead (`"1d"`); needed with `partitions_ahead`.
+    #[serde(default)]
+    pub partition_every: Option<String>,
+    /// Keep partitions for this many `partition_every` past now (0: create none).
+    #[serde(default)]
+    pub partitions_ahead: u32,
 }
 
 impl std::fmt::Debug for PruneConfig {
@@ -102,6 +109,8 @@ impl std::fmt::Debug for PruneConfig {
             .field("url", &self.url.as_deref().map(redact_url))
             .field("mode", &self.mode)
             .field("column", &self.column)
+            .field("partition_every", &self.partition_every)
+            .field("partitions_ahead", &self.partitions_ahead)
             .finish()
     }
 }
@@ -115,6 +124,8 @@ impl Default for PruneConfig {
             url: None,
             mode: PruneMode::Delete,
             column: default_column(),
+            partition_every: None,
+            partitions_ahead: 0,
         }
     }
 }
@@ -140,6 +151,8 @@ pub struct Prune {
     pub batch: u64,
     pub mode: PruneMode,
     pub column: String,
+    /// Partitions to keep created ahead, if any.
+    pub ahead: Option<Ahead>,
     pub tables: Vec<String>,
     /// `source` with `prune.url` in place of its URL.
     server: SourceConfig,
@@ -179,6 +192,28 @@ impl PruneConfig {
             return Err(Error::config("key `prune.column`: empty column name")
                 .remedy("name the outbox table's creation-time column (default created_at)"));
         }
+        let ahead = match (&self.partition_every, self.partitions_ahead) {
+            (_, 0) => None,
+            (None, _) => {
+                return Err(Error::config(
+                    "key `prune.partitions_ahead`: set, but `prune.partition_every` (the width of each new partition) is not",
+                )
+                .remedy("add partition_every = \"1d\" (or the width your partitions have), or remove partitions_ahead"))
+            }
+            (Some(every), count) => {
+                let width = duration("partition_every", every)?;
+                if width < Duration::from_secs(60) || count > 1000 {
+                    return Err(Error::config(format!(
+                        "keys `prune.partition_every` / `prune.partitions_ahead`: {every:?} x {count} is out of range"
+                    ))
+                    .remedy("use partitions of at least \"1m\" and at most 1000 ahead (for example \"1d\" x 7)"));
+                }
+                Some(Ahead {
+                    every: width.as_secs() as i64,
+                    count,
+                })
+            }
+        };
         if self.url.is_none() && source.urls().len() > 1 {
             return Err(Error::config(
                 "key `prune.url`: source.url lists several servers, and prune must delete on the primary",
@@ -214,6 +249,7 @@ impl PruneConfig {
             batch: self.batch,
             mode: self.mode,
             column: self.column.clone(),
+            ahead,
             tables: source.tables.clone(),
             server,
             elsewhere,
@@ -221,14 +257,55 @@ impl PruneConfig {
     }
 }
 
+/// `check`'s lines for `[prune]`: the settings, then (connected to the server prune deletes on)
+/// the sample, the column and the privileges the settings need.
+pub async fn preflight(config: &PruneConfig, source: &SourceConfig) -> Vec<Item> {
+    let prune = match config.settings(source) {
+        Ok(p) => p,
+        Err(e) => return vec![fail_item(&e)],
+    };
+    let mut pruner = match bounded("connecting", SHORT_STEP, Pruner::connect(&prune.server)).await {
+        Ok(p) => p,
+        Err(e) => return vec![fail_item(&e)],
+    };
+    let deletes = prune.mode == PruneMode::Delete;
+    let partitions = prune.mode == PruneMode::DropPartitions || prune.ahead.is_some();
+    let look = pruner.preflight(
+        &prune.tables,
+        &prune.column,
+        deletes,
+        partitions,
+        prune.ahead.is_some(),
+    );
+    let items = match tokio::time::timeout(SHORT_STEP, look).await {
+        Ok(items) => items,
+        Err(_) => vec![Item::unreachable(
+            "prune",
+            "the server did not answer within a minute",
+            "check prune.url (or source.url)",
+        )],
+    };
+    let _ = tokio::time::timeout(SHORT_STEP, pruner.close()).await;
+    items
+}
+
 /// How a round ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// The checkpoint covered the sample; `deleted` rows and `dropped` partitions are gone.
-    Pruned { deleted: u64, dropped: Vec<String> },
+    /// The checkpoint covered the sample; `deleted` rows and `dropped` partitions are gone, and
+    /// the partitions `created` ahead are new.
+    Pruned {
+        deleted: u64,
+        dropped: Vec<String>,
+        created: Vec<String>,
+    },
     /// The checkpoint did not reach the sample in time (Kafka not acknowledging, the pipeline
-    /// stopped or behind, a snapshot in progress): nothing was deleted.
-    Waiting(String),
+    /// stopped or behind, a snapshot in progress): nothing was deleted (partitions ahead were
+    /// still created: they hold no row).
+    Waiting {
+        reason: String,
+        created: Vec<String>,
+    },
 }
 
 /// One round: sample, wait up to `wait` for the checkpoint to cover it, delete.
@@ -241,12 +318,16 @@ pub async fn round(
     let mut pruner = bounded("connecting", SHORT_STEP, Pruner::connect(&prune.server)).await?;
     let result = round_on(&mut pruner, prune, store, metrics, wait).await;
     let _ = tokio::time::timeout(SHORT_STEP, pruner.close()).await;
-    let (name, rows, partitions) = match &result {
-        Ok(Outcome::Pruned { deleted, dropped }) => ("pruned", *deleted, dropped.len() as u64),
-        Ok(Outcome::Waiting(_)) => ("waiting", 0, 0),
-        Err(_) => ("failed", 0, 0),
+    let (name, rows, dropped, created) = match &result {
+        Ok(Outcome::Pruned {
+            deleted,
+            dropped,
+            created,
+        }) => ("pruned", *deleted, dropped.len(), created.len()),
+        Ok(Outcome::Waiting { created, .. }) => ("waiting", 0, 0, created.len()),
+        Err(_) => ("failed", 0, 0, 0),
     };
-    metrics.prune_run(name, rows, partitions);
+    metrics.prune_run(name, rows, dropped as u64, created as u64);
     result
 }
 
@@ -257,6 +338,18 @@ async fn round_on(
     metrics: &Metrics,
     wait: Duration,
 ) -> Result<Outcome> {
+    // Partitions ahead first, whatever the checkpoint says: new rows need them, and they hold none.
+    let mut created = Vec::new();
+    if let Some(ahead) = &prune.ahead {
+        for table in &prune.tables {
+            let create = pruner.create_partitions(table, &prune.column, ahead);
+            let what = format!("creating partitions of {table}");
+            created.extend(bounded(&what, LONG_STEP, create).await?);
+        }
+        if !created.is_empty() {
+            tracing::info!(created = ?created, "prune created partitions ahead");
+        }
+    }
     let (log_end, what) = bounded(
         "sampling the server",
         SHORT_STEP,
@@ -270,7 +363,7 @@ async fn round_on(
         .remedy("leave prune.url unset (prune where outboxd reads), or use MariaDB GTIDs (outboxd compares MySQL GTID sets only from the stream so far)"));
     }
     if let Some(reason) = wait_for_checkpoint(store, &log_end, wait, prune.elsewhere).await? {
-        return Ok(Outcome::Waiting(reason));
+        return Ok(Outcome::Waiting { reason, created });
     }
     let mut deleted = 0;
     let mut dropped = Vec::new();
@@ -297,7 +390,11 @@ async fn round_on(
         metrics.outbox_rows(rows);
     }
     tracing::info!(deleted, dropped = ?dropped, cutoff = %what, "prune round done");
-    Ok(Outcome::Pruned { deleted, dropped })
+    Ok(Outcome::Pruned {
+        deleted,
+        dropped,
+        created,
+    })
 }
 
 fn has_gtids(position: &Position) -> bool {
@@ -377,7 +474,9 @@ pub async fn run(
             _ = shutdown.changed() => return,
         };
         match result {
-            Ok(Outcome::Waiting(reason)) => tracing::info!("prune: nothing deleted: {reason}"),
+            Ok(Outcome::Waiting { reason, .. }) => {
+                tracing::info!("prune: nothing deleted: {reason}")
+            }
             Ok(Outcome::Pruned { .. }) => {}
             Err(e) if e.is_transient() => tracing::warn!(
                 error = %e.message(),

@@ -291,6 +291,11 @@ fn bad_prune_settings_are_refused_by_name() {
         ("[prune]\nevery = \"soon\"\n", "prune.every"),
         ("[prune]\nbatch = 0\n", "prune.batch"),
         ("[prune]\nmode = \"truncate\"\n", "mode"),
+        ("[prune]\npartitions_ahead = 3\n", "prune.partitions_ahead"),
+        (
+            "[prune]\npartitions_ahead = 3\npartition_every = \"1s\"\n",
+            "prune.partition_every",
+        ),
         (
             "[prune]\nurl = \"postgres://x@127.0.0.1/app\"\n",
             "prune.url",
@@ -304,4 +309,235 @@ fn bad_prune_settings_are_refused_by_name() {
         assert!(!ok, "{extra}: {text}");
         assert!(text.contains(key), "{extra}: {text}");
     }
+}
+
+/// Row `n` with `created_at` set to the SQL expression `at`.
+fn maria_insert_expr(n: u64, at: &str) -> String {
+    maria_insert_at(n, "AT").replace("'AT'", at)
+}
+
+fn pg_insert_expr(n: u64, at: &str) -> String {
+    pg_rows::insert_at_sql(n, "AT").replace("'AT'", at)
+}
+
+/// Rows stamped now, tomorrow and just before the two-day horizon (`at`), ten of each, in one
+/// transaction.
+fn rows_across_the_horizon(insert: fn(u64, &str) -> String, at: [&str; 3]) -> String {
+    let mut script = String::from("BEGIN;");
+    for n in 0..30 {
+        script.push_str(&insert(n, at[n as usize / 10]));
+    }
+    script.push_str("COMMIT;");
+    script
+}
+
+/// With `partitions_ahead`, rounds add daily partitions after the last one so that rows stamped
+/// up to two days ahead have one of their own (none lands in the MAXVALUE catch-all), and later
+/// rounds add nothing more.
+#[test]
+fn mariadb_partitions_ahead_are_created_and_rows_land_in_them() {
+    let mut env = maria_env(
+        "prune-ahead-maria",
+        "
+CREATE DATABASE app;
+CREATE TABLE app.outbox (
+  id BINARY(16) NOT NULL,
+  aggregatetype VARCHAR(255) NOT NULL,
+  aggregateid VARCHAR(255) NOT NULL,
+  type VARCHAR(255) NOT NULL,
+  payload LONGTEXT,
+  created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+  PRIMARY KEY (id, created_at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
+PARTITION BY RANGE COLUMNS(created_at) (
+  PARTITION p2000 VALUES LESS THAN ('2001-01-01'),
+  PARTITION pmax VALUES LESS THAN (MAXVALUE)
+);
+",
+        "[prune]\nevery = \"1s\"\nolder_than = \"0s\"\nmode = \"drop_partitions\"\n\
+         partition_every = \"1d\"\npartitions_ahead = 2\n",
+    );
+    env.outboxd.start();
+    let ahead = "SELECT COUNT(*) FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = 'app' \
+                 AND TABLE_NAME = 'outbox' AND PARTITION_NAME NOT IN ('p2000', 'pmax')";
+    wait_until("partitions created ahead", Duration::from_secs(60), || {
+        maria_count(&env.db, ahead) >= 3
+    });
+    env.db.sql_socket(&rows_across_the_horizon(
+        maria_insert_expr,
+        [
+            "NOW(6)",
+            "NOW(6) + INTERVAL 1 DAY",
+            "NOW(6) + INTERVAL 47 HOUR",
+        ],
+    ));
+    consume_distinct_events(&env.broker.bootstrap(), 30);
+    assert_eq!(
+        maria_count(&env.db, "SELECT COUNT(*) FROM app.outbox PARTITION (pmax)"),
+        0,
+        "rows landed in the catch-all: {}",
+        env.db.sql_socket("SELECT PARTITION_NAME, PARTITION_DESCRIPTION FROM information_schema.PARTITIONS WHERE TABLE_NAME = 'outbox'")
+    );
+    let created = maria_count(&env.db, ahead);
+    let mark = env.outboxd.log().len();
+    wait_until("more rounds", Duration::from_secs(60), || {
+        rounds_since(&env.outboxd, mark) >= 3
+    });
+    // A day boundary between the two counts may add one.
+    assert!(maria_count(&env.db, ahead) <= created + 1);
+    assert_eq!(maria_count(&env.db, "SELECT COUNT(*) FROM app.outbox"), 30);
+    assert!(
+        !env.outboxd.log().contains("prune stopped"),
+        "{}",
+        env.outboxd.log()
+    );
+    env.outboxd.stop();
+}
+
+/// Postgres: without a partition for now, inserts fail; rounds (mode = "delete" here: creating
+/// ahead does not need drop_partitions) create `outbox_p<day>` partitions, the rows arrive.
+#[test]
+fn postgres_partitions_ahead_are_created_and_rows_land_in_them() {
+    let schema = "
+CREATE ROLE cdc WITH LOGIN REPLICATION;
+CREATE TABLE public.outbox (
+  id uuid NOT NULL,
+  aggregatetype text,
+  aggregateid text NOT NULL,
+  type text NOT NULL,
+  payload jsonb,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (id, created_at)
+) PARTITION BY RANGE (created_at);
+CREATE TABLE public.outbox_old PARTITION OF public.outbox FOR VALUES FROM (MINVALUE) TO ('2000-01-01');
+ALTER TABLE public.outbox OWNER TO cdc;
+ALTER TABLE public.outbox_old OWNER TO cdc;
+GRANT SELECT ON ALL TABLES IN SCHEMA public TO cdc;
+GRANT CREATE ON DATABASE app TO cdc;
+GRANT CREATE ON SCHEMA public TO cdc;
+";
+    let mut env: PgEnv = pg_rows::setup_with_schema("prunepgahead", schema, "");
+    append_config(
+        &env.outboxd,
+        "[prune]\nevery = \"1s\"\nolder_than = \"0s\"\npartition_every = \"1d\"\npartitions_ahead = 2\n",
+    );
+    env.outboxd.start();
+    let partitions = || {
+        env.pg
+            .sql(
+                "app",
+                "SELECT COUNT(*) FROM pg_inherits WHERE inhparent = 'public.outbox'::regclass",
+            )
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(0)
+    };
+    wait_until("partitions created ahead", Duration::from_secs(60), || {
+        partitions() >= 4
+    });
+    env.pg.sql(
+        "app",
+        &rows_across_the_horizon(
+            pg_insert_expr,
+            [
+                "now()",
+                "now() + interval '1 day'",
+                "now() + interval '47 hours'",
+            ],
+        ),
+    );
+    consume_distinct_events(&env.broker.bootstrap(), 30);
+    let names = env.pg.sql(
+        "app",
+        "SELECT string_agg(c.relname, ' ') FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+         WHERE i.inhparent = 'public.outbox'::regclass",
+    );
+    assert!(names.contains("outbox_p2"), "{names}");
+    let created = partitions();
+    let mark = env.outboxd.log().len();
+    wait_until("more rounds", Duration::from_secs(60), || {
+        rounds_since(&env.outboxd, mark) >= 3
+    });
+    assert!(partitions() <= created + 1);
+    assert!(
+        !env.outboxd.log().contains("prune stopped"),
+        "{}",
+        env.outboxd.log()
+    );
+    env.outboxd.stop();
+}
+
+/// `outboxd check` tries what `[prune]` will need on the server (the sample, the column, DELETE or
+/// the partition layout and ALTER/DROP, CREATE for partitions ahead) and names the grant that is
+/// missing; with the grants in place the lines pass. The password never shows.
+#[test]
+fn check_names_the_grants_prune_lacks_and_passes_once_granted() {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(MARIA_PARTITIONED);
+    let broker = Broker::start();
+    let maria = |name: &str, prune: &str| {
+        Outboxd::new(
+            name,
+            &format!(
+                "{}{prune}",
+                config_body(&db.cdc_url(), &broker.bootstrap(), "", "")
+            ),
+        )
+    };
+    let deleting = maria("prune-check-del", "[prune]\n");
+    let dropping = maria(
+        "prune-check-drop",
+        "[prune]\nmode = \"drop_partitions\"\npartition_every = \"1d\"\npartitions_ahead = 1\n",
+    );
+    for outboxd in [&deleting, &dropping] {
+        let (ok, text) = output(outboxd, &["check"]);
+        assert!(!ok, "{text}");
+        assert!(text.contains("FAIL  prune:"), "{text}");
+        assert!(text.contains("GRANT PROCESS"), "{text}");
+        assert!(!text.contains(crate::rig::mariadb::CDC_PASSWORD), "{text}");
+    }
+    let (_, text) = output(&deleting, &["check"]);
+    assert!(text.contains("DELETE command denied"), "{text}");
+    let (_, text) = output(&dropping, &["check"]);
+    assert!(text.contains("ALTER command denied"), "{text}");
+    db.sql_socket(
+        "GRANT DELETE, DROP, ALTER ON app.* TO 'cdc'@'127.0.0.1'; GRANT PROCESS ON *.* TO 'cdc'@'127.0.0.1';",
+    );
+    let (ok, text) = output(&deleting, &["check"]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("PASS  prune: app.outbox: column created_at, DELETE"),
+        "{text}"
+    );
+    let (ok, text) = output(&dropping, &["check"]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("PASS  prune: app.outbox: column created_at, partitioned BY RANGE COLUMNS"),
+        "{text}"
+    );
+
+    let env: PgEnv = pg_rows::setup_with_schema("prunepgcheck", pg_rows::SCHEMA, "");
+    append_config(&env.outboxd, "[prune]\n");
+    env.pg
+        .sql("app", "REVOKE DELETE ON public.outbox FROM cdc;");
+    let (ok, text) = output(&env.outboxd, &["check"]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("FAIL  prune: public.outbox: the user may not DELETE"),
+        "{text}"
+    );
+    env.pg.sql("app", "GRANT DELETE ON public.outbox TO cdc;");
+    let (ok, text) = output(&env.outboxd, &["check"]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("PASS  prune: public.outbox: column created_at, DELETE"),
+        "{text}"
+    );
+    append_config(&env.outboxd, "mode = \"drop_partitions\"\n");
+    let (ok, text) = output(&env.outboxd, &["check"]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("public.outbox is not a partitioned table"),
+        "{text}"
+    );
 }

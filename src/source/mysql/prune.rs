@@ -21,7 +21,9 @@ use super::connect::{map_err, open};
 use super::snapshot::{quote_ident, quote_table};
 use super::{current_end, ServerInfo};
 use crate::error::{Error, Result};
+use crate::preflight::Item;
 use crate::source::config::SourceConfig;
+use crate::source::prune::{fail_item, Ahead};
 use crate::source::Position;
 
 /// Seconds taken off the oldest open transaction's start (see the module docs).
@@ -33,6 +35,10 @@ const ER_SPECIFIC_ACCESS_DENIED: u16 = 1227;
 const ER_TABLEACCESS_DENIED: u16 = 1142;
 const ER_OPTION_PREVENTS_STATEMENT: u16 = 1290;
 const ER_BAD_FIELD: u16 = 1054;
+const ER_SAME_NAME_PARTITION: u16 = 1517;
+const ER_RANGE_NOT_INCREASING: u16 = 1493;
+const ER_DROP_PARTITION_NON_EXISTENT: u16 = 1507;
+const ER_PARTITION_MGMT_ON_NONPARTITIONED: u16 = 1505;
 /// Lock wait timeout, deadlock, query interrupted, MariaDB's statement time limit: next round.
 const RETRY_NEXT_ROUND: [u16; 4] = [1205, 1213, 1317, 1969];
 
@@ -69,7 +75,7 @@ impl Pruner {
                 if [ER_SPECIFIC_ACCESS_DENIED, ER_TABLEACCESS_DENIED].contains(&se.code) =>
             {
                 Error::source(format!("prune: {what}: {}", se.message))
-                    .remedy("GRANT PROCESS (to see open transactions), and SELECT, DELETE (and DROP for drop_partitions) on the outbox tables, to the user in prune.url (or source.url)")
+                    .remedy("GRANT PROCESS (to see open transactions), and SELECT, DELETE (and DROP, ALTER for drop_partitions and partitions_ahead) on the outbox tables, to the user in prune.url (or source.url)")
                     .caused_by(e)
             }
             mysql_async::Error::Server(se) if se.code == ER_OPTION_PREVENTS_STATEMENT => {
@@ -163,21 +169,7 @@ impl Pruner {
         column: &str,
         sample: &Sample,
     ) -> Result<Vec<String>> {
-        let (schema, name) = table.split_once('.').unwrap_or(("", table));
-        let rows: Vec<(String, String, String, String)> = self
-            .conn
-            .exec(
-                "SELECT PARTITION_NAME, PARTITION_METHOD, COALESCE(PARTITION_EXPRESSION, ''), \
-                 COALESCE(PARTITION_DESCRIPTION, '') FROM information_schema.PARTITIONS \
-                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND PARTITION_NAME IS NOT NULL \
-                 ORDER BY PARTITION_ORDINAL_POSITION",
-                (schema, name),
-            )
-            .await
-            .map_err(|e| self.failed(&format!("reading the partitions of {table}"), e))?;
-        if rows.is_empty() {
-            return Err(not_partitioned(table));
-        }
+        let rows = self.partitions(table).await?;
         let mut dropped = Vec::new();
         // Never the last partition: MySQL refuses to drop them all, and new rows need a home.
         for (partition, method, expression, bound) in &rows[..rows.len() - 1] {
@@ -216,6 +208,230 @@ impl Pruner {
         Ok(dropped)
     }
 
+    /// `table`'s partitions in order: (name, method, expression, upper bound as the server shows
+    /// it); an error when it has none.
+    async fn partitions(&mut self, table: &str) -> Result<Vec<(String, String, String, String)>> {
+        let (schema, name) = table.split_once('.').unwrap_or(("", table));
+        let rows: Vec<(String, String, String, String)> = self
+            .conn
+            .exec(
+                "SELECT PARTITION_NAME, PARTITION_METHOD, COALESCE(PARTITION_EXPRESSION, ''), \
+                 COALESCE(PARTITION_DESCRIPTION, '') FROM information_schema.PARTITIONS \
+                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND PARTITION_NAME IS NOT NULL \
+                 ORDER BY PARTITION_ORDINAL_POSITION",
+                (schema, name),
+            )
+            .await
+            .map_err(|e| self.failed(&format!("reading the partitions of {table}"), e))?;
+        if rows.is_empty() {
+            return Err(not_partitioned(table));
+        }
+        Ok(rows)
+    }
+
+    /// Adds the partitions `plan` asks for after `table`'s last finite bound, in one statement:
+    /// `ADD PARTITION`, or, when the last partition is `MAXVALUE`, `REORGANIZE PARTITION` of it
+    /// into the new ones and itself (rows already past the last bound move with it). Returns the
+    /// new names.
+    pub async fn create_partitions(
+        &mut self,
+        table: &str,
+        column: &str,
+        plan: &Ahead,
+    ) -> Result<Vec<String>> {
+        let rows = self.partitions(table).await?;
+        let (_, method, expression, _) = &rows[0];
+        let function = key_function(table, column, method, expression)?;
+        let is_max = |bound: &str| bound.eq_ignore_ascii_case("MAXVALUE");
+        let catch_all = rows.last().filter(|r| is_max(&r.3)).map(|r| r.0.clone());
+        let Some(bound) = rows
+            .iter()
+            .rev()
+            .map(|r| &r.3)
+            .find(|b| !is_max(b) && !b.is_empty())
+        else {
+            return Err(Error::config(format!(
+                "prune.partitions_ahead: {table} has no partition with an upper bound to continue from"
+            ))
+            .remedy("create the first partition by hand (VALUES LESS THAN a date), then outboxd keeps them ahead"));
+        };
+        // The bound is the server's own rendering of a constant (a number or a quoted literal).
+        let as_time = match function.as_deref() {
+            None => format!("CAST({bound} AS DATETIME)"),
+            Some("unix_timestamp") => format!("FROM_UNIXTIME({bound})"),
+            Some("to_days") => format!("FROM_DAYS({bound})"),
+            Some("to_seconds") => {
+                format!("FROM_DAYS({bound} DIV 86400) + INTERVAL ({bound} MOD 86400) SECOND")
+            }
+            Some(_) => format!("MAKEDATE({bound}, 1)"),
+        };
+        let seconds = |t: &str| format!("TIMESTAMPDIFF(SECOND, '1970-01-01 00:00:00', {t})");
+        let times: Option<(Option<i64>, i64)> = self
+            .conn
+            .query_first(format!(
+                "SELECT {}, {}",
+                seconds(&as_time),
+                seconds("NOW()")
+            ))
+            .await
+            .map_err(|e| self.failed(&format!("reading the last bound of {table}"), e))?;
+        let Some((Some(last), now)) = times else {
+            return Err(Error::source(format!(
+                "prune.partitions_ahead: the last bound of {table} ({bound}) is not a time"
+            )));
+        };
+        let new = plan.plan(last, now);
+        if new.is_empty() {
+            return Ok(Vec::new());
+        }
+        let definitions: Vec<String> = new
+            .iter()
+            .map(|p| {
+                let at = match &function {
+                    None => format!("'{}'", p.literal),
+                    Some(f) => format!("{f}('{}')", p.literal),
+                };
+                format!(
+                    "PARTITION {} VALUES LESS THAN ({at})",
+                    quote_ident(&p.suffix)
+                )
+            })
+            .collect();
+        let statement = match &catch_all {
+            Some(max) => format!(
+                "ALTER TABLE {} REORGANIZE PARTITION {q} INTO ({}, PARTITION {q} VALUES LESS THAN {})",
+                quote_table(table),
+                definitions.join(", "),
+                if function.is_none() { "(MAXVALUE)" } else { "MAXVALUE" },
+                q = quote_ident(max),
+            ),
+            None => format!(
+                "ALTER TABLE {} ADD PARTITION ({})",
+                quote_table(table),
+                definitions.join(", ")
+            ),
+        };
+        self.conn
+            .query_drop(format!(
+                "SET SESSION lock_wait_timeout = {LOCK_WAIT_SECONDS}"
+            ))
+            .await
+            .map_err(|e| self.failed("setting lock_wait_timeout", e))?;
+        if let Err(e) = self.conn.query_drop(&statement).await {
+            let what = format!("adding partitions to {table}");
+            return Err(match &e {
+                mysql_async::Error::Server(se) if se.code == ER_SAME_NAME_PARTITION => {
+                    Error::config(format!("prune: {what}: {}", se.message))
+                        .remedy("a partition already has the name outboxd gives the new one (p + its first day): rename it, or create the partitions by hand")
+                        .caused_by(e)
+                }
+                mysql_async::Error::Server(se) if se.code == ER_RANGE_NOT_INCREASING => {
+                    Error::config(format!("prune: {what}: {}", se.message))
+                        .remedy("prune.partition_every must move the partition function's value each step (a year for YEAR())")
+                        .caused_by(e)
+                }
+                _ => self.failed(&what, e),
+            });
+        }
+        Ok(new.into_iter().map(|p| p.suffix).collect())
+    }
+
+    /// What `check` reports for pruning `tables`: the sample (PROCESS, the binlog), the column,
+    /// and the privileges the mode needs, each tried on the server without changing anything
+    /// (`DELETE … WHERE 1 = 0`; `ALTER TABLE … DROP PARTITION` of a name that does not exist, which
+    /// the server refuses for privileges before it looks for the partition).
+    pub async fn preflight(
+        &mut self,
+        tables: &[String],
+        column: &str,
+        deletes: bool,
+        partitions: bool,
+    ) -> Vec<Item> {
+        let mut items = Vec::new();
+        match self.sample(0).await {
+            Ok(_) => items.push(Item::pass(
+                "prune",
+                "sees the open transactions and the binlog end",
+            )),
+            Err(e) => items.push(fail_item(&e)),
+        }
+        for table in tables {
+            let t = quote_table(table);
+            let mut found = Vec::new();
+            let mut failed = false;
+            let mut probe = |result: std::result::Result<(), Error>, ok: &str| match result {
+                Ok(()) => found.push(ok.to_string()),
+                Err(e) => {
+                    failed = true;
+                    items.push(fail_item(&e))
+                }
+            };
+            let r = self
+                .conn
+                .query_drop(format!("SELECT {} FROM {t} LIMIT 0", quote_ident(column)))
+                .await
+                .map_err(|e| self.failed(&format!("reading {table}.{column}"), e));
+            probe(r, &format!("column {column}"));
+            if deletes {
+                let r = self
+                    .conn
+                    .query_drop(format!("DELETE FROM {t} WHERE 1 = 0"))
+                    .await
+                    .map_err(|e| self.failed(&format!("deleting from {table}"), e));
+                probe(r, "DELETE");
+            }
+            if partitions {
+                let layout = match self.partitions(table).await {
+                    Ok(rows) => {
+                        let (_, method, expression, _) = &rows[0];
+                        key_function(table, column, method, expression)
+                            .map(|_| format!("partitioned BY {method} ({expression})"))
+                    }
+                    Err(e) => Err(e),
+                };
+                match layout {
+                    Ok(shown) => found.push(shown),
+                    Err(e) => {
+                        failed = true;
+                        items.push(fail_item(&e));
+                    }
+                }
+                let _ = self
+                    .conn
+                    .query_drop(format!(
+                        "SET SESSION lock_wait_timeout = {LOCK_WAIT_SECONDS}"
+                    ))
+                    .await;
+                let r = self
+                    .conn
+                    .query_drop(format!(
+                        "ALTER TABLE {t} DROP PARTITION `outboxd_check_no_such_partition`"
+                    ))
+                    .await;
+                match r {
+                    Err(mysql_async::Error::Server(se))
+                        if se.code == ER_DROP_PARTITION_NON_EXISTENT
+                            || se.code == ER_PARTITION_MGMT_ON_NONPARTITIONED =>
+                    {
+                        found.push("ALTER, DROP".into())
+                    }
+                    Err(e) => {
+                        failed = true;
+                        items.push(fail_item(&self.failed(&format!("altering {table}"), e)));
+                    }
+                    Ok(()) => found.push("ALTER, DROP".into()),
+                }
+            }
+            if !failed {
+                items.push(Item::pass(
+                    "prune",
+                    format!("{table}: {}", found.join(", ")),
+                ));
+            }
+        }
+        items
+    }
+
     /// The server's estimate of the rows in `tables` (`information_schema.TABLES.TABLE_ROWS`).
     pub async fn estimate_rows(&mut self, tables: &[String]) -> Result<u64> {
         let mut total = 0u64;
@@ -241,13 +457,27 @@ impl Pruner {
 
 fn not_partitioned(table: &str) -> Error {
     Error::config(format!(
-        "prune.mode = \"drop_partitions\", but {table} has no partitions"
+        "prune (drop_partitions, partitions_ahead): {table} has no partitions"
     ))
     .remedy("partition the table BY RANGE on its creation time, or use prune.mode = \"delete\"")
 }
 
 /// The partition expression with the column replaced by a parameter, for comparing with a bound.
 fn bound_expression(table: &str, column: &str, method: &str, expression: &str) -> Result<String> {
+    Ok(match key_function(table, column, method, expression)? {
+        Some(f) => format!("{f}(?)"),
+        None => "?".to_string(),
+    })
+}
+
+/// How `table` is partitioned on `column`: None for RANGE COLUMNS(column), the function's name for
+/// RANGE on a function of it that grows with it; an error for anything else.
+fn key_function(
+    table: &str,
+    column: &str,
+    method: &str,
+    expression: &str,
+) -> Result<Option<String>> {
     let unquoted = expression.replace('`', "");
     let function = unquoted
         .strip_suffix(&format!("({column})"))
@@ -266,10 +496,7 @@ fn bound_expression(table: &str, column: &str, method: &str, expression: &str) -
         ))
         .remedy("partition BY RANGE COLUMNS(column), or BY RANGE on UNIX_TIMESTAMP, TO_DAYS, TO_SECONDS or YEAR of it; or use prune.mode = \"delete\""));
     }
-    Ok(match function {
-        Some(f) if method == "RANGE" => format!("{f}(?)"),
-        _ => "?".to_string(),
-    })
+    Ok(function.filter(|_| method == "RANGE"))
 }
 
 #[cfg(test)]

@@ -19,7 +19,9 @@ use super::control::{quote_ident, quote_table, split_table, ConnInfo, Control};
 use super::lsn::parse_lsn;
 use super::position;
 use crate::error::{Error, Result};
+use crate::preflight::Item;
 use crate::source::config::SourceConfig;
+use crate::source::prune::{fail_item, Ahead};
 use crate::source::Position;
 
 /// How long dropping a partition waits for its lock (inserts into the table queue behind it).
@@ -128,59 +130,10 @@ impl Pruner {
         column: &str,
         sample: &Sample,
     ) -> Result<Vec<String>> {
-        let (schema, name) = split_table(table);
+        let (rows, column_type) = self.layout(table, column).await?;
         let client = self.control.client();
-        let key: Option<String> = client
-            .query_opt(
-                "SELECT pg_get_partkeydef(c.oid) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = $1 AND c.relname = $2",
-                &[&schema, &name],
-            )
-            .await
-            .map_err(|e| self.failed(&format!("reading how {table} is partitioned"), e))?
-            .and_then(|row| row.get(0));
-        let Some(key) = key else {
-            return Err(Error::config(format!(
-                "prune.mode = \"drop_partitions\", but {table} is not a partitioned table"
-            ))
-            .remedy("partition it BY RANGE on its creation time, or use prune.mode = \"delete\""));
-        };
-        let expected = [
-            format!("RANGE ({column})"),
-            format!("RANGE ({})", quote_ident(column)),
-        ];
-        if !expected.contains(&key) {
-            return Err(Error::config(format!(
-                "prune.mode = \"drop_partitions\": {table} is partitioned {key}, not RANGE ({column})"
-            ))
-            .remedy("partition BY RANGE (the prune.column), or use prune.mode = \"delete\""));
-        }
-        // Each partition, with whether its upper bound is at or before the retention time. The
-        // bound is compared by the server in the column's own type.
-        let rows = client
-            .query(
-                "SELECT c.oid::regclass::text, pg_get_expr(c.relpartbound, c.oid) \
-                 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
-                 JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE i.inhparent = (SELECT c2.oid FROM pg_class c2 JOIN pg_namespace n2 ON n2.oid = c2.relnamespace WHERE n2.nspname = $1 AND c2.relname = $2)",
-                &[&schema, &name],
-            )
-            .await
-            .map_err(|e| self.failed(&format!("reading the partitions of {table}"), e))?;
-        let column_type: String = client
-            .query_one(
-                "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
-                 JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = $1 AND c.relname = $2 AND a.attname = $3",
-                &[&schema, &name, &column],
-            )
-            .await
-            .map_err(|e| self.failed(&format!("reading the type of {table}.{column}"), e))?
-            .get(0);
         let mut dropped = Vec::new();
-        for row in rows {
-            let partition: String = row.get(0);
-            let bound: String = row.get(1);
+        for (partition, bound) in rows {
             let Some(upper) = upper_bound(&bound) else {
                 continue;
             };
@@ -204,6 +157,232 @@ impl Pruner {
             }
         }
         Ok(dropped)
+    }
+
+    /// `table`'s partitions (qualified, quoted name; bound as the server shows it) and the type of
+    /// `column`; an error unless `table` is partitioned BY RANGE on `column`.
+    async fn layout(&self, table: &str, column: &str) -> Result<(Vec<(String, String)>, String)> {
+        let (schema, name) = split_table(table);
+        let client = self.control.client();
+        let key: Option<String> = client
+            .query_opt(
+                "SELECT pg_get_partkeydef(c.oid) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2",
+                &[&schema, &name],
+            )
+            .await
+            .map_err(|e| self.failed(&format!("reading how {table} is partitioned"), e))?
+            .and_then(|row| row.get(0));
+        let Some(key) = key else {
+            return Err(Error::config(format!(
+                "prune (drop_partitions, partitions_ahead): {table} is not a partitioned table"
+            ))
+            .remedy("partition it BY RANGE on its creation time, or use prune.mode = \"delete\""));
+        };
+        let expected = [
+            format!("RANGE ({column})"),
+            format!("RANGE ({})", quote_ident(column)),
+        ];
+        if !expected.contains(&key) {
+            return Err(Error::config(format!(
+                "prune (drop_partitions, partitions_ahead): {table} is partitioned {key}, not RANGE ({column})"
+            ))
+            .remedy("partition BY RANGE (the prune.column), or use prune.mode = \"delete\""));
+        }
+        let rows = client
+            .query(
+                "SELECT c.oid::regclass::text, pg_get_expr(c.relpartbound, c.oid) \
+                 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE i.inhparent = (SELECT c2.oid FROM pg_class c2 JOIN pg_namespace n2 ON n2.oid = c2.relnamespace WHERE n2.nspname = $1 AND c2.relname = $2)",
+                &[&schema, &name],
+            )
+            .await
+            .map_err(|e| self.failed(&format!("reading the partitions of {table}"), e))?;
+        let column_type: String = client
+            .query_one(
+                "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+                 JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2 AND a.attname = $3",
+                &[&schema, &name, &column],
+            )
+            .await
+            .map_err(|e| self.failed(&format!("reading the type of {table}.{column}"), e))?
+            .get(0);
+        let rows = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        Ok((rows, column_type))
+    }
+
+    /// Creates the partitions `plan` asks for after `table`'s last upper bound (each in its own
+    /// transaction, waiting at most [`LOCK_TIMEOUT`] for the table), named `<table>_p<first day>`
+    /// beside it; returns their names. Nothing when a partition already reaches MAXVALUE.
+    pub async fn create_partitions(
+        &mut self,
+        table: &str,
+        column: &str,
+        plan: &Ahead,
+    ) -> Result<Vec<String>> {
+        let (rows, column_type) = self.layout(table, column).await?;
+        if rows
+            .iter()
+            .any(|(_, bound)| bound.contains("TO (MAXVALUE)"))
+        {
+            return Ok(Vec::new());
+        }
+        let uppers: Vec<&str> = rows.iter().filter_map(|(_, b)| upper_bound(b)).collect();
+        if uppers.is_empty() {
+            return Err(Error::config(format!(
+                "prune.partitions_ahead: {table} has no range partition to continue from"
+            ))
+            .remedy("create the first partition by hand (FOR VALUES FROM … TO a date), then outboxd keeps them ahead"));
+        }
+        let seconds = |t: &str| format!("floor(extract(epoch from ({t})::{column_type}))::bigint");
+        let each: Vec<String> = uppers.iter().map(|u| seconds(u)).collect();
+        let client = self.control.client();
+        let row = client
+            .query_one(
+                format!("SELECT ARRAY[{}], {}", each.join(", "), seconds("now()")).as_str(),
+                &[],
+            )
+            .await
+            .map_err(|e| self.failed(&format!("reading the last bound of {table}"), e))?;
+        let (each, now): (Vec<i64>, i64) = (row.get(0), row.get(1));
+        // The last bound, and the literal it was written with: the first new partition's start.
+        let Some((last, mut from)) = each
+            .into_iter()
+            .zip(uppers.iter().map(|u| u.to_string()))
+            .max_by_key(|(at, _)| *at)
+        else {
+            return Ok(Vec::new());
+        };
+        let zone = if column_type.starts_with("timestamp with time zone") {
+            "+00"
+        } else {
+            ""
+        };
+        let (schema, name) = split_table(table);
+        let mut created = Vec::new();
+        for new in plan.plan(last, now) {
+            let partition = format!("{name}_{}", new.suffix);
+            if partition.len() > 63 {
+                return Err(Error::config(format!(
+                    "prune.partitions_ahead: the partition name {partition:?} is longer than Postgres allows (63 bytes)"
+                ))
+                .remedy("create the partitions by hand, or use a shorter table name"));
+            }
+            let to = format!("'{}{zone}'", new.literal);
+            let statement = format!(
+                "BEGIN; SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'; \
+                 CREATE TABLE {}.{} PARTITION OF {} FOR VALUES FROM ({from}) TO ({to}); COMMIT",
+                quote_ident(schema),
+                quote_ident(&partition),
+                quote_table(table),
+            );
+            if let Err(e) = client.batch_execute(&statement).await {
+                let _ = client.batch_execute("ROLLBACK").await;
+                return Err(self.failed(&format!("creating partition {partition}"), e));
+            }
+            created.push(partition);
+            from = to;
+        }
+        Ok(created)
+    }
+
+    /// What `check` reports for pruning `tables`: the column, DELETE (delete mode), the partition
+    /// key and owning the table and its partitions (drop_partitions, partitions_ahead), CREATE on
+    /// the schema (partitions_ahead). Asked of the catalog; nothing is changed.
+    pub async fn preflight(
+        &mut self,
+        tables: &[String],
+        column: &str,
+        deletes: bool,
+        partitions: bool,
+        creates: bool,
+    ) -> Vec<Item> {
+        let mut items = Vec::new();
+        match self.sample(0).await {
+            Ok(_) => items.push(Item::pass(
+                "prune",
+                "reads the oldest running transaction and the WAL end",
+            )),
+            Err(e) => items.push(fail_item(&e)),
+        }
+        for table in tables {
+            match self
+                .table_preflight(table, column, deletes, partitions, creates)
+                .await
+            {
+                Ok(found) => items.push(Item::pass("prune", format!("{table}: {found}"))),
+                Err(e) => items.push(fail_item(&e)),
+            }
+        }
+        items
+    }
+
+    async fn table_preflight(
+        &self,
+        table: &str,
+        column: &str,
+        deletes: bool,
+        partitions: bool,
+        creates: bool,
+    ) -> Result<String> {
+        let client = self.control.client();
+        let (schema, _) = split_table(table);
+        let row = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::text::regclass \
+                 AND attname = $2 AND NOT attisdropped AND attnum > 0), \
+                 has_table_privilege($1::text::regclass, 'DELETE'), \
+                 (SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = $1::text::regclass), \
+                 COALESCE((SELECT bool_and(pg_has_role(c.relowner, 'USAGE')) FROM pg_inherits i \
+                   JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::text::regclass), true), \
+                 has_schema_privilege($3, 'CREATE')",
+                &[&quote_table(table), &column, &schema],
+            )
+            .await
+            .map_err(|e| self.failed(&format!("reading {table}"), e))?;
+        let (has_column, delete, owner, owns_partitions, create): (bool, bool, bool, bool, bool) =
+            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+        let refused = |what: String, fix: &str| {
+            Err(Error::config(format!("prune: {table}: {what}")).remedy(fix.to_string()))
+        };
+        if !has_column {
+            return refused(
+                format!("has no column {column:?}"),
+                "set prune.column to the outbox table's creation-time column (DEFAULT now())",
+            );
+        }
+        let mut found = vec![format!("column {column}")];
+        if deletes {
+            if !delete {
+                return refused(
+                    "the user may not DELETE".into(),
+                    "GRANT DELETE on the outbox tables to the user in prune.url (or source.url)",
+                );
+            }
+            found.push("DELETE".into());
+        }
+        if partitions {
+            self.layout(table, column).await?;
+            if !owner || !owns_partitions {
+                return refused(
+                    "the user does not own the table and all its partitions".into(),
+                    "ALTER TABLE … OWNER TO the user in prune.url (or source.url), for the table and each partition, or GRANT it the owner's role",
+                );
+            }
+            found.push(format!("partitioned BY RANGE ({column}), owned"));
+        }
+        if creates {
+            if !create {
+                return refused(
+                    format!("the user may not create tables in schema {schema}"),
+                    "GRANT CREATE ON SCHEMA … TO the user in prune.url (or source.url)",
+                );
+            }
+            found.push("CREATE on the schema".into());
+        }
+        Ok(found.join(", "))
     }
 
     /// Drops `partition` (already a quoted, qualified name from the server) if no row in it is
