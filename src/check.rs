@@ -20,11 +20,20 @@ impl Report {
             .any(|i| matches!(i.status, Status::Fail | Status::Unreachable))
     }
 
-    /// The misconfigurations that stop `run`.
+    /// The misconfigurations that stop `run`. Prune's are not among them: a round that meets one
+    /// stops pruning and forwarding goes on, so `run` logs them instead ([`Report::advisory`]).
     pub fn blocking(&self) -> Vec<&Item> {
         self.items
             .iter()
-            .filter(|i| i.status == Status::Fail)
+            .filter(|i| i.status == Status::Fail && i.subject != "prune")
+            .collect()
+    }
+
+    /// FAILs that `run` reports and starts anyway.
+    pub fn advisory(&self) -> Vec<&Item> {
+        self.items
+            .iter()
+            .filter(|i| i.status == Status::Fail && i.subject == "prune")
             .collect()
     }
 }

@@ -266,6 +266,9 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Run { skip_checks } => runtime()?.block_on(async {
             if !skip_checks {
                 let report = outboxd::check::run(&config).await;
+                for item in report.advisory() {
+                    tracing::warn!("{}", outboxd::secrets::scrub(&item.to_string()));
+                }
                 let blocking = report.blocking();
                 if !blocking.is_empty() {
                     for item in &blocking {
@@ -364,6 +367,10 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Prune { older_than, wait } => runtime()?.block_on(async {
             let mut settings = config.prune.clone().unwrap_or_default();
             if let Some(older_than) = older_than {
+                humantime::parse_duration(older_than.trim()).map_err(|e| {
+                    outboxd::error::Error::config(format!("--older-than {older_than:?}: {e}"))
+                        .remedy("write a duration like \"0s\", \"1h\" or \"7d\"")
+                })?;
                 settings.older_than = older_than;
             }
             let prune = settings.settings(&config.source)?;

@@ -57,6 +57,7 @@ pub struct Metrics {
     pruned_rows: Counter,
     partitions_dropped: Counter,
     partitions_created: Counter,
+    create_failures: Counter,
     prune_runs: Family<ResultLabel, Counter>,
     outbox_rows: Gauge,
     base: Instant,
@@ -90,6 +91,7 @@ impl Metrics {
         let pruned_rows = Counter::default();
         let partitions_dropped = Counter::default();
         let partitions_created = Counter::default();
+        let create_failures = Counter::default();
         let prune_runs = Family::<ResultLabel, Counter>::default();
         let outbox_rows = Gauge::default();
         // 1 ms … 10 s, fine where a healthy broker answers (single-digit to tens of milliseconds).
@@ -171,6 +173,11 @@ impl Metrics {
             partitions_created.clone(),
         );
         registry.register(
+            "prune_create_failures",
+            "Prune rounds that could not create the partitions ahead (the log says why; alert on it: inserts fail once the last partition is passed)",
+            create_failures.clone(),
+        );
+        registry.register(
             "prune_runs",
             "Prune rounds by result: pruned, waiting (the checkpoint had not reached the sampled log end; nothing deleted), failed",
             prune_runs.clone(),
@@ -196,6 +203,7 @@ impl Metrics {
             pruned_rows,
             partitions_dropped,
             partitions_created,
+            create_failures,
             prune_runs,
             outbox_rows,
             base: Instant::now(),
@@ -281,15 +289,25 @@ impl Metrics {
     }
 
     /// A prune round ended: `result` is pruned, waiting or failed.
-    pub fn prune_run(&self, result: &str, rows: u64, dropped: u64, created: u64) {
+    pub fn prune_run(&self, result: &str) {
         self.prune_runs
             .get_or_create(&ResultLabel {
                 result: result.to_string(),
             })
             .inc();
+    }
+
+    /// Prune deleted `rows`, dropped `dropped` and created `created` partitions (counted as they
+    /// happen, so a round that fails later still counts what it did).
+    pub fn pruned(&self, rows: u64, dropped: u64, created: u64) {
         self.pruned_rows.inc_by(rows);
         self.partitions_dropped.inc_by(dropped);
         self.partitions_created.inc_by(created);
+    }
+
+    /// A round could not create the partitions ahead.
+    pub fn prune_create_failed(&self) {
+        self.create_failures.inc();
     }
 
     /// The database's estimate of the rows in the outbox tables.

@@ -32,7 +32,7 @@ use crate::metrics::Metrics;
 use crate::preflight::Item;
 use crate::source::config::{redact_url, SourceConfig, SourceKind};
 use crate::source::prune::{fail_item, Ahead, Pruner};
-use crate::source::Position;
+use crate::source::{Position, SourceIdentity};
 
 /// Time allowed for connecting, sampling and estimating: a server that goes silent fails the round
 /// (transient) instead of holding it forever.
@@ -275,6 +275,7 @@ pub async fn preflight(config: &PruneConfig, source: &SourceConfig) -> Vec<Item>
         &prune.column,
         deletes,
         partitions,
+        prune.mode == PruneMode::DropPartitions,
         prune.ahead.is_some(),
     );
     let items = match tokio::time::timeout(SHORT_STEP, look).await {
@@ -318,16 +319,11 @@ pub async fn round(
     let mut pruner = bounded("connecting", SHORT_STEP, Pruner::connect(&prune.server)).await?;
     let result = round_on(&mut pruner, prune, store, metrics, wait).await;
     let _ = tokio::time::timeout(SHORT_STEP, pruner.close()).await;
-    let (name, rows, dropped, created) = match &result {
-        Ok(Outcome::Pruned {
-            deleted,
-            dropped,
-            created,
-        }) => ("pruned", *deleted, dropped.len(), created.len()),
-        Ok(Outcome::Waiting { created, .. }) => ("waiting", 0, 0, created.len()),
-        Err(_) => ("failed", 0, 0, 0),
-    };
-    metrics.prune_run(name, rows, dropped as u64, created as u64);
+    metrics.prune_run(match &result {
+        Ok(Outcome::Pruned { .. }) => "pruned",
+        Ok(Outcome::Waiting { .. }) => "waiting",
+        Err(_) => "failed",
+    });
     result
 }
 
@@ -339,18 +335,32 @@ async fn round_on(
     wait: Duration,
 ) -> Result<Outcome> {
     // Partitions ahead first, whatever the checkpoint says: new rows need them, and they hold none.
+    // A failure here is reported every round and keeps nothing else from running.
     let mut created = Vec::new();
     if let Some(ahead) = &prune.ahead {
         for table in &prune.tables {
             let create = pruner.create_partitions(table, &prune.column, ahead);
             let what = format!("creating partitions of {table}");
-            created.extend(bounded(&what, LONG_STEP, create).await?);
+            match bounded(&what, LONG_STEP, create).await {
+                Ok(new) => {
+                    metrics.pruned(0, 0, new.len() as u64);
+                    created.extend(new);
+                }
+                Err(e) => {
+                    metrics.prune_create_failed();
+                    tracing::error!(
+                        error = %e.message(),
+                        remedy = e.remedy_text().unwrap_or_default(),
+                        "prune could not create partitions ahead (tried again next round; deleting goes on)"
+                    );
+                }
+            }
         }
         if !created.is_empty() {
             tracing::info!(created = ?created, "prune created partitions ahead");
         }
     }
-    let (log_end, what) = bounded(
+    let (log_end, what, sampled) = bounded(
         "sampling the server",
         SHORT_STEP,
         pruner.sample(prune.older_than.as_secs()),
@@ -362,8 +372,39 @@ async fn round_on(
         )
         .remedy("leave prune.url unset (prune where outboxd reads), or use MariaDB GTIDs (outboxd compares MySQL GTID sets only from the stream so far)"));
     }
-    if let Some(reason) = wait_for_checkpoint(store, &log_end, wait, prune.elsewhere).await? {
+    let compare = Compare {
+        elsewhere: prune.elsewhere,
+        sampled: &sampled,
+    };
+    let started = Instant::now();
+    if let Some(reason) = wait_for_checkpoint(store, &log_end, wait, compare).await? {
         return Ok(Outcome::Waiting { reason, created });
+    }
+    if !prune.elsewhere {
+        // The server's own record of what the stream confirmed must agree (Postgres: the slot,
+        // confirmed about once a second after the checkpoint file is written).
+        loop {
+            let confirms = bounded(
+                "reading the slot",
+                SHORT_STEP,
+                pruner.server_confirms(&log_end),
+            );
+            let reason = match confirms.await? {
+                Some(true) => break,
+                None => format!(
+                    "the replication slot {:?} does not exist on this server: the checkpoint was not written against it",
+                    pruner.slot().unwrap_or_default()
+                ),
+                Some(false) => format!(
+                    "the slot {:?} has not confirmed the log end sampled before deleting ({log_end})",
+                    pruner.slot().unwrap_or_default()
+                ),
+            };
+            if started.elapsed() >= wait {
+                return Ok(Outcome::Waiting { reason, created });
+            }
+            tokio::time::sleep(CHECKPOINT_POLL).await;
+        }
     }
     let mut deleted = 0;
     let mut dropped = Vec::new();
@@ -372,6 +413,7 @@ async fn round_on(
             PruneMode::Delete => loop {
                 let batch = pruner.delete_batch(table, &prune.column, prune.batch);
                 let n = bounded(&format!("deleting from {table}"), LONG_STEP, batch).await?;
+                metrics.pruned(n, 0, 0);
                 deleted += n;
                 if n < prune.batch {
                     break;
@@ -379,9 +421,10 @@ async fn round_on(
             },
             PruneMode::DropPartitions => {
                 let drop = pruner.drop_partitions(table, &prune.column);
-                dropped.extend(
-                    bounded(&format!("dropping partitions of {table}"), LONG_STEP, drop).await?,
-                );
+                let gone =
+                    bounded(&format!("dropping partitions of {table}"), LONG_STEP, drop).await?;
+                metrics.pruned(0, gone.len() as u64, 0);
+                dropped.extend(gone);
             }
         }
     }
@@ -404,13 +447,32 @@ fn has_gtids(position: &Position) -> bool {
     }
 }
 
+/// What a checkpoint is compared with: the server sampled, and whether it is another server than
+/// the one the stream reads.
+#[derive(Clone, Copy)]
+struct Compare<'a> {
+    elsewhere: bool,
+    sampled: &'a SourceIdentity,
+}
+
+/// Whether `stored` (a checkpoint's server) is known to be another server than `sampled`.
+fn another_server(stored: &SourceIdentity, sampled: &SourceIdentity) -> bool {
+    fn differ<T: PartialEq>(a: &Option<T>, b: &Option<T>) -> bool {
+        a.is_some() && b.is_some() && a != b
+    }
+    differ(&stored.server_id, &sampled.server_id)
+        || differ(&stored.server_uuid, &sampled.server_uuid)
+        || differ(&stored.system_identifier, &sampled.system_identifier)
+}
+
 /// Waits until the durable checkpoint reaches `log_end`; Some(reason) if it did not within `wait`.
 async fn wait_for_checkpoint(
     store: &Store,
     log_end: &Position,
     wait: Duration,
-    elsewhere: bool,
+    compare: Compare<'_>,
 ) -> Result<Option<String>> {
+    let elsewhere = compare.elsewhere;
     let started = Instant::now();
     loop {
         let checkpoint = store.load()?;
@@ -420,6 +482,16 @@ async fn wait_for_checkpoint(
                 return Ok(Some(format!(
                     "the checkpoint ({}) has no GTID state to compare with prune.url's server",
                     c.position
+                )))
+            }
+            // A file offset or an LSN means something only on the server that wrote it.
+            Some(c)
+                if !(has_gtids(&c.position) && has_gtids(log_end))
+                    && another_server(&c.source, compare.sampled) =>
+            {
+                return Ok(Some(format!(
+                    "the checkpoint was written against another server ({:?}) than the one prune samples ({:?}); its position cannot be compared there",
+                    c.source, compare.sampled
                 )))
             }
             Some(c) if c.position.reached(log_end) => return Ok(None),

@@ -309,6 +309,10 @@ fn bad_prune_settings_are_refused_by_name() {
         assert!(!ok, "{extra}: {text}");
         assert!(text.contains(key), "{extra}: {text}");
     }
+    let outboxd = Outboxd::new("prune-bad", &config_body(db_url, "127.0.0.1:1", "", ""));
+    let (ok, text) = output(&outboxd, &["prune", "--older-than", "soon"]);
+    assert!(!ok, "{text}");
+    assert!(text.contains("--older-than \"soon\""), "{text}");
 }
 
 /// Row `n` with `created_at` set to the SQL expression `at`.
@@ -357,9 +361,18 @@ PARTITION BY RANGE COLUMNS(created_at) (
         "[prune]\nevery = \"1s\"\nolder_than = \"0s\"\nmode = \"drop_partitions\"\n\
          partition_every = \"1d\"\npartitions_ahead = 2\n",
     );
+    // A row already in the MAXVALUE partition: splitting it would copy rows under the lock, so
+    // rounds refuse (and go on deleting) until it is empty.
+    env.db.sql_socket(&maria_insert_expr(99, "NOW(6)"));
     env.outboxd.start();
+    wait_until("the refusal", Duration::from_secs(60), || {
+        env.outboxd.log().contains("holds rows")
+    });
     let ahead = "SELECT COUNT(*) FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = 'app' \
                  AND TABLE_NAME = 'outbox' AND PARTITION_NAME NOT IN ('p2000', 'pmax')";
+    assert_eq!(maria_count(&env.db, ahead), 0);
+    // (Inserted before the first start, so never forwarded: outboxd starts at the log's end.)
+    env.db.sql_socket("DELETE FROM app.outbox;");
     wait_until("partitions created ahead", Duration::from_secs(60), || {
         maria_count(&env.db, ahead) >= 3
     });
@@ -406,12 +419,13 @@ CREATE TABLE public.outbox (
   aggregateid text NOT NULL,
   type text NOT NULL,
   payload jsonb,
-  created_at timestamptz NOT NULL DEFAULT now(),
+  created_at timestamptz(6) NOT NULL DEFAULT now(),
   PRIMARY KEY (id, created_at)
 ) PARTITION BY RANGE (created_at);
 CREATE TABLE public.outbox_old PARTITION OF public.outbox FOR VALUES FROM (MINVALUE) TO ('2000-01-01');
 ALTER TABLE public.outbox OWNER TO cdc;
 ALTER TABLE public.outbox_old OWNER TO cdc;
+ALTER DATABASE app SET timezone TO 'Asia/Kolkata';
 GRANT SELECT ON ALL TABLES IN SCHEMA public TO cdc;
 GRANT CREATE ON DATABASE app TO cdc;
 GRANT CREATE ON SCHEMA public TO cdc;
@@ -453,6 +467,18 @@ GRANT CREATE ON SCHEMA public TO cdc;
          WHERE i.inhparent = 'public.outbox'::regclass",
     );
     assert!(names.contains("outbox_p2"), "{names}");
+    // Whatever the sessions' time zone (+05:30 here), new bounds sit on UTC midnights.
+    let bounds = env.pg.sql(
+        "app",
+        "SET timezone = 'UTC'; SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i \
+         JOIN pg_class c ON c.oid = i.inhrelid \
+         WHERE i.inhparent = 'public.outbox'::regclass AND c.relname LIKE 'outbox_p%'",
+    );
+    let uppers: Vec<&str> = bounds.lines().filter(|l| l.contains(" TO (")).collect();
+    assert!(uppers.len() >= 3, "{bounds}");
+    for upper in uppers {
+        assert!(upper.trim().ends_with(" 00:00:00+00')"), "{bounds}");
+    }
     let created = partitions();
     let mark = env.outboxd.log().len();
     wait_until("more rounds", Duration::from_secs(60), || {
@@ -540,4 +566,31 @@ fn check_names_the_grants_prune_lacks_and_passes_once_granted() {
         text.contains("public.outbox is not a partitioned table"),
         "{text}"
     );
+}
+
+/// A checkpoint written against another Postgres cluster (outboxd re-pointed, the file copied)
+/// is never compared with this cluster's WAL: prune deletes nothing and says why.
+#[test]
+fn postgres_prune_refuses_a_checkpoint_of_another_cluster() {
+    let mut first: PgEnv = pg_rows::setup_with_schema("prunepgother", pg_rows::SCHEMA, "");
+    first.outboxd.start();
+    pg_rows::insert_rows(&first.pg, 0, 20, 10);
+    consume_distinct_events(&first.broker.bootstrap(), 20);
+    first.outboxd.stop();
+    let second: PgEnv = pg_rows::setup_with_schema("prunepgother", pg_rows::SCHEMA, "");
+    // Far ahead of anything the new cluster has written.
+    let mut checkpoint = first.outboxd.checkpoint();
+    checkpoint["position"] = serde_json::json!({"lsn": "FF/0"});
+    std::fs::create_dir_all(second.outboxd.checkpoint_path().parent().unwrap()).unwrap();
+    std::fs::write(
+        second.outboxd.checkpoint_path(),
+        serde_json::to_vec(&checkpoint).unwrap(),
+    )
+    .unwrap();
+    pg_rows::insert_rows(&second.pg, 100, 120, 10);
+    let (ok, text) = prune_once(&second.outboxd, "2s");
+    assert!(!ok, "{text}");
+    assert!(text.contains("does not exist on this server"), "{text}");
+    let left = second.pg.sql("app", "SELECT COUNT(*) FROM public.outbox");
+    assert_eq!(left.trim(), "20");
 }

@@ -3,7 +3,7 @@
 //! and drops what the sample lets go.
 
 use super::config::{SourceConfig, SourceKind};
-use super::{mysql, postgres, Position};
+use super::{mysql, postgres, Position, SourceIdentity};
 use crate::error::{Error, Result};
 use crate::preflight::Item;
 
@@ -122,24 +122,47 @@ impl Pruner {
     }
 
     /// Takes a new sample: returns the log end the checkpoint must cover before anything it lets
-    /// go is deleted, and a description of it for the log.
-    pub async fn sample(&mut self, older_than_secs: u64) -> Result<(Position, String)> {
+    /// go is deleted, a description of it for the log, and the server sampled.
+    pub async fn sample(
+        &mut self,
+        older_than_secs: u64,
+    ) -> Result<(Position, String, SourceIdentity)> {
         match &mut self.0 {
             Db::Mysql(p, sample) => {
                 let s = p.sample(older_than_secs).await?;
                 let out = (
                     s.log_end.clone(),
                     format!("rows created before {}", s.shown),
+                    s.identity.clone(),
                 );
                 *sample = Some(s);
                 Ok(out)
             }
             Db::Postgres(p, sample) => {
                 let s = p.sample(older_than_secs).await?;
-                let out = (s.log_end.clone(), s.shown.clone());
+                let out = (s.log_end.clone(), s.shown.clone(), s.identity.clone());
                 *sample = Some(s);
                 Ok(out)
             }
+        }
+    }
+
+    /// Whether this server itself vouches that the stream's durable position reached `log_end`:
+    /// Postgres asks the slot (the stream confirms only durable positions to it), so a checkpoint
+    /// file from another cluster is never trusted; MySQL has no such record (Some(true)). None:
+    /// there is no slot here.
+    pub async fn server_confirms(&mut self, log_end: &Position) -> Result<Option<bool>> {
+        match &mut self.0 {
+            Db::Mysql(..) => Ok(Some(true)),
+            Db::Postgres(p, _) => Ok(p.slot_confirmed().await?.map(|c| c.reached(log_end))),
+        }
+    }
+
+    /// The slot whose confirmation `server_confirms` asks for, for messages.
+    pub fn slot(&self) -> Option<&str> {
+        match &self.0 {
+            Db::Mysql(..) => None,
+            Db::Postgres(p, _) => p.slot_name(),
         }
     }
 
@@ -180,14 +203,15 @@ impl Pruner {
         column: &str,
         deletes: bool,
         partitions: bool,
+        drops: bool,
         creates: bool,
     ) -> Vec<Item> {
         match &mut self.0 {
-            Db::Mysql(p, _) => p.preflight(tables, column, deletes, partitions).await,
-            Db::Postgres(p, _) => {
-                p.preflight(tables, column, deletes, partitions, creates)
+            Db::Mysql(p, _) => {
+                p.preflight(tables, column, deletes, partitions, drops)
                     .await
             }
+            Db::Postgres(p, _) => p.preflight(tables, column, deletes, drops, creates).await,
         }
     }
 

@@ -23,8 +23,8 @@ use super::{current_end, ServerInfo};
 use crate::error::{Error, Result};
 use crate::preflight::Item;
 use crate::source::config::SourceConfig;
-use crate::source::prune::{fail_item, Ahead};
-use crate::source::Position;
+use crate::source::prune::{fail_item, Ahead, NewPartition};
+use crate::source::{Position, SourceIdentity};
 
 /// Seconds taken off the oldest open transaction's start (see the module docs).
 const MARGIN_SECONDS: u32 = 5;
@@ -39,6 +39,9 @@ const ER_SAME_NAME_PARTITION: u16 = 1517;
 const ER_RANGE_NOT_INCREASING: u16 = 1493;
 const ER_DROP_PARTITION_NON_EXISTENT: u16 = 1507;
 const ER_PARTITION_MGMT_ON_NONPARTITIONED: u16 = 1505;
+/// The partition `check` asks the server to drop, to learn whether ALTER and DROP are granted
+/// (refused for privileges first, then for the name): never one that exists.
+const PROBE_PARTITION: &str = "outboxd_check_no_such_partition";
 /// Lock wait timeout, deadlock, query interrupted, MariaDB's statement time limit: next round.
 const RETRY_NEXT_ROUND: [u16; 4] = [1205, 1213, 1317, 1969];
 
@@ -53,6 +56,8 @@ pub struct Sample {
     pub log_end: Position,
     cutoff: MyValue,
     pub shown: String,
+    /// The server sampled, to compare with the one the checkpoint was written against.
+    pub identity: SourceIdentity,
 }
 
 impl Pruner {
@@ -138,6 +143,7 @@ impl Pruner {
             log_end: end.to_position(),
             cutoff,
             shown,
+            identity: info.identity(),
         })
     }
 
@@ -244,21 +250,45 @@ impl Pruner {
         let function = key_function(table, column, method, expression)?;
         let is_max = |bound: &str| bound.eq_ignore_ascii_case("MAXVALUE");
         let catch_all = rows.last().filter(|r| is_max(&r.3)).map(|r| r.0.clone());
-        let Some(bound) = rows
+        let finite = rows
             .iter()
             .rev()
             .map(|r| &r.3)
-            .find(|b| !is_max(b) && !b.is_empty())
-        else {
-            return Err(Error::config(format!(
-                "prune.partitions_ahead: {table} has no partition with an upper bound to continue from"
-            ))
-            .remedy("create the first partition by hand (VALUES LESS THAN a date), then outboxd keeps them ahead"));
+            .find(|b| !is_max(b) && !b.is_empty());
+        let Some(bound) = finite else {
+            if catch_all.is_none() {
+                return Err(Error::config(format!(
+                    "prune.partitions_ahead: {table} has no partition with an upper bound to continue from"
+                ))
+                .remedy("create the first partition by hand (VALUES LESS THAN a date), then outboxd keeps them ahead"));
+            }
+            // Only the MAXVALUE partition: the first new one takes everything up to its bound.
+            let now: Option<i64> = self
+                .conn
+                .query_first(if function.as_deref() == Some("unix_timestamp") {
+                    "SELECT UNIX_TIMESTAMP()"
+                } else {
+                    "SELECT TIMESTAMPDIFF(SECOND, '1970-01-01 00:00:00', NOW())"
+                })
+                .await
+                .map_err(|e| self.failed("reading the time", e))?;
+            let now = now.unwrap_or_default();
+            return self
+                .add_partitions(table, function, catch_all, plan.plan(i64::MIN / 4, now))
+                .await;
         };
-        // The bound is the server's own rendering of a constant (a number or a quoted literal).
+        // The bound is the server's own rendering of a constant: a number or a quoted date.
+        let plain = |c: char| c.is_ascii_digit() || " :.-'".contains(c);
+        if !bound.chars().all(plain) {
+            return Err(Error::config(format!(
+                "prune.partitions_ahead: the last bound of {table} ({bound}) is not a date or a number"
+            ))
+            .remedy("partition on the creation time (a DATETIME, TIMESTAMP or DATE column)"));
+        }
         let as_time = match function.as_deref() {
             None => format!("CAST({bound} AS DATETIME)"),
-            Some("unix_timestamp") => format!("FROM_UNIXTIME({bound})"),
+            // Planned on the epoch seconds themselves: no session time zone in between.
+            Some("unix_timestamp") => format!("'1970-01-01 00:00:00' + INTERVAL {bound} SECOND"),
             Some("to_days") => format!("FROM_DAYS({bound})"),
             Some("to_seconds") => {
                 format!("FROM_DAYS({bound} DIV 86400) + INTERVAL ({bound} MOD 86400) SECOND")
@@ -271,7 +301,11 @@ impl Pruner {
             .query_first(format!(
                 "SELECT {}, {}",
                 seconds(&as_time),
-                seconds("NOW()")
+                if function.as_deref() == Some("unix_timestamp") {
+                    "UNIX_TIMESTAMP()".to_string()
+                } else {
+                    seconds("NOW()")
+                }
             ))
             .await
             .map_err(|e| self.failed(&format!("reading the last bound of {table}"), e))?;
@@ -280,15 +314,28 @@ impl Pruner {
                 "prune.partitions_ahead: the last bound of {table} ({bound}) is not a time"
             )));
         };
-        let new = plan.plan(last, now);
+        self.add_partitions(table, function, catch_all, plan.plan(last, now))
+            .await
+    }
+
+    /// Adds `new` to `table` (partitioned by `function` of the column, or by the column), before
+    /// `catch_all` (the MAXVALUE partition) when there is one, in one statement.
+    async fn add_partitions(
+        &mut self,
+        table: &str,
+        function: Option<String>,
+        catch_all: Option<String>,
+        new: Vec<NewPartition>,
+    ) -> Result<Vec<String>> {
         if new.is_empty() {
             return Ok(Vec::new());
         }
         let definitions: Vec<String> = new
             .iter()
             .map(|p| {
-                let at = match &function {
+                let at = match function.as_deref() {
                     None => format!("'{}'", p.literal),
+                    Some("unix_timestamp") => p.upper.to_string(),
                     Some(f) => format!("{f}('{}')", p.literal),
                 };
                 format!(
@@ -297,6 +344,24 @@ impl Pruner {
                 )
             })
             .collect();
+        if let Some(max) = &catch_all {
+            // REORGANIZE copies the partition's rows while inserts wait: only an empty one.
+            let occupied: Option<i64> = self
+                .conn
+                .query_first(format!(
+                    "SELECT 1 FROM {} PARTITION ({}) LIMIT 1",
+                    quote_table(table),
+                    quote_ident(max)
+                ))
+                .await
+                .map_err(|e| self.failed(&format!("looking into partition {max}"), e))?;
+            if occupied.is_some() {
+                return Err(Error::config(format!(
+                    "prune.partitions_ahead: the MAXVALUE partition {max} of {table} holds rows, and splitting it would copy them while inserts wait"
+                ))
+                .remedy(format!("split it once by hand at a quiet time (ALTER TABLE {table} REORGANIZE PARTITION {max} INTO (PARTITION p… VALUES LESS THAN (…), PARTITION {max} VALUES LESS THAN (MAXVALUE))) so that it is empty; from then on outboxd keeps it empty")));
+            }
+        }
         let statement = match &catch_all {
             Some(max) => format!(
                 "ALTER TABLE {} REORGANIZE PARTITION {q} INTO ({}, PARTITION {q} VALUES LESS THAN {})",
@@ -346,8 +411,16 @@ impl Pruner {
         column: &str,
         deletes: bool,
         partitions: bool,
+        drops: bool,
     ) -> Vec<Item> {
         let mut items = Vec::new();
+        // A probe behind a metadata lock gives up after this, not after the step's minute.
+        let _ = self
+            .conn
+            .query_drop(format!(
+                "SET SESSION lock_wait_timeout = {LOCK_WAIT_SECONDS}"
+            ))
+            .await;
         match self.sample(0).await {
             Ok(_) => items.push(Item::pass(
                 "prune",
@@ -396,18 +469,21 @@ impl Pruner {
                         items.push(fail_item(&e));
                     }
                 }
-                let _ = self
-                    .conn
-                    .query_drop(format!(
-                        "SET SESSION lock_wait_timeout = {LOCK_WAIT_SECONDS}"
-                    ))
-                    .await;
-                let r = self
-                    .conn
-                    .query_drop(format!(
-                        "ALTER TABLE {t} DROP PARTITION `outboxd_check_no_such_partition`"
-                    ))
-                    .await;
+            }
+            if drops {
+                // Never a partition that exists: the probe must fail.
+                let taken = matches!(self.partitions(table).await,
+                    Ok(rows) if rows.iter().any(|r| r.0 == PROBE_PARTITION));
+                let r = if taken {
+                    Ok(())
+                } else {
+                    self.conn
+                        .query_drop(format!(
+                            "ALTER TABLE {t} DROP PARTITION {}",
+                            quote_ident(PROBE_PARTITION)
+                        ))
+                        .await
+                };
                 match r {
                     Err(mysql_async::Error::Server(se))
                         if se.code == ER_DROP_PARTITION_NON_EXISTENT

@@ -21,14 +21,17 @@ use super::position;
 use crate::error::{Error, Result};
 use crate::preflight::Item;
 use crate::source::config::SourceConfig;
+use crate::source::config::SourceKind;
 use crate::source::prune::{fail_item, Ahead};
-use crate::source::Position;
+use crate::source::{Position, SourceIdentity};
 
 /// How long dropping a partition waits for its lock (inserts into the table queue behind it).
 const LOCK_TIMEOUT: &str = "2s";
 
 pub struct Pruner {
     control: Control,
+    /// The replication slot the stream confirms its durable position to.
+    slot: Option<String>,
 }
 
 /// What a sample found: the WAL end, the oldest running transaction, and the retention time.
@@ -37,14 +40,47 @@ pub struct Sample {
     xmin: u32,
     older_than_secs: u64,
     pub shown: String,
+    /// The cluster sampled (its system identifier when the user may read it).
+    pub identity: SourceIdentity,
 }
 
 impl Pruner {
     pub async fn connect(config: &SourceConfig) -> Result<Pruner> {
         let info = ConnInfo::from_config(config)?;
+        let slot = match &config.db {
+            crate::source::config::SourceDb::Postgres(own) => Some(own.slot.clone()),
+            _ => None,
+        };
         Ok(Pruner {
             control: Control::connect(&info).await?,
+            slot,
         })
+    }
+
+    pub fn slot_name(&self) -> Option<&str> {
+        self.slot.as_deref()
+    }
+
+    /// The position the stream's slot has confirmed on this server (it confirms only what the
+    /// durable checkpoint holds): None when there is no such slot here, which means the
+    /// checkpoint was not written against this server.
+    pub async fn slot_confirmed(&self) -> Result<Option<Position>> {
+        let Some(slot) = &self.slot else {
+            return Ok(None);
+        };
+        let row = self
+            .control
+            .client()
+            .query_opt(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[slot],
+            )
+            .await
+            .map_err(|e| self.failed("reading the replication slot", e))?;
+        Ok(row
+            .and_then(|r| r.get::<_, Option<String>>(0))
+            .and_then(|text| parse_lsn(&text))
+            .map(position))
     }
 
     fn failed(&self, what: &str, e: tokio_postgres::Error) -> Error {
@@ -88,6 +124,8 @@ impl Pruner {
         let lsn = parse_lsn(&lsn)
             .ok_or_else(|| Error::source(format!("prune: {lsn:?} is not an LSN")))?;
         Ok(Sample {
+            // The cluster is vouched for by the slot instead (`slot_confirmed`).
+            identity: SourceIdentity::anonymous(SourceKind::Postgres),
             log_end: position(lsn),
             // Ages are computed on 32-bit ids, as the xmin column holds them.
             xmin: (xmin & 0xffff_ffff) as u32,
@@ -223,39 +261,45 @@ impl Pruner {
         plan: &Ahead,
     ) -> Result<Vec<String>> {
         let (rows, column_type) = self.layout(table, column).await?;
-        if rows
-            .iter()
-            .any(|(_, bound)| bound.contains("TO (MAXVALUE)"))
-        {
+        // A partition reaching MAXVALUE or infinity leaves nothing to add (and nothing could be).
+        let endless = |b: &str| b.contains("TO (MAXVALUE)") || b.contains("'infinity'");
+        if let Some((partition, _)) = rows.iter().find(|(_, b)| endless(b)) {
+            tracing::debug!(%partition, "prune: a partition reaches MAXVALUE; none to create");
             return Ok(Vec::new());
         }
-        let uppers: Vec<&str> = rows.iter().filter_map(|(_, b)| upper_bound(b)).collect();
-        if uppers.is_empty() {
+        // Creating a partition scans a DEFAULT partition under the table's lock: refused here.
+        if let Some((partition, _)) = rows.iter().find(|(_, b)| b == "DEFAULT") {
             return Err(Error::config(format!(
-                "prune.partitions_ahead: {table} has no range partition to continue from"
+                "prune.partitions_ahead: {table} has a DEFAULT partition ({partition}); creating a partition would scan it while inserts wait"
             ))
-            .remedy("create the first partition by hand (FOR VALUES FROM … TO a date), then outboxd keeps them ahead"));
+            .remedy("detach or drop the DEFAULT partition (move its rows into range partitions first), or create partitions by hand"));
         }
+        let uppers: Vec<&str> = rows.iter().filter_map(|(_, b)| upper_bound(b)).collect();
         let seconds = |t: &str| format!("floor(extract(epoch from ({t})::{column_type}))::bigint");
         let each: Vec<String> = uppers.iter().map(|u| seconds(u)).collect();
         let client = self.control.client();
         let row = client
             .query_one(
-                format!("SELECT ARRAY[{}], {}", each.join(", "), seconds("now()")).as_str(),
+                format!(
+                    "SELECT ARRAY[{}]::bigint[], {}",
+                    each.join(", "),
+                    seconds("now()")
+                )
+                .as_str(),
                 &[],
             )
             .await
             .map_err(|e| self.failed(&format!("reading the last bound of {table}"), e))?;
         let (each, now): (Vec<i64>, i64) = (row.get(0), row.get(1));
-        // The last bound, and the literal it was written with: the first new partition's start.
-        let Some((last, mut from)) = each
+        // The last bound, and the literal it was written with: the first new partition's start
+        // (with no partition yet, the first new one starts at MINVALUE).
+        let (last, mut from) = each
             .into_iter()
             .zip(uppers.iter().map(|u| u.to_string()))
             .max_by_key(|(at, _)| *at)
-        else {
-            return Ok(Vec::new());
-        };
-        let zone = if column_type.starts_with("timestamp with time zone") {
+            .unwrap_or((i64::MIN / 4, "MINVALUE".to_string()));
+        // timestamptz, timestamptz(6): bounds in UTC, whatever the session's TimeZone.
+        let zone = if column_type.ends_with("with time zone") {
             "+00"
         } else {
             ""
@@ -363,12 +407,13 @@ impl Pruner {
             }
             found.push("DELETE".into());
         }
-        if partitions {
+        // `partitions`: dropping them (owning each); `creates`: adding them (owning the table).
+        if partitions || creates {
             self.layout(table, column).await?;
-            if !owner || !owns_partitions {
+            if !owner || (partitions && !owns_partitions) {
                 return refused(
-                    "the user does not own the table and all its partitions".into(),
-                    "ALTER TABLE … OWNER TO the user in prune.url (or source.url), for the table and each partition, or GRANT it the owner's role",
+                    "the user does not own the table (and, to drop them, its partitions)".into(),
+                    "ALTER TABLE … OWNER TO the user in prune.url (or source.url), or GRANT it the owner's role",
                 );
             }
             found.push(format!("partitioned BY RANGE ({column}), owned"));
