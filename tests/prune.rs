@@ -388,10 +388,10 @@ fn mariadb_partitions_ahead_are_created_and_rows_land_in_them() {
     // A day boundary between the two counts may add one.
     assert!(maria_count(&env.db, ahead) <= created + 1);
     assert_eq!(maria_count(&env.db, "SELECT COUNT(*) FROM app.outbox"), 30);
+    let later = env.outboxd.log()[mark..].to_string();
     assert!(
-        !env.outboxd.log().contains("prune stopped"),
-        "{}",
-        env.outboxd.log()
+        !later.contains("prune stopped") && !later.contains("could not create"),
+        "{later}"
     );
     env.outboxd.stop();
 }
@@ -474,10 +474,10 @@ GRANT CREATE ON SCHEMA public TO cdc;
         rounds_since(&env.outboxd, mark) >= 3
     });
     assert!(partitions() <= created + 1);
+    let later = env.outboxd.log()[mark..].to_string();
     assert!(
-        !env.outboxd.log().contains("prune stopped"),
-        "{}",
-        env.outboxd.log()
+        !later.contains("prune stopped") && !later.contains("could not create"),
+        "{later}"
     );
     env.outboxd.stop();
 }
