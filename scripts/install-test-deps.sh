@@ -5,6 +5,8 @@
 #    build deps of librdkafka, stunnel4 (a TLS terminator for the Kafka-over-TLS test).
 #  - The nisshi Kafka-protocol broker (a Rust broker, in memory), built once into a cache dir outside
 #    the repo (about 10 minutes on 2 cores the first time; skipped when present).
+#  - noida-db, a Kafka-protocol broker with transactions (a prebuilt binary in a PyPI wheel), for the
+#    Kafka checkpoint store and standby tests.
 set -euo pipefail
 
 # --quickstart: only what deploy/quickstart.sh needs (MariaDB and the build tools); no PostgreSQL, no
@@ -32,11 +34,11 @@ if [ "$QUICKSTART" = 0 ]; then
   [ -x /usr/lib/postgresql/15/bin/initdb ] || packages+=(postgresql-15 postgresql-client-15)
   # The TLS terminator in front of the broker in tests/tls.rs.
   command -v stunnel >/dev/null 2>&1 || packages+=(stunnel4)
-else
-  # The quickstart's broker comes from PyPI into a virtualenv.
-  command -v python3 >/dev/null 2>&1 || packages+=(python3)
-  python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || packages+=(python3-venv)
 fi
+# noida-db (the quickstart's broker, and the tests' transactional one) comes from PyPI into a
+# virtualenv.
+command -v python3 >/dev/null 2>&1 || packages+=(python3)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || packages+=(python3-venv)
 command -v pkg-config >/dev/null 2>&1 || packages+=(pkg-config)
 command -v make >/dev/null 2>&1 || packages+=(make)
 command -v cc >/dev/null 2>&1 || packages+=(gcc g++)
@@ -79,6 +81,21 @@ if [ "$BROKER_ONLY" = 0 ] && [ ! -x "$PROMTOOL" ] && [ ! -e "$PROMTOOL.unavailab
     echo "install-test-deps: promtool not available; the alert rules get the YAML check only"
   fi
   rm -rf "$tmp"
+fi
+
+# noida-db: the server binary out of its wheel (run directly; its Python wrapper is not needed).
+NOIDA_DIR="$HOME/.cache/outboxd-test/noida-db-0.2.3"
+if [ "$BROKER_ONLY" = 0 ] && [ ! -x "$NOIDA_DIR/noida-db" ]; then
+  echo "install-test-deps: installing noida-db 0.2.3 from PyPI into $NOIDA_DIR"
+  rm -rf "$NOIDA_DIR/venv"
+  mkdir -p "$NOIDA_DIR"
+  python3 -m venv "$NOIDA_DIR/venv"
+  "$NOIDA_DIR/venv/bin/pip" install --quiet --disable-pip-version-check --only-binary=:all: \
+    --timeout 30 --retries 3 "noida-db==0.2.3"
+  cp "$("$NOIDA_DIR/venv/bin/python" -c 'import importlib.resources as r; print(r.files("noida_db") / "noida-db")')" \
+    "$NOIDA_DIR/noida-db.tmp"
+  chmod +x "$NOIDA_DIR/noida-db.tmp"
+  mv "$NOIDA_DIR/noida-db.tmp" "$NOIDA_DIR/noida-db"
 fi
 
 BROKER_ROOT="${OUTBOXD_BROKER_ROOT:-$HOME/.cache/outboxd-test/nisshi-0.8.1}"

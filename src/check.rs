@@ -4,7 +4,7 @@
 //! start and refuses to start on a misconfiguration; "cannot reach" results do not block `run`, because
 //! the pipeline's own reconnect loop handles servers that are merely not up yet.
 
-use crate::checkpoint::Store;
+use crate::checkpoint::{Access, Store};
 use crate::config::{Config, SourceDb};
 pub use crate::preflight::{Item, Status};
 
@@ -48,12 +48,12 @@ pub async fn run(config: &Config) -> Report {
             "remove it, or check source.kind",
         ));
     }
-    let checkpoint = match Store::open_unlocked(&config.checkpoint.dir, &config.name) {
+    let checkpoint = match Store::open(config, &config.name, Access::Read) {
         Ok(store) => match store.load() {
             Ok(Some(c)) => {
                 items.push(Item::pass(
                     "checkpoint",
-                    format!("{} at {}", store.path().display(), c.position),
+                    format!("{} at {}", store.describe(), c.position),
                 ));
                 Some(c)
             }
@@ -62,7 +62,7 @@ pub async fn run(config: &Config) -> Report {
                     "checkpoint",
                     format!(
                         "none yet at {} ({})",
-                        store.path().display(),
+                        store.describe(),
                         config.source.first_start()
                     ),
                 ));

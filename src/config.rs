@@ -103,15 +103,34 @@ fn default_max_in_flight() -> usize {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointConfig {
+    /// Where the checkpoint lives: a file in `dir`, or a record in a compacted Kafka topic.
+    pub store: StoreKind,
+    /// `store = "file"`: the directory of `<name>.json`.
     pub dir: PathBuf,
     pub interval_ms: u64,
+    /// `store = "kafka"`: the compacted topic holding one checkpoint record per pipeline name.
+    pub topic: String,
+    /// `store = "kafka"`: how long an instance that stopped answering keeps the lead (Kafka's
+    /// `session.timeout.ms` for the pipeline's group); a standby takes over after about this long.
+    pub takeover_timeout_ms: u64,
+}
+
+/// `checkpoint.store`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    File,
+    Kafka,
 }
 
 impl Default for CheckpointConfig {
     fn default() -> Self {
         CheckpointConfig {
+            store: StoreKind::File,
             dir: PathBuf::from("checkpoints"),
             interval_ms: 50,
+            topic: "outboxd.checkpoints".into(),
+            takeover_timeout_ms: 6_000,
         }
     }
 }
@@ -313,6 +332,22 @@ impl Config {
                 "0 would fsync on every ack".into(),
                 "use a positive number of milliseconds (default 50)",
             );
+        }
+        if self.checkpoint.store == StoreKind::Kafka {
+            if let Err(why) = crate::route::validate_topic_name(&self.checkpoint.topic) {
+                return bad(
+                    "checkpoint.topic",
+                    why,
+                    "use a valid Kafka topic name (default \"outboxd.checkpoints\")",
+                );
+            }
+            if !(1_000..=300_000).contains(&self.checkpoint.takeover_timeout_ms) {
+                return bad(
+                    "checkpoint.takeover_timeout_ms",
+                    format!("{} is out of range", self.checkpoint.takeover_timeout_ms),
+                    "use 1000..=300000 milliseconds (default 6000; the brokers' group.min.session.timeout.ms is the real floor)",
+                );
+            }
         }
         if !self.http.listen.is_empty() && self.http.listen.parse::<SocketAddr>().is_err() {
             return bad(

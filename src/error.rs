@@ -23,7 +23,7 @@ pub enum Kind {
     Source,
     /// The Kafka producer.
     Sink,
-    /// The local checkpoint file or its directory.
+    /// The checkpoint store (a local file, or the checkpoint topic) and the pipeline's lead.
     Checkpoint,
     /// A row the router cannot turn into a valid Kafka record.
     Unroutable,
@@ -48,6 +48,8 @@ pub struct Error {
     message: String,
     remedy: Option<String>,
     transient: bool,
+    /// Another instance of the pipeline took over (its fencing refused this one's write).
+    superseded: bool,
     cause: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
@@ -60,6 +62,7 @@ impl Error {
             message: message.into(),
             remedy: None,
             transient: false,
+            superseded: false,
             cause: None,
         }
     }
@@ -100,6 +103,16 @@ impl Error {
     pub fn transient(mut self) -> Self {
         self.transient = true;
         self
+    }
+
+    /// Marks the error as "another instance leads this pipeline now": this one stands by again.
+    pub fn superseded(mut self) -> Self {
+        self.superseded = true;
+        self
+    }
+
+    pub fn is_superseded(&self) -> bool {
+        self.superseded
     }
 
     pub fn kind(&self) -> Kind {

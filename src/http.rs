@@ -42,7 +42,20 @@ async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse 
     )
 }
 
+/// A standby is ready (it is doing its job: waiting to take over; a rolling update must not stall
+/// on it); the role is in the body.
 async fn ready(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    use crate::metrics::Role;
+    match metrics.role() {
+        Role::Standby => {
+            return (
+                StatusCode::OK,
+                "ready: standby (another instance leads this pipeline)\n",
+            )
+        }
+        Role::Leader if metrics.ready() => return (StatusCode::OK, "ready: leader\n"),
+        _ => {}
+    }
     if metrics.ready() {
         (StatusCode::OK, "ready\n")
     } else {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use outboxd::checkpoint::Store;
+use outboxd::checkpoint::{Access, Store};
 use outboxd::config::{Config, SourceKind, CONFIG_ENV};
 use outboxd::source::SourceIdentity;
 use outboxd::Error;
@@ -345,7 +345,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             })
         }
         Command::Replay { from, to, .. } => {
-            let store = Store::open_unlocked(&config.checkpoint.dir, &config.name)?;
+            let store = Store::open(&config, &config.name, Access::Read)?;
             let from = from.expect("clap requires --from without --binlog-file");
             let from = starting_point(&store, &config, &from)?;
             let to = to
@@ -378,7 +378,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 outboxd::error::Error::config(format!("--wait {wait:?}: {e}"))
                     .remedy("write a duration like \"30s\" or \"5m\"")
             })?;
-            let store = Store::open_unlocked(&config.checkpoint.dir, &config.name)?;
+            let store = Store::open(&config, &config.name, Access::Read)?;
             let metrics = outboxd::metrics::Metrics::new(&config.name, std::time::Duration::from_secs(1));
             match outboxd::retention::round(&prune, &store, &metrics, wait).await? {
                 outboxd::retention::Outcome::Pruned {
@@ -437,36 +437,35 @@ fn anonymous_identity(config: &Config) -> SourceIdentity {
 }
 
 fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), Error> {
-    let dir = &config.checkpoint.dir;
     match action {
         CheckpointAction::Show => {
-            let store = Store::open_unlocked(dir, &config.name)?;
+            let store = Store::open(config, &config.name, Access::Read)?;
             match store.load()? {
                 Some(c) => println!("{}", serde_json::to_string_pretty(&c).expect("json")),
                 None => println!(
                     "no checkpoint at {} ({})",
-                    store.path().display(),
+                    store.describe(),
                     config.source.first_start()
                 ),
             }
         }
         CheckpointAction::Save { label } => {
-            let store = Store::open_unlocked(dir, &config.name)?;
+            let store = Store::open(config, &config.name, Access::Read)?;
             let (path, c) = store.save(&label)?;
-            println!("saved {} as {label:?} ({})", c.position, path.display());
+            println!("saved {} as {label:?} ({path})", c.position);
         }
         CheckpointAction::List => {
-            let store = Store::open_unlocked(dir, &config.name)?;
+            let store = Store::open(config, &config.name, Access::Read)?;
             let saved = store.list_saved()?;
             if saved.is_empty() {
-                println!("no saved checkpoints in {}", store.saved_dir().display());
+                println!("no saved checkpoints in {}", store.saved_where());
             }
             for (label, c) in saved {
                 println!("{label}\t{}\t{}", c.position, c.updated_at);
             }
         }
         CheckpointAction::Set { position } => {
-            let store = Store::open_locked(dir, &config.name)?;
+            let store = Store::open(config, &config.name, Access::Exclusive)?;
             let position = outboxd::source::parse_position(config.source.kind(), &position)?;
             // A position set by hand is the operator's word for the configured server: it names no
             // server, so the next run takes it there (keeping the old identity would refuse it again
@@ -478,11 +477,7 @@ fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), E
                 println!("previous checkpoint saved as {label:?}");
             }
             let c = store.write(&identity, &position)?;
-            println!(
-                "checkpoint set to {} ({})",
-                c.position,
-                store.path().display()
-            );
+            println!("checkpoint set to {} ({})", c.position, store.describe());
         }
         CheckpointAction::ImportDebezium { file } => {
             let input = if file.as_os_str() == "-" {
@@ -497,7 +492,7 @@ fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), E
                 })?
             };
             let imported = outboxd::checkpoint::debezium::import(config.source.kind(), &input)?;
-            let store = Store::open_locked(dir, &config.name)?;
+            let store = Store::open(config, &config.name, Access::Exclusive)?;
             if let Ok(Some(_)) = store.load() {
                 let label = format!(
                     "before-import-{}",
@@ -513,11 +508,11 @@ fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), E
             println!(
                 "checkpoint set to {} ({}); start outboxd after the Debezium connector is stopped",
                 c.position,
-                store.path().display()
+                store.describe()
             );
         }
         CheckpointAction::Reset => {
-            let store = Store::open_locked(dir, &config.name)?;
+            let store = Store::open(config, &config.name, Access::Exclusive)?;
             match store.reset()? {
                 Some(label) => println!(
                     "checkpoint removed (saved as {label:?}); {}",

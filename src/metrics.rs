@@ -60,6 +60,10 @@ pub struct Metrics {
     create_failures: Counter,
     prune_runs: Family<ResultLabel, Counter>,
     outbox_rows: Gauge,
+    /// 1 while this instance forwards the pipeline (0 while it stands by).
+    leader: Gauge,
+    /// [`Role`] as a number: what `/readyz` reports.
+    role: std::sync::atomic::AtomicU8,
     base: Instant,
     /// Milliseconds since `base` of the last source event (NEVER before the first).
     last_source_event: AtomicI64,
@@ -94,6 +98,7 @@ impl Metrics {
         let create_failures = Counter::default();
         let prune_runs = Family::<ResultLabel, Counter>::default();
         let outbox_rows = Gauge::default();
+        let leader = Gauge::default();
         // 1 ms … 10 s, fine where a healthy broker answers (single-digit to tens of milliseconds).
         let delivery_seconds = Histogram::new(
             [
@@ -187,6 +192,11 @@ impl Metrics {
             "The database's estimate of the rows in the outbox tables, read by each prune round",
             outbox_rows.clone(),
         );
+        registry.register(
+            "leader",
+            "1 while this instance forwards the pipeline; 0 while it stands by (checkpoint.store = \"kafka\" with several instances) or has not started",
+            leader.clone(),
+        );
         Arc::new(Metrics {
             registry,
             forwarded,
@@ -206,6 +216,8 @@ impl Metrics {
             create_failures,
             prune_runs,
             outbox_rows,
+            leader,
+            role: std::sync::atomic::AtomicU8::new(Role::Single as u8),
             base: Instant::now(),
             last_source_event: AtomicI64::new(NEVER),
             last_checkpoint_current: AtomicI64::new(NEVER),
@@ -355,6 +367,27 @@ impl Metrics {
         self.inflight.get()
     }
 
+    /// This instance forwards (`true`) or stands by for another instance of the pipeline.
+    pub fn set_leader(&self, leads: bool) {
+        self.leader.set(i64::from(leads));
+        let role = if leads { Role::Leader } else { Role::Standby };
+        self.role.store(role as u8, Ordering::Relaxed);
+    }
+
+    /// The only instance (file checkpoint): forwarding.
+    pub fn set_single(&self) {
+        self.leader.set(1);
+        self.role.store(Role::Single as u8, Ordering::Relaxed);
+    }
+
+    pub fn role(&self) -> Role {
+        match self.role.load(Ordering::Relaxed) {
+            x if x == Role::Leader as u8 => Role::Leader,
+            x if x == Role::Standby as u8 => Role::Standby,
+            _ => Role::Single,
+        }
+    }
+
     /// Ready when the source said something within three heartbeat intervals.
     pub fn ready(&self) -> bool {
         let last = self.last_source_event.load(Ordering::Relaxed);
@@ -382,6 +415,17 @@ impl Metrics {
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
     }
+}
+
+/// What an instance does for its pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The only instance (the checkpoint is a file, locked by this process).
+    Single = 0,
+    /// Several instances share a Kafka checkpoint: this one forwards.
+    Leader = 1,
+    /// Several instances share a Kafka checkpoint: another one forwards, this one waits to take over.
+    Standby = 2,
 }
 
 #[cfg(test)]

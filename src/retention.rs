@@ -508,7 +508,7 @@ async fn wait_for_checkpoint(
             ),
             None => format!(
                 "there is no checkpoint yet at {}: nothing has been forwarded",
-                store.path().display()
+                store.describe()
             ),
         };
         if started.elapsed() >= wait || checkpoint.is_none() {

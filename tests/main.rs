@@ -15,4 +15,5 @@ mod postgres_pipeline;
 mod prune;
 mod replicas;
 mod snapshot;
+mod standby;
 mod tls;

@@ -26,8 +26,12 @@ pub struct Checkpointer {
 
 impl Checkpointer {
     /// Loads the stored checkpoint (which is durable already) for a new session.
-    pub fn resume(store: Arc<Store>) -> Result<(Arc<Checkpointer>, Option<Checkpoint>)> {
-        let stored = store.load()?;
+    pub async fn resume(store: Arc<Store>) -> Result<(Arc<Checkpointer>, Option<Checkpoint>)> {
+        // The store may be a Kafka topic: its reads block.
+        let reading = store.clone();
+        let stored = tokio::task::spawn_blocking(move || reading.load())
+            .await
+            .map_err(|e| Error::checkpoint(format!("checkpoint read task died: {e}")))??;
         let (durable, _) = watch::channel(stored.as_ref().map(|c| c.position.clone()));
         let checkpointer = Checkpointer {
             store,
@@ -45,9 +49,18 @@ impl Checkpointer {
 
     /// The source is open: its positions belong to `identity`. Without a stored checkpoint, `start`
     /// is written at once, so a restart before the first transaction does not move the start.
-    pub fn begin(&self, identity: SourceIdentity, start: &Position, stored: bool) -> Result<()> {
+    pub async fn begin(
+        &self,
+        identity: SourceIdentity,
+        start: &Position,
+        stored: bool,
+    ) -> Result<()> {
         if !stored {
-            self.store.write(&identity, start)?;
+            let store = self.store.clone();
+            let (identity, start) = (identity.clone(), start.clone());
+            tokio::task::spawn_blocking(move || store.write(&identity, &start))
+                .await
+                .map_err(|e| Error::checkpoint(format!("checkpoint write task died: {e}")))??;
         }
         let _ = self.identity.set(identity);
         Ok(())

@@ -1,17 +1,23 @@
-//! Checkpoints: which source position is safe to resume from, and its durable copy on disk.
+//! Checkpoints: which source position is safe to resume from, and its durable copy.
 //!
 //! [`Tracker`] decides *what* is safe: the highest transaction boundary such that every record at or
-//! before it has been acknowledged by Kafka. [`Store`] makes it durable: an atomic JSON file (temp file,
-//! fsync, rename, fsync of the directory) guarded by a lock file so two `run`s never share one.
+//! before it has been acknowledged by Kafka. [`Store`] makes it durable, in a file ([`file`]: an
+//! atomic JSON file guarded by a lock) or in a compacted Kafka topic ([`kafka`]: no disk needed, and
+//! with [`lease`] several instances of a pipeline can run, one leading, the others standing by).
 //! [`Checkpointer`] owns both for a session: it issues tickets, takes boundaries and acks, and its
 //! `flush` is the only way a safe position becomes the durable one. The pipeline's writer task calls
 //! it at most every `checkpoint.interval_ms` (group commit), and once more when the session ends.
 
 mod checkpointer;
 pub mod debezium;
+mod file;
+mod kafka;
+mod lease;
 mod store;
 mod tracker;
 
 pub use checkpointer::Checkpointer;
-pub use store::{Checkpoint, Store};
+pub use kafka::KafkaStore;
+pub use lease::Lease;
+pub use store::{Access, Checkpoint, Store};
 pub use tracker::Tracker;

@@ -1,19 +1,24 @@
-//! The checkpoint file: `<dir>/<name>.json`, human-readable, written atomically.
+//! The checkpoint store: one JSON document per pipeline, and saved copies of it by label.
+//!
+//! What a checkpoint *means* is decided here, once: its format, its version, whose it is, what a
+//! damaged one does (an error naming the fix, never a guessed position), and how saves, resets and
+//! the "write only what changed" rule work. *Where* it lives is a [`Backend`]: a file
+//! ([`super::file`]) or a record in a compacted Kafka topic ([`super::kafka`]). A new place is one
+//! module implementing `Backend` and one arm in [`Store::open`].
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use super::file::FileStore;
+use super::kafka::KafkaStore;
+use crate::config::{Config, StoreKind};
 use crate::error::{Error, Result};
 use crate::source::{Position, SourceIdentity};
 
 const VERSION: u32 = 1;
-/// Random characters in a checkpoint temp file's name (`.NAME.XXXXXX.tmp`).
-const TEMP_RANDOM_LEN: usize = 6;
 
-/// The file's content.
+/// The stored document (the file's content, or the Kafka record's value).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Checkpoint {
@@ -24,147 +29,144 @@ pub struct Checkpoint {
     pub updated_at: String,
 }
 
-/// The pipeline's checkpoint file, held under a lock for as long as this value lives.
+/// Which document of a pipeline.
+pub enum Slot<'a> {
+    /// The live checkpoint `run` resumes from.
+    Live,
+    /// A copy saved under a label (`checkpoint save`, and before every set/reset/import).
+    Saved(&'a str),
+}
+
+/// Where checkpoints live.
+pub trait Backend: Send + Sync {
+    /// The live checkpoint's place, for messages (`checkpoints/orders.json`).
+    fn where_live(&self) -> String;
+    /// Where saved copies go, for messages.
+    fn where_saved(&self) -> String;
+    /// The document's bytes; `None` when there is none.
+    fn read(&self, slot: &Slot) -> Result<Option<Vec<u8>>>;
+    /// Replaces the document; durable when this returns.
+    fn write(&self, slot: &Slot, body: &[u8]) -> Result<()>;
+    fn remove(&self, slot: &Slot) -> Result<()>;
+    fn saved_labels(&self) -> Result<Vec<String>>;
+}
+
+/// How a command uses the store.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// `checkpoint show/list/save`, `check`, `replay --from LABEL`: reads, and writes saved copies.
+    Read,
+    /// `checkpoint set/reset/import-debezium`: replaces the live checkpoint, so no instance of the
+    /// pipeline may be running (the file's lock; for Kafka, no member in the pipeline's group).
+    Exclusive,
+    /// `run`: the file's lock; for Kafka, live writes once [`Store::take_over`] made this instance
+    /// the pipeline's only writer.
+    Run,
+}
+
+/// The checkpoint store of one pipeline.
 pub struct Store {
     name: String,
-    dir: PathBuf,
-    path: PathBuf,
-    _lock: Option<File>,
+    backend: Box<dyn Backend>,
+    kafka: Option<Arc<KafkaStore>>,
     /// What this process last wrote, so an unchanged position is not rewritten on every heartbeat.
-    last_written: std::sync::Mutex<Option<(SourceIdentity, Position)>>,
+    last_written: Mutex<Option<(SourceIdentity, Position)>>,
 }
 
 impl Store {
-    /// Opens the store of pipeline `name` in `dir` and takes its lock (for `run`).
-    pub fn open_locked(dir: &Path, name: &str) -> Result<Store> {
-        let mut store = Store::open_unlocked(dir, name)?;
-        let lock_path = dir.join(format!("{name}.lock"));
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| {
-                Error::checkpoint(format!(
-                    "cannot create lock file {}: {e}",
-                    lock_path.display()
-                ))
-                .remedy(format!(
-                    "make {} writable by the outboxd user",
-                    dir.display()
-                ))
-            })?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(Error::checkpoint(format!(
-                    "another outboxd holds {} (pipeline {name:?} is already running)",
-                    lock_path.display()
-                ))
-                .remedy("stop the other `outboxd run`, or give this pipeline another name"))
+    /// The configured store of pipeline `name` (`config.name`, or a derived name such as
+    /// `NAME.snapshot`).
+    pub fn open(config: &Config, name: &str, access: Access) -> Result<Store> {
+        match config.checkpoint.store {
+            StoreKind::File => {
+                let dir = &config.checkpoint.dir;
+                let file = match access {
+                    Access::Read => FileStore::open_unlocked(dir, name)?,
+                    Access::Exclusive | Access::Run => FileStore::open_locked(dir, name)?,
+                };
+                Ok(Store::with(name, Box::new(file), None))
             }
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(Error::checkpoint(format!(
-                    "cannot lock {}: {e}",
-                    lock_path.display()
-                )))
-            }
-        }
-        store._lock = Some(lock);
-        store.remove_stale_temp_files();
-        Ok(store)
-    }
-
-    /// Temp files of a write a crash interrupted (before its rename): the checkpoint itself is whole,
-    /// these are litter. Only the lock holder may remove them.
-    fn remove_stale_temp_files(&self) {
-        let prefix = format!(".{}.", self.name);
-        if let Ok(entries) = std::fs::read_dir(&self.dir) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                // `.NAME.XXXXXX.tmp` exactly: pipeline `orders` must not take `orders.eu`'s
-                // `.orders.eu.XXXXXX.tmp` for its own.
-                let ours = name
-                    .strip_prefix(&prefix)
-                    .and_then(|rest| rest.strip_suffix(".tmp"))
-                    .is_some_and(|random| {
-                        random.len() == TEMP_RANDOM_LEN
-                            && random.chars().all(|c| c.is_ascii_alphanumeric())
-                    });
-                if ours {
-                    tracing::info!(file = %name, "removing the temp file of an interrupted checkpoint write");
-                    let _ = std::fs::remove_file(entry.path());
+            StoreKind::Kafka => {
+                let kafka = Arc::new(KafkaStore::connect(config, name)?);
+                if access == Access::Exclusive {
+                    kafka.ensure_no_leader()?;
+                    kafka.take_over()?;
                 }
-            }
-        }
-    }
-
-    /// Opens the store for reading (`checkpoint show`), without the lock.
-    pub fn open_unlocked(dir: &Path, name: &str) -> Result<Store> {
-        if !dir.is_dir() {
-            return Err(Error::checkpoint(format!(
-                "checkpoint directory {} does not exist",
-                dir.display()
-            ))
-            .remedy(format!(
-                "create it (mkdir -p {}) or set checkpoint.dir to an existing, persistent directory",
-                dir.display()
-            )));
-        }
-        Ok(Store {
-            name: name.to_string(),
-            dir: dir.to_path_buf(),
-            path: dir.join(format!("{name}.json")),
-            _lock: None,
-            last_written: std::sync::Mutex::new(None),
-        })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The stored checkpoint; `None` if there is no file yet. A damaged file is an error, never `None`.
-    pub fn load(&self) -> Result<Option<Checkpoint>> {
-        let text = match std::fs::read_to_string(&self.path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => {
-                return Err(Error::checkpoint(format!(
-                    "cannot read checkpoint {}: {e}",
-                    self.path.display()
+                Ok(Store::with(
+                    name,
+                    Box::new(kafka.clone()),
+                    Some(kafka.clone()),
                 ))
-                .remedy("make the file readable by the outboxd user"))
             }
+        }
+    }
+
+    /// A file store in `dir`, locked (replays keep their progress in a scratch directory).
+    pub fn file_locked(dir: &std::path::Path, name: &str) -> Result<Store> {
+        Ok(Store::with(
+            name,
+            Box::new(FileStore::open_locked(dir, name)?),
+            None,
+        ))
+    }
+
+    fn with(name: &str, backend: Box<dyn Backend>, kafka: Option<Arc<KafkaStore>>) -> Store {
+        Store {
+            name: name.to_string(),
+            backend,
+            kafka,
+            last_written: Mutex::new(None),
+        }
+    }
+
+    /// The Kafka store, when checkpoints live in Kafka (for the pipeline's lead).
+    pub fn kafka(&self) -> Option<&Arc<KafkaStore>> {
+        self.kafka.as_ref()
+    }
+
+    /// Where the live checkpoint is, for messages.
+    pub fn describe(&self) -> String {
+        self.backend.where_live()
+    }
+
+    /// Where saved copies are, for messages.
+    pub fn saved_where(&self) -> String {
+        self.backend.where_saved()
+    }
+
+    /// The stored checkpoint; `None` if there is none yet. A damaged one is an error, never `None`.
+    pub fn load(&self) -> Result<Option<Checkpoint>> {
+        let Some(bytes) = self.backend.read(&Slot::Live)? else {
+            return Ok(None);
         };
         let damaged = |why: String| {
             Error::checkpoint(format!(
                 "checkpoint {} is damaged: {why}; outboxd will not guess a position",
-                self.path.display()
+                self.backend.where_live()
             ))
             .remedy(format!(
-                "restore a saved copy from {}, or write a known position with `outboxd checkpoint set POSITION`",
-                self.dir.join(format!("{}.saved", self.name)).display()
+                "restore a saved copy (`outboxd checkpoint list`, then `outboxd checkpoint set` with its position; saved in {}), or write a known position with `outboxd checkpoint set POSITION`",
+                self.backend.where_saved()
             ))
         };
         let checkpoint: Checkpoint =
-            serde_json::from_str(&text).map_err(|e| damaged(e.to_string()))?;
+            serde_json::from_slice(&bytes).map_err(|e| damaged(e.to_string()))?;
         if checkpoint.version != VERSION {
             return Err(damaged(format!("unknown version {}", checkpoint.version)));
         }
         if checkpoint.name != self.name {
             return Err(Error::checkpoint(format!(
                 "checkpoint {} belongs to pipeline {:?}, not {:?}",
-                self.path.display(),
+                self.backend.where_live(),
                 checkpoint.name,
                 self.name
             ))
-            .remedy("use the matching `name` in the config, or move the file away"));
+            .remedy("use the matching `name` in the config, or move the checkpoint away"));
         }
         Ok(Some(checkpoint))
     }
 
-    /// Writes atomically: temp file in the same directory, fsync, rename over, fsync the directory.
+    /// Writes the live checkpoint; durable when this returns.
     pub fn write(&self, source: &SourceIdentity, position: &Position) -> Result<Checkpoint> {
         let checkpoint = Checkpoint {
             version: VERSION,
@@ -173,7 +175,7 @@ impl Store {
             position: position.clone(),
             updated_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         };
-        write_atomically(&self.dir, &self.path, &checkpoint)?;
+        self.backend.write(&Slot::Live, &body(&checkpoint))?;
         *self.last_written.lock().expect("store lock") = Some((source.clone(), position.clone()));
         Ok(checkpoint)
     }
@@ -193,59 +195,44 @@ impl Store {
         Ok(true)
     }
 
-    /// Where saved copies live: `<dir>/<name>.saved/`.
-    pub fn saved_dir(&self) -> PathBuf {
-        self.dir.join(format!("{}.saved", self.name))
+    /// Forgets what this process wrote (a new lead must write its first position even if it
+    /// equals what this process wrote before another instance led).
+    pub fn forget_last_written(&self) {
+        *self.last_written.lock().expect("store lock") = None;
     }
 
-    fn saved_path(&self, label: &str) -> Result<PathBuf> {
-        let valid = !label.is_empty()
-            && !label.starts_with('.')
-            && label
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-        if !valid {
-            return Err(
-                Error::config(format!("{label:?} cannot name a saved checkpoint"))
-                    .remedy("use letters, digits, '-', '_' or '.'"),
-            );
-        }
-        Ok(self.saved_dir().join(format!("{label}.json")))
-    }
-
-    /// Copies the current checkpoint to `<name>.saved/<label>.json`.
-    pub fn save(&self, label: &str) -> Result<(PathBuf, Checkpoint)> {
-        let path = self.saved_path(label)?;
+    /// Copies the live checkpoint to `label`; returns where it went.
+    pub fn save(&self, label: &str) -> Result<(String, Checkpoint)> {
+        check_label(label)?;
         let checkpoint = self.load()?.ok_or_else(|| {
             Error::checkpoint(format!(
                 "there is no checkpoint at {} to save",
-                self.path.display()
+                self.backend.where_live()
             ))
             .remedy("run the pipeline first, or write one with `outboxd checkpoint set`")
         })?;
-        let dir = self.saved_dir();
-        std::fs::create_dir_all(&dir).map_err(|e| {
-            Error::checkpoint(format!("cannot create {}: {e}", dir.display()))
-                .remedy(format!("make {} writable", self.dir.display()))
-        })?;
-        write_atomically(&dir, &path, &checkpoint)?;
-        Ok((path, checkpoint))
+        self.backend
+            .write(&Slot::Saved(label), &body(&checkpoint))?;
+        Ok((
+            format!("{} ({label})", self.backend.where_saved()),
+            checkpoint,
+        ))
     }
 
     /// A saved checkpoint by label.
     pub fn load_saved(&self, label: &str) -> Result<Checkpoint> {
-        let path = self.saved_path(label)?;
-        let text = std::fs::read_to_string(&path).map_err(|e| {
+        check_label(label)?;
+        let bytes = self.backend.read(&Slot::Saved(label))?.ok_or_else(|| {
             Error::checkpoint(format!(
-                "no saved checkpoint {label:?} ({}: {e})",
-                path.display()
+                "no saved checkpoint {label:?} in {}",
+                self.backend.where_saved()
             ))
             .remedy("see `outboxd checkpoint list` for the saved labels")
         })?;
-        serde_json::from_str(&text).map_err(|e| {
+        serde_json::from_slice(&bytes).map_err(|e| {
             Error::checkpoint(format!(
-                "saved checkpoint {} is damaged: {e}",
-                path.display()
+                "saved checkpoint {label:?} in {} is damaged: {e}",
+                self.backend.where_saved()
             ))
             .remedy("pick another label, or a position")
         })
@@ -253,24 +240,11 @@ impl Store {
 
     /// Saved checkpoints, by label.
     pub fn list_saved(&self) -> Result<Vec<(String, Checkpoint)>> {
-        let dir = self.saved_dir();
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => {
-                return Err(Error::checkpoint(format!(
-                    "cannot list {}: {e}",
-                    dir.display()
-                )))
-            }
-        };
         let mut saved = Vec::new();
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if let Some(label) = name.strip_suffix(".json") {
-                if !label.starts_with('.') {
-                    saved.push((label.to_string(), self.load_saved(label)?));
-                }
+        for label in self.backend.saved_labels()? {
+            if check_label(&label).is_ok() {
+                let checkpoint = self.load_saved(&label)?;
+                saved.push((label, checkpoint));
             }
         }
         saved.sort_by(|a, b| a.0.cmp(&b.0));
@@ -287,45 +261,32 @@ impl Store {
             chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
         );
         self.save(&label)?;
-        std::fs::remove_file(&self.path).map_err(|e| {
-            Error::checkpoint(format!("cannot remove {}: {e}", self.path.display()))
-        })?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| Error::checkpoint(format!("cannot fsync {}: {e}", self.dir.display())))?;
+        self.backend.remove(&Slot::Live)?;
+        *self.last_written.lock().expect("store lock") = None;
         Ok(Some(label))
     }
 }
 
-/// Temp file in `dir`, fsync, rename over `path`, fsync `dir`: readers see the old or the new file.
-fn write_atomically(dir: &Path, path: &Path, checkpoint: &Checkpoint) -> Result<()> {
-    let fail = |what: &str, e: std::io::Error| {
-        Error::checkpoint(format!(
-            "cannot {what} checkpoint {}: {e}; the previous checkpoint is intact",
-            path.display()
-        ))
-        .remedy(format!(
-            "free space / fix permissions in {}; outboxd resumes from the last good checkpoint",
-            dir.display()
-        ))
-    };
+fn body(checkpoint: &Checkpoint) -> Vec<u8> {
     let mut body = serde_json::to_vec_pretty(checkpoint).expect("checkpoint serializes");
     body.push(b'\n');
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{}.", checkpoint.name))
-        .rand_bytes(TEMP_RANDOM_LEN)
-        .suffix(".tmp")
-        .tempfile_in(dir)
-        .map_err(|e| fail("create a temp file for", e))?;
-    tmp.write_all(&body).map_err(|e| fail("write", e))?;
-    tmp.as_file().sync_all().map_err(|e| fail("fsync", e))?;
-    crate::fault::crash_point(crate::fault::DURING_CHECKPOINT_RENAME);
-    tmp.persist(path)
-        .map_err(|e| fail("rename into place", e.error))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| fail("fsync the directory of", e))?;
-    Ok(())
+    body
+}
+
+fn check_label(label: &str) -> Result<()> {
+    let valid = !label.is_empty()
+        && !label.starts_with('.')
+        && label
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if valid {
+        Ok(())
+    } else {
+        Err(
+            Error::config(format!("{label:?} cannot name a saved checkpoint"))
+                .remedy("use letters, digits, '-', '_' or '.'"),
+        )
+    }
 }
 
 #[cfg(test)]
@@ -343,16 +304,18 @@ mod tests {
         }
     }
 
+    fn position() -> Position {
+        serde_json::from_value(serde_json::json!({"file": "b.000001", "pos": 77})).unwrap()
+    }
+
     #[test]
     fn write_then_load_round_trips() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_locked(dir.path(), "orders").unwrap();
+        let store = Store::file_locked(dir.path(), "orders").unwrap();
         assert!(store.load().unwrap().is_none());
-        let pos: Position =
-            serde_json::from_value(serde_json::json!({"file": "b.000001", "pos": 77})).unwrap();
-        store.write(&identity(), &pos).unwrap();
+        store.write(&identity(), &position()).unwrap();
         let back = store.load().unwrap().unwrap();
-        assert_eq!(back.position, pos);
+        assert_eq!(back.position, position());
         assert_eq!(back.source, identity());
         let leftovers: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
@@ -363,32 +326,10 @@ mod tests {
     }
 
     #[test]
-    fn stale_temp_files_are_removed_but_never_another_pipelines() {
-        let dir = tempfile::tempdir().unwrap();
-        let ours = dir.path().join(".orders.AbC123.tmp");
-        // Pipeline `orders.eu` may be writing its checkpoint right now.
-        let theirs = dir.path().join(".orders.eu.XyZ789.tmp");
-        std::fs::write(&ours, "{}").unwrap();
-        std::fs::write(&theirs, "{}").unwrap();
-        let _store = Store::open_locked(dir.path(), "orders").unwrap();
-        assert!(!ours.exists(), "our interrupted write is litter");
-        assert!(theirs.exists(), "another pipeline's temp file was removed");
-    }
-
-    #[test]
-    fn second_lock_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let _first = Store::open_locked(dir.path(), "orders").unwrap();
-        let err = Store::open_locked(dir.path(), "orders").err().unwrap();
-        assert!(err.to_string().contains("already running"), "{err}");
-        assert!(Store::open_locked(dir.path(), "other").is_ok());
-    }
-
-    #[test]
     fn damaged_file_is_an_error_with_a_remedy() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_unlocked(dir.path(), "orders").unwrap();
-        std::fs::write(store.path(), "{\"version\":1,\"na").unwrap();
+        let store = Store::file_locked(dir.path(), "orders").unwrap();
+        std::fs::write(dir.path().join("orders.json"), "{\"version\":1,\"na").unwrap();
         let err = store.load().unwrap_err();
         assert!(err.to_string().contains("orders.json"), "{err}");
         assert!(err.remedy_text().unwrap().contains("checkpoint set"));
@@ -397,33 +338,25 @@ mod tests {
     #[test]
     fn save_list_load_and_reset() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_locked(dir.path(), "orders").unwrap();
+        let store = Store::file_locked(dir.path(), "orders").unwrap();
         assert!(store.save("x").is_err(), "nothing to save yet");
-        let pos: Position =
-            serde_json::from_value(serde_json::json!({"file": "b.000001", "pos": 77})).unwrap();
-        store.write(&identity(), &pos).unwrap();
+        store.write(&identity(), &position()).unwrap();
         store.save("before-deploy").unwrap();
         assert!(store.save("../evil").is_err());
         let saved = store.list_saved().unwrap();
         assert_eq!(saved.len(), 1);
         assert_eq!(saved[0].0, "before-deploy");
-        assert_eq!(store.load_saved("before-deploy").unwrap().position, pos);
+        assert_eq!(
+            store.load_saved("before-deploy").unwrap().position,
+            position()
+        );
         let label = store.reset().unwrap().unwrap();
         assert!(store.load().unwrap().is_none());
         assert_eq!(
             store.load_saved(&label).unwrap().position,
-            pos,
+            position(),
             "reset keeps a copy"
         );
         assert_eq!(store.reset().unwrap(), None);
-    }
-
-    #[test]
-    fn missing_dir_is_named() {
-        let err = Store::open_unlocked(Path::new("/nonexistent/outboxd"), "x")
-            .err()
-            .unwrap();
-        assert!(err.to_string().contains("/nonexistent/outboxd"), "{err}");
-        assert!(err.remedy_text().unwrap().contains("mkdir"));
     }
 }

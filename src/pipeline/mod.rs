@@ -27,7 +27,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::sync::watch;
 
 use self::session::{Session, SessionEnd};
-use crate::checkpoint::Store;
+use crate::checkpoint::{Access, KafkaStore, Lease, Store};
 use crate::config::{Config, SourceDb, SourceKind};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -65,7 +65,7 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>, progress: bool
     for unused in config.source.unused_keys() {
         tracing::warn!("{unused}; remove it, or check source.kind");
     }
-    let store = Arc::new(Store::open_locked(&config.checkpoint.dir, &config.name)?);
+    let store = Arc::new(Store::open(&config, &config.name, Access::Run)?);
     let metrics = new_metrics(&config);
     if !config.http.listen.is_empty() {
         crate::http::serve(&config.http.listen, metrics.clone()).await?;
@@ -80,16 +80,22 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>, progress: bool
         ))),
         None => None,
     };
-    let result = drive(
-        &config,
-        store,
-        metrics,
-        Input::Live,
-        None,
-        Plan::FirstStart,
-        shutdown,
-    )
-    .await;
+    let result = match store.kafka().cloned() {
+        None => {
+            metrics.set_single();
+            drive(
+                &config,
+                store,
+                metrics,
+                Input::Live,
+                None,
+                Plan::FirstStart,
+                shutdown,
+            )
+            .await
+        }
+        Some(kafka) => lead(&config, store, kafka, metrics, shutdown).await,
+    };
     if let Some(task) = progress {
         task.abort();
     }
@@ -97,6 +103,102 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>, progress: bool
         task.abort();
     }
     result
+}
+
+/// `checkpoint.store = "kafka"`: stands by until the pipeline's lead is vacant (see
+/// `checkpoint::lease`), takes over the checkpoint writer (fencing any earlier leader), forwards
+/// while it holds the lead, then stands by again. A clean stop releases the lead.
+async fn lead(
+    config: &Config,
+    store: Arc<Store>,
+    kafka: Arc<KafkaStore>,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<()> {
+    let takeover = Duration::from_millis(config.checkpoint.takeover_timeout_ms);
+    let listening = kafka.clone();
+    let lease = tokio::task::spawn_blocking(move || Lease::listen(listening, takeover))
+        .await
+        .map_err(|e| Error::checkpoint(format!("lease task died: {e}")))??;
+    let mut backoff = new_backoff();
+    loop {
+        metrics.set_leader(false);
+        tracing::info!(
+            timeout = ?takeover,
+            "standing by: this instance takes over when no other instance of the pipeline has renewed its lead for the takeover timeout"
+        );
+        tokio::select! {
+            () = lease.vacant() => {}
+            _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+        }
+        let since = Instant::now();
+        let taking = kafka.clone();
+        let taken = tokio::task::spawn_blocking(move || taking.take_over())
+            .await
+            .map_err(|e| Error::checkpoint(format!("take-over task died: {e}")))?;
+        if let Err(e) = taken {
+            if !e.is_transient() {
+                return Err(e);
+            }
+            let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+            tracing::warn!(error = %e, retry_in = ?delay, "could not take over the checkpoint writer");
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => continue,
+                _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+            }
+        }
+        let holding = lease.hold();
+        store.forget_last_written();
+        metrics.set_leader(true);
+        tracing::info!(took = ?since.elapsed(), "leading the pipeline: this instance forwards");
+        // The session ends when the lead is lost as it does on SIGTERM (the writer is fenced by
+        // then, or the lead could not be renewed: nothing it writes can move the checkpoint past
+        // the new leader's start), and this instance stands by again.
+        let (stop_session, session_shutdown) = watch::channel(false);
+        let mut held = holding.watch();
+        let mut outer = shutdown.clone();
+        let relay = tokio::spawn(async move {
+            tokio::select! {
+                _ = held.wait_for(|held| !*held) => tracing::warn!("lost the pipeline's lead; stopping this instance's session"),
+                _ = outer.wait_for(|stop| *stop) => {}
+            }
+            let _ = stop_session.send(true);
+        });
+        let result = drive(
+            config,
+            store.clone(),
+            metrics.clone(),
+            Input::Live,
+            None,
+            Plan::FirstStart,
+            session_shutdown,
+        )
+        .await;
+        relay.abort();
+        let still_held = *holding.watch().borrow();
+        drop(holding);
+        if *shutdown.borrow() && still_held {
+            let releasing = kafka.clone();
+            match tokio::task::spawn_blocking(move || releasing.release()).await {
+                Ok(Ok(())) => tracing::info!("released the pipeline's lead"),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "could not release the lead; a standby takes over after the takeover timeout")
+                }
+                Err(_) => {}
+            }
+        }
+        kafka.step_down();
+        metrics.set_leader(false);
+        if *shutdown.borrow() {
+            return result;
+        }
+        match result {
+            Ok(()) => {}
+            Err(e) if e.is_superseded() => tracing::warn!(error = %e, "giving up the lead"),
+            Err(e) => return Err(e),
+        }
+        backoff = new_backoff();
+    }
 }
 
 /// Produces the outbox rows of local binlog files (from `from`, up to the boundary at or past `to`)
@@ -113,7 +215,7 @@ pub async fn replay_files(
         .prefix("outboxd-replay-")
         .tempdir()
         .map_err(|e| Error::checkpoint(format!("cannot create a temporary directory: {e}")))?;
-    let store = Arc::new(Store::open_locked(scratch.path(), &config.name)?);
+    let store = Arc::new(Store::file_locked(scratch.path(), &config.name)?);
     let metrics = new_metrics(config);
     let input = Input::Files { paths, from };
     drive(
@@ -158,7 +260,7 @@ pub async fn replay(
         .prefix("outboxd-replay-")
         .tempdir()
         .map_err(|e| Error::checkpoint(format!("cannot create a temporary directory: {e}")))?;
-    let store = Arc::new(Store::open_locked(scratch.path(), &config.name)?);
+    let store = Arc::new(Store::file_locked(scratch.path(), &config.name)?);
     store.write(&from.0, &from.1)?;
     tracing::info!(from = %from.1, to = %to, "replaying");
     let metrics = new_metrics(&config);
@@ -187,7 +289,11 @@ pub async fn snapshot(
     let mut config = config.clone();
     config.http.listen.clear();
     let name = format!("{}.snapshot", config.name);
-    let store = Arc::new(Store::open_locked(&config.checkpoint.dir, &name)?);
+    let store = Arc::new(Store::open(&config, &name, Access::Run)?);
+    if let Some(kafka) = store.kafka() {
+        // A snapshot's checkpoint is its own (`NAME.snapshot`): this run is its only writer.
+        kafka.take_over()?;
+    }
     let metrics = new_metrics(&config);
     drive(
         &config,

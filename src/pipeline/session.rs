@@ -75,7 +75,7 @@ impl<'a> Session<'a> {
         shared: &'a Shared,
         shutdown: watch::Receiver<bool>,
     ) -> Result<Session<'a>> {
-        let (checkpointer, stored) = Checkpointer::resume(shared.store.clone())?;
+        let (checkpointer, stored) = Checkpointer::resume(shared.store.clone()).await?;
         let resume = stored.map(|c| (c.source, c.position));
         let failure = Arc::new(Failure::default());
         let acks = Arc::new(SessionAcks {
@@ -87,7 +87,9 @@ impl<'a> Session<'a> {
         let opened = async {
             let source = open_source(config, shared, resume.as_ref(), &checkpointer).await?;
             let identity = source.identity().clone();
-            checkpointer.begin(identity, &source.start(), resume.is_some())?;
+            checkpointer
+                .begin(identity, &source.start(), resume.is_some())
+                .await?;
             Ok::<_, Error>(source)
         };
         let (opened, ()) = tokio::join!(opened, sink.warm_up());

@@ -1,4 +1,5 @@
-//! The nisshi Kafka-protocol broker, in memory, on a free loopback port.
+//! The Kafka-protocol brokers of the tests, on free loopback ports: nisshi (in memory, the default)
+//! and noida-db (transactions, for the Kafka checkpoint store and exactly-once).
 
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -11,6 +12,17 @@ pub struct Broker {
     pub port: u16,
     child: Child,
     _log: tempfile::NamedTempFile,
+    /// noida-db's data directory (fresh per broker).
+    _data: Option<tempfile::TempDir>,
+}
+
+/// Where `install-test-deps.sh` puts noida-db's server binary; `OUTBOXD_TEST_NOIDA` overrides.
+pub fn noida_binary() -> PathBuf {
+    if let Ok(path) = std::env::var("OUTBOXD_TEST_NOIDA") {
+        return PathBuf::from(path);
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    PathBuf::from(home).join(".cache/outboxd-test/noida-db-0.2.3/noida-db")
 }
 
 /// Where `.ci/run` installs the broker; `OUTBOXD_TEST_BROKER` overrides.
@@ -65,6 +77,49 @@ impl Broker {
             port,
             child,
             _log: log,
+            _data: None,
+        }
+    }
+
+    /// noida-db: a Kafka-protocol broker with transactions (keep its data small: it holds
+    /// everything in memory and ignores fetch.max.bytes).
+    pub fn start_noida() -> Broker {
+        let bin = noida_binary();
+        assert!(
+            bin.exists(),
+            "noida-db not found at {}: run ./scripts/test.sh (it installs it) or set OUTBOXD_TEST_NOIDA",
+            bin.display()
+        );
+        let port = free_port();
+        let data = tempfile::Builder::new()
+            .prefix("outboxd-noida-")
+            .tempdir()
+            .unwrap();
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let child = Command::new(bin)
+            .args([
+                "start",
+                "--host",
+                "127.0.0.1",
+                "--only",
+                "kafka",
+                "--kafka-port",
+            ])
+            .arg(port.to_string())
+            .arg("--data-dir")
+            .arg(data.path())
+            .stdout(log.reopen().unwrap())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .expect("start noida-db");
+        wait_until("noida-db to listen", Duration::from_secs(30), || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        Broker {
+            port,
+            child,
+            _log: log,
+            _data: Some(data),
         }
     }
 

@@ -23,13 +23,18 @@ impl Outboxd {
     /// Prepares a pipeline `name` whose config is `config_body` (everything but `name`); the checkpoint
     /// dir is `<dir>/checkpoints`.
     pub fn new(name: &str, config_body: &str) -> Outboxd {
+        Outboxd::with_checkpoint(name, config_body, "")
+    }
+
+    /// [`Outboxd::new`] with more `[checkpoint]` keys (e.g. `store = "kafka"`).
+    pub fn with_checkpoint(name: &str, config_body: &str, checkpoint: &str) -> Outboxd {
         let dir = tempfile::Builder::new()
             .prefix("outboxd-run-")
             .tempdir()
             .unwrap();
         std::fs::create_dir(dir.path().join("checkpoints")).unwrap();
         let config = format!(
-            "name = \"{name}\"\n{config_body}\n[checkpoint]\ndir = \"{}\"\ninterval_ms = 20\n",
+            "name = \"{name}\"\n{config_body}\n[checkpoint]\ndir = \"{}\"\ninterval_ms = 20\n{checkpoint}\n",
             dir.path().join("checkpoints").display()
         );
         std::fs::write(dir.path().join("outboxd.toml"), config).unwrap();
@@ -93,6 +98,17 @@ impl Outboxd {
 
     /// [`Outboxd::start_with`] with extra environment variables (e.g. `FAILPOINTS`).
     pub fn start_with_env(&mut self, extra: &[&str], env: &[(&str, &str)]) {
+        // A first start with a snapshot opens the stream only once the tables are read.
+        self.start_until(
+            extra,
+            env,
+            &["stream opened", "snapshot started", "resuming the snapshot"],
+        );
+    }
+
+    /// Starts `outboxd run` and waits until its log has one of `lines` (a standby never opens
+    /// the stream: wait for "standing by").
+    pub fn start_until(&mut self, extra: &[&str], env: &[(&str, &str)], lines: &[&str]) {
         assert!(self.child.is_none(), "already running");
         self.runs += 1;
         let log = std::fs::File::create(self.log_path()).unwrap();
@@ -105,6 +121,7 @@ impl Outboxd {
             .unwrap();
         self.child = Some(child);
         let log_path = self.log_path();
+        let started = std::time::Instant::now();
         wait_until(
             "outboxd to open the binlog stream",
             Duration::from_secs(60),
@@ -115,8 +132,13 @@ impl Outboxd {
                         std::fs::read_to_string(&log_path).unwrap_or_default()
                     );
                 }
-                // A first start with a snapshot opens the stream only once the tables are read.
-                ["stream opened", "snapshot started", "resuming the snapshot"]
+                if started.elapsed() > Duration::from_secs(58) {
+                    panic!(
+                        "outboxd did not log any of {lines:?}:\n{}",
+                        std::fs::read_to_string(&log_path).unwrap_or_default()
+                    );
+                }
+                lines
                     .iter()
                     .any(|line| super::file_contains(&log_path, line))
             },

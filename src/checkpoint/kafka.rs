@@ -1,0 +1,580 @@
+//! The Kafka store: the checkpoint as a record in a compacted topic, so an instance needs no disk.
+//!
+//! The topic (`checkpoint.topic`, default `outboxd.checkpoints`) has one partition and
+//! `cleanup.policy=compact`; outboxd creates it so when it is missing and refuses one shaped
+//! otherwise (a deleting policy would drop a quiet pipeline's checkpoint after the retention time,
+//! and the next start would silently begin anew). Record key = pipeline name, value = the same JSON
+//! as the file store's; saved copies are keys `NAME/saved/LABEL` (names and labels never hold `/`),
+//! a reset writes a tombstone.
+//!
+//! *Reading* takes the newest record of a key below the last stable offset, with
+//! `isolation.level=read_committed`: it scans a window at the end of the partition and widens it
+//! backwards until the key shows up (or the start is reached), so a start-up reads a few hundred
+//! records even when compaction is days behind.
+//!
+//! *Writing* the live checkpoint goes through a transactional producer whose `transactional.id`
+//! is derived from the pipeline name. [`KafkaStore::take_over`] (`init_transactions`) fences every
+//! earlier holder of that id: an instance that lost the lead while frozen or cut off can no longer
+//! commit a checkpoint, whatever it believes. That is what makes a standby safe (see
+//! [`super::lease`]), and what `checkpoint set/reset` use to be the only writer for a moment.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{
+    BaseRecord, DefaultProducerContext, FutureProducer, FutureRecord, Producer, ThreadedProducer,
+};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::store::{Backend, Slot};
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+/// The header naming the instance that wrote a live checkpoint (`host:pid`), for operators
+/// reading the topic after a failover.
+pub const INSTANCE_HEADER: &str = "outboxd.instance";
+
+/// How long one read, write or metadata request may take before it is a (transient) error.
+const TIMEOUT: Duration = Duration::from_secs(15);
+/// The first window a read scans back from the end of the partition.
+const FIRST_WINDOW: i64 = 256;
+
+pub struct KafkaStore {
+    name: String,
+    topic: String,
+    /// `checkpoint.takeover_timeout_ms`: how fresh a lead renewal must be to count.
+    takeover: Duration,
+    /// Brokers and the security settings of `kafka.properties` (no producer tuning).
+    base: ClientConfig,
+    /// The transactional writer, while this instance may write the live checkpoint.
+    writer: Mutex<Option<ThreadedProducer<DefaultProducerContext>>>,
+}
+
+impl KafkaStore {
+    /// Reaches the brokers and makes sure the checkpoint topic exists, compacted, one partition.
+    pub fn connect(config: &Config, name: &str) -> Result<KafkaStore> {
+        let mut base = ClientConfig::new();
+        for (key, value) in &config.kafka.properties {
+            if is_connection_property(key) {
+                base.set(key, value);
+            }
+        }
+        base.set("bootstrap.servers", &config.kafka.brokers)
+            .set("client.id", format!("outboxd-{name}-checkpoint"));
+        let store = KafkaStore {
+            name: name.to_string(),
+            topic: config.checkpoint.topic.clone(),
+            takeover: Duration::from_millis(config.checkpoint.takeover_timeout_ms),
+            base,
+            writer: Mutex::new(None),
+        };
+        store.ensure_topic()?;
+        Ok(store)
+    }
+
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The live checkpoint's key: the pipeline name.
+    pub fn live_key(&self) -> String {
+        self.name.clone()
+    }
+
+    /// The lead's key: who leads the pipeline, renewed while it does (see `lease`).
+    pub fn lead_key(&self) -> String {
+        format!("{}/lead", self.name)
+    }
+
+    /// A consumer that follows the topic's committed records (for the lease).
+    pub fn tail_consumer(&self) -> Result<BaseConsumer<QuietContext>> {
+        let mut config = self.base.clone();
+        config
+            .set("group.id", format!("outboxd.{}.lease", self.name))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("isolation.level", "read_committed");
+        config
+            .create_with_context(QuietContext)
+            .map_err(|e| unreachable(&self.topic, &e))
+    }
+
+    fn transactional_id(&self) -> String {
+        format!("outboxd.{}.checkpoint", self.name)
+    }
+
+    fn ensure_topic(&self) -> Result<()> {
+        let admin: AdminClient<DefaultClientContext> = self
+            .base
+            .create()
+            .map_err(|e| unreachable(&self.topic, &e))?;
+        let topic = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(-1))
+            .set("cleanup.policy", "compact");
+        let created = wait(admin.create_topics(
+            [&topic],
+            &AdminOptions::new().operation_timeout(Some(TIMEOUT)),
+        ))
+        .map_err(|e| unreachable(&self.topic, &e))?;
+        for result in created {
+            match result {
+                Ok(topic) => tracing::info!(topic, "created the checkpoint topic (compacted, one partition)"),
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((topic, code)) => {
+                    return Err(Error::checkpoint(format!(
+                        "cannot create the checkpoint topic {topic}: {code}"
+                    ))
+                    .remedy(format!(
+                        "create it yourself with one partition and cleanup.policy=compact (kafka-topics.sh --create --topic {topic} --partitions 1 --config cleanup.policy=compact), or grant outboxd CREATE on it"
+                    )))
+                }
+            }
+        }
+        let consumer = self.consumer()?;
+        let metadata = consumer
+            .fetch_metadata(Some(&self.topic), TIMEOUT)
+            .map_err(|e| unreachable(&self.topic, &e))?;
+        let partitions = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == self.topic)
+            .map(|t| t.partitions().len())
+            .unwrap_or(0);
+        if partitions != 1 {
+            return Err(Error::config(format!(
+                "checkpoint topic {} has {partitions} partitions; outboxd needs exactly one (its records are read in order, and the partition is the pipeline's lead)",
+                self.topic
+            ))
+            .remedy("set checkpoint.topic to a new name (outboxd creates it), or recreate this one with --partitions 1 --config cleanup.policy=compact"));
+        }
+        self.check_policy(&admin);
+        Ok(())
+    }
+
+    /// A topic that deletes old records would lose a quiet pipeline's checkpoint: refuse it when
+    /// the brokers say so (a broker that cannot describe configs gets a warning).
+    fn check_policy(&self, admin: &AdminClient<DefaultClientContext>) {
+        use rdkafka::admin::{ConfigEntry, ResourceSpecifier};
+        let described = wait(admin.describe_configs(
+            [&ResourceSpecifier::Topic(&self.topic)],
+            &AdminOptions::new().request_timeout(Some(TIMEOUT)),
+        ));
+        let policy = described.ok().and_then(|results| {
+            results.into_iter().next()?.ok().and_then(|resource| {
+                resource
+                    .entries
+                    .iter()
+                    .find(|e: &&ConfigEntry| e.name == "cleanup.policy")
+                    .and_then(|e| e.value.clone())
+            })
+        });
+        match policy {
+            Some(policy) if !policy.contains("compact") => tracing::warn!(
+                topic = %self.topic,
+                %policy,
+                "the checkpoint topic is not compacted: a pipeline quiet for longer than its retention loses its checkpoint and starts anew; set cleanup.policy=compact on it"
+            ),
+            Some(_) => {}
+            None => tracing::warn!(
+                topic = %self.topic,
+                "the brokers did not say the checkpoint topic's cleanup.policy; make sure it is compact"
+            ),
+        }
+    }
+
+    fn consumer(&self) -> Result<BaseConsumer<QuietContext>> {
+        let mut config = self.base.clone();
+        config
+            .set("group.id", format!("outboxd.{}.reader", self.name))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "true")
+            .set("isolation.level", "read_committed");
+        config
+            .create_with_context(QuietContext)
+            .map_err(|e| unreachable(&self.topic, &e))
+    }
+
+    /// Reads the partition from `from` to its end (the last stable offset), key by key.
+    fn scan(&self, from: i64, mut seen: impl FnMut(&[u8], Option<&[u8]>)) -> Result<()> {
+        let consumer = self.consumer()?;
+        let mut assignment = TopicPartitionList::new();
+        assignment
+            .add_partition_offset(&self.topic, 0, Offset::Offset(from))
+            .and_then(|()| consumer.assign(&assignment))
+            .map_err(|e| unreachable(&self.topic, &e))?;
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(message)) => seen(message.key().unwrap_or_default(), message.payload()),
+                Some(Err(KafkaError::PartitionEOF(_))) => return Ok(()),
+                Some(Err(e)) => return Err(unreachable(&self.topic, &e)),
+                None if Instant::now() > deadline => {
+                    return Err(Error::checkpoint(format!(
+                        "reading the checkpoint topic {} took longer than {TIMEOUT:?}",
+                        self.topic
+                    ))
+                    .remedy("outboxd retries; check the brokers (an open transaction on the topic holds readers back until it ends)")
+                    .transient())
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// The partition's low and high watermarks. Asked by a read_uncommitted client: a
+    /// read_committed one is told the last stable offset instead, which an open transaction (a
+    /// renewal in flight, or one a killed writer left for the next `init_transactions` to abort)
+    /// holds back, and some brokers then report no records at all.
+    fn watermarks(&self) -> Result<(i64, i64)> {
+        let mut config = self.base.clone();
+        config
+            .set("group.id", format!("outboxd.{}.reader", self.name))
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_uncommitted");
+        let consumer: BaseConsumer<QuietContext> = config
+            .create_with_context(QuietContext)
+            .map_err(|e| unreachable(&self.topic, &e))?;
+        consumer
+            .fetch_watermarks(&self.topic, 0, TIMEOUT)
+            .map_err(|e| unreachable(&self.topic, &e))
+    }
+
+    /// The newest value of `key` (`None`: never written, or a tombstone).
+    fn latest(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let (low, high) = self.watermarks()?;
+        let mut window = FIRST_WINDOW;
+        loop {
+            let from = high.saturating_sub(window).max(low);
+            let mut found: Option<Option<Vec<u8>>> = None;
+            if from < high {
+                self.scan(from, |k, v| {
+                    if k == key.as_bytes() {
+                        found = Some(v.map(<[u8]>::to_vec));
+                    }
+                })?;
+            }
+            if let Some(value) = found {
+                return Ok(value);
+            }
+            if from <= low {
+                return Ok(None);
+            }
+            window = window.saturating_mul(8);
+        }
+    }
+
+    fn key(&self, slot: &Slot) -> String {
+        match slot {
+            Slot::Live => self.name.clone(),
+            Slot::Saved(label) => format!("{}/saved/{label}", self.name),
+        }
+    }
+
+    /// Makes this instance the pipeline's only checkpoint writer: `init_transactions` fences every
+    /// earlier producer with the pipeline's transactional id (a frozen or cut-off old leader's
+    /// commits fail from now on), and waits until their open transaction is settled.
+    pub fn take_over(&self) -> Result<()> {
+        let mut config = self.base.clone();
+        config
+            .set("transactional.id", self.transactional_id())
+            .set("transaction.timeout.ms", "60000")
+            .set("enable.idempotence", "true")
+            .set("acks", "all");
+        let producer: ThreadedProducer<DefaultProducerContext> =
+            config.create().map_err(|e| unreachable(&self.topic, &e))?;
+        producer.init_transactions(TIMEOUT).map_err(|e| {
+            Error::checkpoint(format!(
+                "cannot become the checkpoint writer of pipeline {:?} (transactional id {}): {e}",
+                self.name,
+                self.transactional_id()
+            ))
+            .remedy("the brokers must support transactions (Kafka 0.11 or later) and let outboxd use this transactional id; outboxd retries")
+            .transient()
+        })?;
+        *self.writer.lock().expect("writer lock") = Some(producer);
+        Ok(())
+    }
+
+    /// Gives up writing (the lead was lost): the producer closes without committing anything more.
+    pub fn step_down(&self) {
+        self.writer.lock().expect("writer lock").take();
+    }
+
+    /// One committed transaction holding one record (`None`: a tombstone).
+    fn commit(&self, key: &str, value: Option<&[u8]>) -> Result<()> {
+        let mut writer = self.writer.lock().expect("writer lock");
+        let Some(producer) = writer.as_ref() else {
+            return Err(Error::checkpoint(format!(
+                "this instance does not lead pipeline {:?}, so it writes no checkpoint",
+                self.name
+            ))
+            .superseded());
+        };
+        let result = producer.begin_transaction().and_then(|()| {
+            let record = BaseRecord::<str, [u8]>::to(&self.topic).key(key).headers(
+                OwnedHeaders::new().insert(Header {
+                    key: INSTANCE_HEADER,
+                    value: Some(instance().as_str()),
+                }),
+            );
+            let record = match value {
+                Some(value) => record.payload(value),
+                None => record,
+            };
+            producer.send(record).map_err(|(e, _)| e)?;
+            producer.commit_transaction(TIMEOUT)
+        });
+        let Err(e) = result else {
+            return Ok(());
+        };
+        let fenced = matches!(
+            e.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::Fenced
+                    | RDKafkaErrorCode::ProducerFenced
+                    | RDKafkaErrorCode::InvalidProducerEpoch
+            )
+        );
+        // The writer is never reused after a failure: a new one comes only from `take_over`,
+        // which the pipeline calls again only while it still holds the lead.
+        if !fenced {
+            let _ = producer.abort_transaction(TIMEOUT);
+        }
+        writer.take();
+        Err(if fenced {
+            Error::checkpoint(format!(
+                "another instance of pipeline {:?} took over the checkpoint (this one was fenced: {e})",
+                self.name
+            ))
+            .remedy("nothing to do if you run a standby: this instance stands by. Otherwise another `outboxd run` (or `checkpoint set`) uses this pipeline's name")
+            .superseded()
+        } else {
+            Error::checkpoint(format!(
+                "writing the checkpoint to topic {} failed: {e}",
+                self.topic
+            ))
+            .remedy("outboxd takes the lead again if it still holds it and resumes from the last committed checkpoint; check the brokers")
+            .superseded()
+        })
+    }
+
+    /// Renews the lead (see `lease`): fails, superseded, once another instance took over.
+    pub fn renew(&self) -> Result<()> {
+        let record = LeadRecord::now(false);
+        self.commit(&self.lead_key(), Some(&record.body()))
+    }
+
+    /// Says the lead is free (a clean stop), so a standby takes over without waiting out the timeout.
+    pub fn release(&self) -> Result<()> {
+        let record = LeadRecord::now(true);
+        self.commit(&self.lead_key(), Some(&record.body()))
+    }
+
+    /// A saved copy: a plain (idempotent, acks=all) write, so saving never fences a running lead.
+    fn save(&self, key: &str, value: &[u8]) -> Result<()> {
+        let mut config = self.base.clone();
+        config
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("message.timeout.ms", TIMEOUT.as_millis().to_string());
+        let producer: FutureProducer = config.create().map_err(|e| unreachable(&self.topic, &e))?;
+        let record = FutureRecord::to(&self.topic).key(key).payload(value);
+        wait(producer.send(record, TIMEOUT))
+            .map(|_| ())
+            .map_err(|(e, _)| unreachable(&self.topic, &e))
+    }
+
+    /// The newest lead record, if it says an instance led within twice the takeover timeout (the
+    /// clocks of two machines: a margin of one more timeout) and has not released the lead.
+    fn recent_leader(&self) -> Result<Option<(LeadRecord, i64)>> {
+        let Some(record) = self
+            .latest(&self.lead_key())?
+            .and_then(|body| LeadRecord::parse(Some(&body)))
+        else {
+            return Ok(None);
+        };
+        let age = chrono::Utc::now().timestamp_millis() - record.renewed_at_ms;
+        let recent = !record.released && age < 2 * self.takeover.as_millis() as i64;
+        Ok(recent.then_some((record, age)))
+    }
+
+    /// No instance has led lately: a starting instance need not wait out the takeover timeout.
+    pub fn no_recent_leader(&self) -> Result<bool> {
+        Ok(self.recent_leader()?.is_none())
+    }
+
+    /// Refuses while an instance leads the pipeline (a lead renewed lately), as the file store's
+    /// lock does.
+    pub fn ensure_no_leader(&self) -> Result<()> {
+        if let Some((record, age)) = self.recent_leader()? {
+            return Err(Error::checkpoint(format!(
+                "pipeline {:?} is running: {} renewed its lead {:.1} s ago",
+                self.name,
+                record.instance,
+                age.max(0) as f64 / 1000.0
+            ))
+            .remedy("stop every `outboxd run` of this pipeline first (a stopped one releases the lead at once; a killed one after twice checkpoint.takeover_timeout_ms)"));
+        }
+        Ok(())
+    }
+}
+
+impl Backend for std::sync::Arc<KafkaStore> {
+    fn where_live(&self) -> String {
+        format!("Kafka topic {} key {:?}", self.topic, self.name)
+    }
+
+    fn where_saved(&self) -> String {
+        format!("Kafka topic {} keys \"{}/saved/…\"", self.topic, self.name)
+    }
+
+    fn read(&self, slot: &Slot) -> Result<Option<Vec<u8>>> {
+        self.latest(&self.key(slot))
+    }
+
+    fn write(&self, slot: &Slot, body: &[u8]) -> Result<()> {
+        match slot {
+            Slot::Live => self.commit(&self.key(slot), Some(body)),
+            Slot::Saved(_) => self.save(&self.key(slot), body),
+        }
+    }
+
+    fn remove(&self, slot: &Slot) -> Result<()> {
+        self.commit(&self.key(slot), None)
+    }
+
+    fn saved_labels(&self) -> Result<Vec<String>> {
+        let prefix = format!("{}/saved/", self.name);
+        let (low, _) = self.watermarks()?;
+        let mut labels = std::collections::BTreeMap::new();
+        self.scan(low, |key, value| {
+            if let Some(label) = std::str::from_utf8(key)
+                .ok()
+                .and_then(|k| k.strip_prefix(&prefix))
+            {
+                labels.insert(label.to_string(), value.is_some());
+            }
+        })?;
+        Ok(labels
+            .into_iter()
+            .filter_map(|(label, present)| present.then_some(label))
+            .collect())
+    }
+}
+
+/// The lead record's value (key `NAME/lead`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct LeadRecord {
+    pub instance: String,
+    pub renewed_at_ms: i64,
+    /// Written by a leader that stops cleanly.
+    #[serde(default)]
+    pub released: bool,
+}
+
+impl LeadRecord {
+    fn now(released: bool) -> LeadRecord {
+        LeadRecord {
+            instance: instance(),
+            renewed_at_ms: chrono::Utc::now().timestamp_millis(),
+            released,
+        }
+    }
+
+    fn body(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("lead record serializes")
+    }
+
+    pub fn parse(body: Option<&[u8]>) -> Option<LeadRecord> {
+        serde_json::from_slice(body?).ok()
+    }
+}
+
+/// Client callbacks that keep librdkafka's expected events (end of partition) out of the error log.
+pub struct QuietContext;
+
+impl rdkafka::ClientContext for QuietContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if matches!(error, KafkaError::PartitionEOF(_)) {
+            return;
+        }
+        tracing::warn!(%error, reason, "checkpoint topic client");
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for QuietContext {}
+
+/// This process, as `host:pid`.
+fn instance() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into());
+    format!("{host}:{}", std::process::id())
+}
+
+/// Settings every connection needs (where and how to connect), as opposed to producer tuning.
+fn is_connection_property(key: &str) -> bool {
+    [
+        "security.",
+        "ssl.",
+        "sasl.",
+        "socket.",
+        "broker.",
+        "client.dns.",
+    ]
+    .iter()
+    .any(|prefix| key.starts_with(prefix))
+        || matches!(
+            key,
+            "api.version.request" | "reconnect.backoff.ms" | "reconnect.backoff.max.ms"
+        )
+}
+
+fn unreachable(topic: &str, e: &KafkaError) -> Error {
+    Error::checkpoint(format!("checkpoint topic {topic}: {e}"))
+        .remedy(
+            "outboxd retries; check kafka.brokers and the security settings in kafka.properties",
+        )
+        .transient()
+}
+
+/// Runs an rdkafka future (completed by librdkafka's own threads) to its end from sync code, also
+/// from inside the async runtime (on a thread of its own).
+fn wait<F: Future + Send>(future: F) -> F::Output
+where
+    F::Output: Send,
+{
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a current-thread runtime")
+                    .block_on(future)
+            })
+            .join()
+            .expect("the rdkafka future's thread")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_connection_settings_reach_the_store() {
+        assert!(is_connection_property("security.protocol"));
+        assert!(is_connection_property("ssl.ca.location"));
+        assert!(is_connection_property("sasl.password"));
+        assert!(!is_connection_property("linger.ms"));
+        assert!(!is_connection_property("compression.type"));
+    }
+}

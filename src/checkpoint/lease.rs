@@ -1,0 +1,211 @@
+//! The pipeline's lead when checkpoints live in Kafka: several instances may run, one forwards.
+//!
+//! The lead is a lease kept in the checkpoint topic itself. The leader commits a small record
+//! under key `NAME/lead` (who leads, since when) every third of `checkpoint.takeover_timeout_ms`,
+//! through the same transactional writer as its checkpoints. Every standby tails the topic
+//! (read_committed) and takes over when it has heard neither that record nor a checkpoint of the
+//! pipeline for a whole takeover timeout: the leader was killed, cut off or frozen.
+//!
+//! Taking over is [`super::kafka::KafkaStore::take_over`]: `init_transactions` with the pipeline's
+//! transactional id fences every earlier writer, so an old leader that wakes up (SIGSTOP, a long
+//! pause, a healed network partition) can no longer commit a checkpoint or a renewal; its first
+//! try fails and it stands by. A leader also gives up on its own when it could not renew for a
+//! whole timeout (it cannot know whether a standby has taken over), before it learns of any fence.
+//!
+//! Why not a consumer group on the topic (the partition's owner leads)? It would need the group
+//! coordinator to evict a dead member on time, and a broker we test on never does when the dead
+//! member led the group; the lease needs only what fencing needs already: transactions.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::watch;
+
+use super::kafka::KafkaStore;
+use crate::error::{Error, Result};
+
+/// Listens for the leader's renewals (a standby's view of the lead).
+pub struct Lease {
+    store: Arc<KafkaStore>,
+    takeover: Duration,
+    /// Milliseconds since `base` when the pipeline's leader was last heard from.
+    heard: Arc<AtomicU64>,
+    /// The leader said it stopped (SIGTERM): no need to wait out the timeout. Also set at the
+    /// start when no instance has led lately (a first start, or after a clean stop).
+    released: Arc<AtomicBool>,
+    base: Instant,
+    stop: Arc<AtomicBool>,
+}
+
+impl Lease {
+    /// Starts listening to the checkpoint topic for pipeline renewals and checkpoints.
+    pub fn listen(store: Arc<KafkaStore>, takeover: Duration) -> Result<Lease> {
+        let consumer = store.tail_consumer()?;
+        let mut end = TopicPartitionList::new();
+        end.add_partition_offset(store.topic(), 0, Offset::End)
+            .and_then(|()| consumer.assign(&end))
+            .map_err(|e| {
+                Error::checkpoint(format!("cannot listen on {}: {e}", store.topic()))
+                    .remedy("outboxd retries; check the brokers")
+                    .transient()
+            })?;
+        let base = Instant::now();
+        let heard = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let released = Arc::new(AtomicBool::new(store.no_recent_leader()?));
+        let heard_of = Heard {
+            live: store.live_key(),
+            lead: store.lead_key(),
+            base,
+            heard: heard.clone(),
+            released: released.clone(),
+        };
+        let stopping = stop.clone();
+        std::thread::Builder::new()
+            .name("outboxd-lease".into())
+            .spawn(move || listen(consumer, heard_of, stopping))
+            .map_err(|e| Error::checkpoint(format!("cannot start the lease thread: {e}")))?;
+        Ok(Lease {
+            store,
+            takeover,
+            heard,
+            released,
+            base,
+            stop,
+        })
+    }
+
+    /// Waits until the lead is vacant: no renewal or checkpoint of the pipeline heard for a
+    /// whole takeover timeout, counted from now at the earliest.
+    pub async fn vacant(&self) {
+        self.heard_now();
+        loop {
+            if self.released.swap(false, Ordering::Relaxed) {
+                tracing::info!("the leader released the lead");
+                return;
+            }
+            let heard = Duration::from_millis(self.heard.load(Ordering::Relaxed));
+            let silent = self.base.elapsed().saturating_sub(heard);
+            if silent >= self.takeover {
+                return;
+            }
+            tokio::time::sleep((self.takeover - silent).min(Duration::from_millis(200))).await;
+        }
+    }
+
+    fn heard_now(&self) {
+        self.heard
+            .store(self.base.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Holds the lead (after [`KafkaStore::take_over`]): renews it every third of the timeout.
+    /// The returned receiver turns false when the lead is lost: a renewal was fenced, or none
+    /// succeeded for a whole timeout.
+    pub fn hold(&self) -> Holding {
+        let (held_tx, held) = watch::channel(true);
+        let store = self.store.clone();
+        let takeover = self.takeover;
+        let task = tokio::spawn(async move {
+            let mut renewed = Instant::now();
+            let mut tick = tokio::time::interval(takeover / 3);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                // Checked before trying: a leader frozen past the timeout may have been replaced
+                // already, whatever the renewal below would say.
+                if renewed.elapsed() >= takeover {
+                    tracing::warn!(
+                        silent = ?renewed.elapsed(),
+                        "could not renew the pipeline's lead within checkpoint.takeover_timeout_ms; giving it up"
+                    );
+                    held_tx.send_replace(false);
+                    return;
+                }
+                let renewing = store.clone();
+                let left = takeover.saturating_sub(renewed.elapsed());
+                let renewal = tokio::task::spawn_blocking(move || renewing.renew());
+                match tokio::time::timeout(left, renewal).await {
+                    Ok(Ok(Ok(()))) => renewed = Instant::now(),
+                    Ok(Ok(Err(e))) if e.is_superseded() => {
+                        tracing::warn!(error = %e, "the pipeline's lead was taken over");
+                        held_tx.send_replace(false);
+                        return;
+                    }
+                    Ok(Ok(Err(e))) => {
+                        tracing::warn!(error = %e, "could not renew the pipeline's lead; retrying")
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "the lead renewal task died; retrying")
+                    }
+                    // The next tick gives up the lead (the timeout has passed by then).
+                    Err(_) => {}
+                }
+            }
+        });
+        Holding { held, task }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The lead while this instance holds it.
+pub struct Holding {
+    held: watch::Receiver<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Holding {
+    /// Turns false when the lead is lost.
+    pub fn watch(&self) -> watch::Receiver<bool> {
+        self.held.clone()
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What the listening thread records.
+struct Heard {
+    live: String,
+    lead: String,
+    base: Instant,
+    heard: Arc<AtomicU64>,
+    released: Arc<AtomicBool>,
+}
+
+/// The listening thread: notes when a record of the pipeline's lead or checkpoint arrives.
+fn listen(consumer: BaseConsumer<super::kafka::QuietContext>, of: Heard, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(message)) => {
+                let key = message.key().unwrap_or_default();
+                if key == of.lead.as_bytes() || key == of.live.as_bytes() {
+                    of.heard
+                        .store(of.base.elapsed().as_millis() as u64, Ordering::Relaxed);
+                }
+                if key == of.lead.as_bytes()
+                    && super::kafka::LeadRecord::parse(message.payload())
+                        .is_some_and(|r| r.released)
+                {
+                    of.released.store(true, Ordering::Relaxed);
+                }
+            }
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "listening for the pipeline's lead");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            None => {}
+        }
+    }
+}
