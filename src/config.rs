@@ -797,15 +797,45 @@ listen = ""
                 panic!("deploy/{name}: {e}");
             }
         }
-        let k8s = include_str!("../deploy/kubernetes/outboxd.yaml");
-        let start = k8s.find("outboxd.toml: |").unwrap() + "outboxd.toml: |".len();
-        let end = k8s[start..].find("---").unwrap() + start;
-        let embedded: String = k8s[start..end]
-            .lines()
-            .map(|l| l.strip_prefix("    ").unwrap_or(l))
-            .collect::<Vec<_>>()
-            .join("\n");
-        parse(&embedded, &[]).unwrap();
+        for (k8s, store) in [
+            (
+                include_str!("../deploy/kubernetes/outboxd.yaml"),
+                StoreKind::File,
+            ),
+            (
+                include_str!("../deploy/kubernetes/outboxd-kafka-checkpoint.yaml"),
+                StoreKind::Kafka,
+            ),
+        ] {
+            let start = k8s.find("outboxd.toml: |").unwrap() + "outboxd.toml: |".len();
+            let end = k8s[start..].find("---").unwrap() + start;
+            let embedded: String = k8s[start..end]
+                .lines()
+                .map(|l| l.strip_prefix("    ").unwrap_or(l))
+                .collect::<Vec<_>>()
+                .join("\n");
+            assert_eq!(parse(&embedded, &[]).unwrap().checkpoint.store, store);
+        }
+    }
+
+    #[test]
+    fn kafka_checkpoint_settings_are_checked_by_name() {
+        let kafka = format!("{MINIMAL}[checkpoint]\nstore = \"kafka\"\n");
+        let c = parse(&kafka, &[]).unwrap();
+        assert_eq!(c.checkpoint.topic, "outboxd.checkpoints");
+        assert_eq!(c.checkpoint.takeover_timeout_ms, 6000);
+        for (extra, named) in [
+            ("topic = \"bad topic\"\n", "checkpoint.topic"),
+            (
+                "takeover_timeout_ms = 10\n",
+                "checkpoint.takeover_timeout_ms",
+            ),
+        ] {
+            let err = parse(&format!("{kafka}{extra}"), &[]).unwrap_err();
+            assert!(err.to_string().contains(named), "{extra}: {err}");
+        }
+        let err = parse(&format!("{MINIMAL}[checkpoint]\nstore = \"s3\"\n"), &[]).unwrap_err();
+        assert!(err.to_string().contains("store"), "{err}");
     }
 
     #[test]
