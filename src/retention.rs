@@ -475,7 +475,7 @@ async fn wait_for_checkpoint(
     let elsewhere = compare.elsewhere;
     let started = Instant::now();
     loop {
-        let checkpoint = store.load()?;
+        let checkpoint = store.load_from_async()?;
         let reason = match &checkpoint {
             // Positions of two servers compare by GTID only; a file position means nothing there.
             Some(c) if elsewhere && !has_gtids(&c.position) => {

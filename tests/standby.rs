@@ -353,3 +353,43 @@ fn checkpoint_commands_work_against_the_kafka_store() {
         .collect();
     assert!(files.is_empty(), "nothing is written to disk: {files:?}");
 }
+
+#[test]
+fn a_checkpoint_topic_that_could_lose_the_checkpoint_is_refused_by_name() {
+    let env = kafka_env("badtopic", 1, "");
+    let outboxd = &env.instances[0].0;
+    // `check` and `checkpoint show` never create the topic.
+    let (ok, text) = output(outboxd, &["checkpoint", "show"]);
+    assert!(
+        ok && text.contains("no checkpoint at Kafka topic"),
+        "{text}"
+    );
+    create_topic(&env.broker.bootstrap(), TOPIC, 3);
+    // `checkpoint show` opens the topic as `run` does (a `run` that did not refuse would not end).
+    let (ok, text) = output(outboxd, &["checkpoint", "show"]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("has 3 partitions") && text.contains("--partitions 1"),
+        "{text}"
+    );
+    let deleting = "outboxd.checkpoints.deleting";
+    crate::rig::create_topic_with(
+        &env.broker.bootstrap(),
+        deleting,
+        1,
+        &[("cleanup.policy", "delete")],
+    );
+    let body = std::fs::read_to_string(outboxd.config_path())
+        .unwrap()
+        .replace(
+            &format!("topic = \"{TOPIC}\""),
+            &format!("topic = \"{deleting}\""),
+        );
+    std::fs::write(outboxd.config_path(), body).unwrap();
+    let (ok, text) = output(outboxd, &["checkpoint", "show"]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("cleanup.policy=delete") && text.contains("cleanup.policy=compact"),
+        "{text}"
+    );
+}

@@ -55,11 +55,15 @@ pub struct KafkaStore {
     base: ClientConfig,
     /// The transactional writer, while this instance may write the live checkpoint.
     writer: Mutex<Option<ThreadedProducer<DefaultProducerContext>>>,
+    /// Opened for reading, and the topic does not exist: there is no checkpoint.
+    missing: bool,
 }
 
 impl KafkaStore {
-    /// Reaches the brokers and makes sure the checkpoint topic exists, compacted, one partition.
-    pub fn connect(config: &Config, name: &str) -> Result<KafkaStore> {
+    /// Reaches the brokers and checks the checkpoint topic (compacted, one partition). With
+    /// `create`, a missing topic is created; without (`check`, `checkpoint show`), it means
+    /// "no checkpoint yet" and nothing is changed on the brokers.
+    pub fn connect(config: &Config, name: &str, create: bool) -> Result<KafkaStore> {
         let mut base = ClientConfig::new();
         for (key, value) in &config.kafka.properties {
             if is_connection_property(key) {
@@ -68,14 +72,15 @@ impl KafkaStore {
         }
         base.set("bootstrap.servers", &config.kafka.brokers)
             .set("client.id", format!("outboxd-{name}-checkpoint"));
-        let store = KafkaStore {
+        let mut store = KafkaStore {
             name: name.to_string(),
             topic: config.checkpoint.topic.clone(),
             takeover: Duration::from_millis(config.checkpoint.takeover_timeout_ms),
             base,
             writer: Mutex::new(None),
+            missing: false,
         };
-        store.ensure_topic()?;
+        store.missing = !store.ensure_topic(create)?;
         Ok(store)
     }
 
@@ -110,18 +115,24 @@ impl KafkaStore {
         format!("outboxd.{}.checkpoint", self.name)
     }
 
-    fn ensure_topic(&self) -> Result<()> {
+    /// Whether the topic exists (after creating it, with `create`); an error when it has more
+    /// than one partition or a policy that deletes records.
+    fn ensure_topic(&self, create: bool) -> Result<bool> {
         let admin: AdminClient<DefaultClientContext> = self
             .base
             .create()
             .map_err(|e| unreachable(&self.topic, &e))?;
         let topic = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(-1))
             .set("cleanup.policy", "compact");
-        let created = wait(admin.create_topics(
-            [&topic],
-            &AdminOptions::new().operation_timeout(Some(TIMEOUT)),
-        ))
-        .map_err(|e| unreachable(&self.topic, &e))?;
+        let created = if create {
+            wait(admin.create_topics(
+                [&topic],
+                &AdminOptions::new().operation_timeout(Some(TIMEOUT)),
+            ))
+            .map_err(|e| unreachable(&self.topic, &e))?
+        } else {
+            Vec::new()
+        };
         for result in created {
             match result {
                 Ok(topic) => tracing::info!(topic, "created the checkpoint topic (compacted, one partition)"),
@@ -146,20 +157,24 @@ impl KafkaStore {
             .find(|t| t.name() == self.topic)
             .map(|t| t.partitions().len())
             .unwrap_or(0);
+        if partitions == 0 && !create {
+            return Ok(false);
+        }
         if partitions != 1 {
             return Err(Error::config(format!(
-                "checkpoint topic {} has {partitions} partitions; outboxd needs exactly one (its records are read in order, and the partition is the pipeline's lead)",
+                "checkpoint topic {} has {partitions} partitions; outboxd needs exactly one (a pipeline's checkpoints and lead are read in the order they were written)",
                 self.topic
             ))
             .remedy("set checkpoint.topic to a new name (outboxd creates it), or recreate this one with --partitions 1 --config cleanup.policy=compact"));
         }
-        self.check_policy(&admin);
-        Ok(())
+        self.check_policy(&admin)?;
+        Ok(true)
     }
 
-    /// A topic that deletes old records would lose a quiet pipeline's checkpoint: refuse it when
-    /// the brokers say so (a broker that cannot describe configs gets a warning).
-    fn check_policy(&self, admin: &AdminClient<DefaultClientContext>) {
+    /// A topic that deletes old records would lose a quiet pipeline's checkpoint (and the next
+    /// start would begin anew): refused when the brokers say so; a broker that cannot describe
+    /// configs gets a warning.
+    fn check_policy(&self, admin: &AdminClient<DefaultClientContext>) -> Result<()> {
         use rdkafka::admin::{ConfigEntry, ResourceSpecifier};
         let described = wait(admin.describe_configs(
             [&ResourceSpecifier::Topic(&self.topic)],
@@ -175,17 +190,23 @@ impl KafkaStore {
             })
         });
         match policy {
-            Some(policy) if !policy.contains("compact") => tracing::warn!(
-                topic = %self.topic,
-                %policy,
-                "the checkpoint topic is not compacted: a pipeline quiet for longer than its retention loses its checkpoint and starts anew; set cleanup.policy=compact on it"
-            ),
+            Some(policy) if policy.trim() != "compact" => {
+                return Err(Error::config(format!(
+                    "checkpoint topic {} has cleanup.policy={policy}: a pipeline quiet for longer than its retention would lose its checkpoint and start anew",
+                    self.topic
+                ))
+                .remedy(format!(
+                    "set cleanup.policy=compact on it (kafka-configs.sh --alter --entity-type topics --entity-name {} --add-config cleanup.policy=compact), or point checkpoint.topic at a new name",
+                    self.topic
+                )))
+            }
             Some(_) => {}
             None => tracing::warn!(
                 topic = %self.topic,
                 "the brokers did not say the checkpoint topic's cleanup.policy; make sure it is compact"
             ),
         }
+        Ok(())
     }
 
     fn consumer(&self) -> Result<BaseConsumer<QuietContext>> {
@@ -248,6 +269,9 @@ impl KafkaStore {
 
     /// The newest value of `key` (`None`: never written, or a tombstone).
     fn latest(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        if self.missing {
+            return Ok(None);
+        }
         let (low, high) = self.watermarks()?;
         let mut window = FIRST_WINDOW;
         loop {
@@ -451,6 +475,9 @@ impl Backend for std::sync::Arc<KafkaStore> {
     }
 
     fn saved_labels(&self) -> Result<Vec<String>> {
+        if self.missing {
+            return Ok(Vec::new());
+        }
         let prefix = format!("{}/saved/", self.name);
         let (low, _) = self.watermarks()?;
         let mut labels = std::collections::BTreeMap::new();

@@ -87,7 +87,7 @@ impl Store {
                 Ok(Store::with(name, Box::new(file), None))
             }
             StoreKind::Kafka => {
-                let kafka = Arc::new(KafkaStore::connect(config, name)?);
+                let kafka = Arc::new(KafkaStore::connect(config, name, access != Access::Read)?);
                 if access == Access::Exclusive {
                     kafka.ensure_no_leader()?;
                     kafka.take_over()?;
@@ -164,6 +164,19 @@ impl Store {
             .remedy("use the matching `name` in the config, or move the checkpoint away"));
         }
         Ok(Some(checkpoint))
+    }
+
+    /// [`Store::load`] from async code: a Kafka store's read blocks for a network round trip (or
+    /// its timeout), so on the multi-threaded runtime it tells the scheduler to move other tasks
+    /// off this worker meanwhile.
+    pub fn load_from_async(&self) -> Result<Option<Checkpoint>> {
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if multi_thread && self.kafka.is_some() {
+            tokio::task::block_in_place(|| self.load())
+        } else {
+            self.load()
+        }
     }
 
     /// Writes the live checkpoint; durable when this returns.
