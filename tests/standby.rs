@@ -291,10 +291,7 @@ fn a_frozen_leader_that_wakes_up_writes_no_checkpoint_and_stands_by() {
         || lead_count(&env.instances[0].0) == 2,
     );
     assert!(
-        env.instances[0]
-            .0
-            .log()
-            .contains("the leader released the lead"),
+        env.instances[0].0.log().contains("the lead is free"),
         "{}",
         env.instances[0].0.log()
     );
@@ -390,6 +387,35 @@ fn a_checkpoint_topic_that_could_lose_the_checkpoint_is_refused_by_name() {
     assert!(!ok, "{text}");
     assert!(
         text.contains("cleanup.policy=delete") && text.contains("cleanup.policy=compact"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_broker_without_transactions_stops_the_kafka_store_with_the_reason() {
+    // nisshi, the default test broker, has no transactions: nothing can fence an old leader there.
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let broker = Broker::start();
+    let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
+    let outboxd = Outboxd::with_checkpoint("notxn", &body, "store = \"kafka\"");
+    let mut child = outboxd
+        .command(&["run"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    wait_until("outboxd to stop", Duration::from_secs(60), || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!status.unwrap().success(), "{text}");
+    assert!(
+        text.contains("cannot become the checkpoint writer")
+            && text.contains("checkpoint.store = \"file\""),
         "{text}"
     );
 }

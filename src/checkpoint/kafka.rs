@@ -314,13 +314,22 @@ impl KafkaStore {
         let producer: ThreadedProducer<DefaultProducerContext> =
             config.create().map_err(|e| unreachable(&self.topic, &e))?;
         producer.init_transactions(TIMEOUT).map_err(|e| {
-            Error::checkpoint(format!(
+            let error = Error::checkpoint(format!(
                 "cannot become the checkpoint writer of pipeline {:?} (transactional id {}): {e}",
                 self.name,
                 self.transactional_id()
-            ))
-            .remedy("the brokers must support transactions (Kafka 0.11 or later) and let outboxd use this transactional id; outboxd retries")
-            .transient()
+            ));
+            if refused_for_good(&e) {
+                // Waiting cures neither a missing grant nor a broker without transactions.
+                error.remedy(format!(
+                    "grant outboxd's principal WRITE and DESCRIBE on the transactional id {} (and IDEMPOTENT_WRITE on the cluster on old brokers); a broker without transactions cannot keep outboxd's checkpoint: use checkpoint.store = \"file\" there",
+                    self.transactional_id()
+                ))
+            } else {
+                error
+                    .remedy("outboxd retries; check the brokers")
+                    .transient()
+            }
         })?;
         *self.writer.lock().expect("writer lock") = Some(producer);
         Ok(())
@@ -537,6 +546,20 @@ impl rdkafka::ClientContext for QuietContext {
 }
 
 impl rdkafka::consumer::ConsumerContext for QuietContext {}
+
+/// Errors of `init_transactions` that no retry cures: no grant, or no transactions at all.
+fn refused_for_good(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+                | RDKafkaErrorCode::UnsupportedVersion
+                | RDKafkaErrorCode::UnsupportedForMessageFormat
+                | RDKafkaErrorCode::InvalidTransactionTimeout
+        )
+    )
+}
 
 /// This process, as `host:pid`.
 fn instance() -> String {

@@ -85,7 +85,9 @@ impl Lease {
         self.heard_now();
         loop {
             if self.released.swap(false, Ordering::Relaxed) {
-                tracing::info!("the leader released the lead");
+                tracing::info!(
+                    "the lead is free (released by the last leader, or nobody led lately)"
+                );
                 return;
             }
             let heard = Duration::from_millis(self.heard.load(Ordering::Relaxed));
