@@ -16,20 +16,7 @@ fn crash_loop_of_ten_kill_9s_under_load_loses_nothing() {
     let total = 100_000u64;
     // Varied transaction sizes: 1, 7, 50, 200 rows.
     let writer = spawn_writer(env.db.socket_path(), total, &[1, 7, 50, 200], 20);
-    // Ten kills at pseudo-random moments (a fixed seed keeps runs comparable).
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    for _ in 0..10 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let pause = Duration::from_millis(200 + seed % 800);
-        let until = Instant::now() + pause;
-        wait_until("the pause before a kill", pause * 2, || {
-            Instant::now() >= until
-        });
-        env.outboxd.kill9();
-        env.outboxd.start();
-    }
+    kill_9_and_restart(&mut env.outboxd, 10);
     let recovery = Instant::now();
     writer.join().unwrap();
     let records = consume_distinct_events(&env.broker.bootstrap(), total as usize);

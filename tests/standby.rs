@@ -111,19 +111,7 @@ fn kafka_checkpoint_survives_ten_kill_9s_under_load_and_loses_nothing() {
     outboxd.start();
     let total = 20_000u64;
     let writer = spawn_writer(env.db.socket_path(), total, &[1, 7, 50, 200], 20);
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    for _ in 0..10 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let pause = Duration::from_millis(200 + seed % 800);
-        let until = Instant::now() + pause;
-        wait_until("the pause before a kill", pause * 2, || {
-            Instant::now() >= until
-        });
-        outboxd.kill9();
-        outboxd.start();
-    }
+    kill_9_and_restart(outboxd, 10);
     writer.join().unwrap();
     let records = consume_distinct_events(&env.broker.bootstrap(), total as usize);
     let duplicates = check_records(&records, 0..total);

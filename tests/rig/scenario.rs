@@ -360,6 +360,24 @@ pub fn spawn_writer(
     })
 }
 
+/// `kills` times: waits 0.2..1 s (pseudo-random, from a fixed seed so runs compare), then
+/// `kill -9` and a restart.
+pub fn kill_9_and_restart(outboxd: &mut Outboxd, kills: usize) {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..kills {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let pause = Duration::from_millis(200 + seed % 800);
+        let until = std::time::Instant::now() + pause;
+        super::wait_until("the pause before a kill", pause * 2, || {
+            std::time::Instant::now() >= until
+        });
+        outboxd.kill9();
+        outboxd.start();
+    }
+}
+
 /// Temp files a checkpoint write left in `dir` (there must be none).
 pub fn leftover_temp_files(dir: &std::path::Path) -> Vec<String> {
     std::fs::read_dir(dir)
