@@ -61,6 +61,21 @@ pub struct KafkaConfig {
     /// before it writes the final checkpoint and exits (keep it under the orchestrator's grace period).
     #[serde(default = "default_drain_timeout_ms")]
     pub drain_timeout_ms: u64,
+    /// Exactly-once delivery: records and the checkpoint of their end position are committed in one
+    /// Kafka transaction (needs `checkpoint.store = "kafka"`; consumers read with
+    /// `isolation.level=read_committed`).
+    #[serde(default)]
+    pub exactly_once: bool,
+    /// `exactly_once`: the longest a Kafka transaction stays open once it holds a change.
+    #[serde(default = "default_transaction_interval_ms")]
+    pub transaction_interval_ms: u64,
+    /// `exactly_once`: a Kafka transaction is committed at the first source transaction boundary
+    /// once it holds this many records.
+    #[serde(default = "default_transaction_max_records")]
+    pub transaction_max_records: u64,
+    /// `exactly_once`: likewise once it holds this many bytes (keys, values, headers).
+    #[serde(default = "default_transaction_max_bytes")]
+    pub transaction_max_bytes: u64,
     /// Passed to librdkafka verbatim.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
@@ -83,6 +98,10 @@ impl std::fmt::Debug for KafkaConfig {
             .field("max_in_flight", &self.max_in_flight)
             .field("max_in_flight_bytes", &self.max_in_flight_bytes)
             .field("drain_timeout_ms", &self.drain_timeout_ms)
+            .field("exactly_once", &self.exactly_once)
+            .field("transaction_interval_ms", &self.transaction_interval_ms)
+            .field("transaction_max_records", &self.transaction_max_records)
+            .field("transaction_max_bytes", &self.transaction_max_bytes)
             .field("properties", &properties)
             .finish()
     }
@@ -94,6 +113,18 @@ fn default_max_in_flight_bytes() -> u64 {
 
 fn default_drain_timeout_ms() -> u64 {
     30_000
+}
+
+fn default_transaction_interval_ms() -> u64 {
+    100
+}
+
+fn default_transaction_max_records() -> u64 {
+    50_000
+}
+
+fn default_transaction_max_bytes() -> u64 {
+    32 * 1024 * 1024
 }
 
 fn default_max_in_flight() -> usize {
@@ -261,6 +292,34 @@ impl Config {
                 "kafka.drain_timeout_ms",
                 format!("{} is out of range", self.kafka.drain_timeout_ms),
                 "use 1..=600000 milliseconds (default 30000), below the orchestrator's stop grace period",
+            );
+        }
+        if self.kafka.exactly_once && self.checkpoint.store != StoreKind::Kafka {
+            return bad(
+                "kafka.exactly_once",
+                "exactly-once commits the checkpoint in the same Kafka transaction as the records, so the checkpoint must live in Kafka".into(),
+                "set checkpoint.store = \"kafka\" (README \"Exactly-once delivery\"), or remove exactly_once",
+            );
+        }
+        if !(10..=600_000).contains(&self.kafka.transaction_interval_ms) {
+            return bad(
+                "kafka.transaction_interval_ms",
+                format!("{} is out of range", self.kafka.transaction_interval_ms),
+                "use 10..=600000 milliseconds (default 100), well below transaction.timeout.ms",
+            );
+        }
+        if self.kafka.transaction_max_records == 0 {
+            return bad(
+                "kafka.transaction_max_records",
+                "0 records would commit nothing".into(),
+                "use a positive number (default 50000)",
+            );
+        }
+        if self.kafka.transaction_max_bytes < 1024 {
+            return bad(
+                "kafka.transaction_max_bytes",
+                format!("{} is out of range", self.kafka.transaction_max_bytes),
+                "use at least 1024 bytes (default 33554432 = 32 MiB)",
             );
         }
         for (key, value) in &self.kafka.properties {
@@ -836,6 +895,41 @@ listen = ""
         }
         let err = parse(&format!("{MINIMAL}[checkpoint]\nstore = \"s3\"\n"), &[]).unwrap_err();
         assert!(err.to_string().contains("store"), "{err}");
+    }
+
+    #[test]
+    fn exactly_once_needs_the_kafka_store_and_sane_transaction_limits() {
+        let eos = MINIMAL.replace("[kafka]\n", "[kafka]\nexactly_once = true\n");
+        let err = parse(&eos, &[]).unwrap_err();
+        assert!(err.to_string().contains("kafka.exactly_once"), "{err}");
+        assert!(
+            err.remedy_text().unwrap().contains("store = \"kafka\""),
+            "{err:?}"
+        );
+        let kafka = format!("{eos}[checkpoint]\nstore = \"kafka\"\n");
+        let c = parse(&kafka, &[]).unwrap();
+        assert!(c.kafka.exactly_once);
+        assert_eq!(c.kafka.transaction_interval_ms, 100);
+        assert_eq!(c.kafka.transaction_max_records, 50_000);
+        assert_eq!(c.kafka.transaction_max_bytes, 32 * 1024 * 1024);
+        for (extra, named) in [
+            (
+                "transaction_interval_ms = 0\n",
+                "kafka.transaction_interval_ms",
+            ),
+            (
+                "transaction_max_records = 0\n",
+                "kafka.transaction_max_records",
+            ),
+            (
+                "transaction_max_bytes = 10\n",
+                "kafka.transaction_max_bytes",
+            ),
+        ] {
+            let text = kafka.replace("[kafka]\n", &format!("[kafka]\n{extra}"));
+            let err = parse(&text, &[]).unwrap_err();
+            assert!(err.to_string().contains(named), "{extra}: {err}");
+        }
     }
 
     #[test]

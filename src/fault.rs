@@ -9,6 +9,8 @@ pub const AFTER_PRODUCE_BEFORE_ACK: &str = "after_produce_before_ack";
 pub const AFTER_ACK_BEFORE_CHECKPOINT: &str = "after_ack_before_checkpoint";
 /// After the new checkpoint was written and synced to its temp file, before the rename.
 pub const DURING_CHECKPOINT_RENAME: &str = "during_checkpoint_rename";
+/// Exactly-once: the checkpoint record is in the Kafka transaction, the commit not yet asked for.
+pub const BEFORE_TRANSACTION_COMMIT: &str = "before_transaction_commit";
 
 /// Inside the live MySQL source, where third-party code decodes each event: panics (as a malformed
 /// event could make mysql_common do).

@@ -59,6 +59,7 @@ pub struct Metrics {
     partitions_created: Counter,
     create_failures: Counter,
     prune_runs: Family<ResultLabel, Counter>,
+    transactions: Family<ResultLabel, Counter>,
     outbox_rows: Gauge,
     /// 1 while this instance forwards the pipeline (0 while it stands by).
     leader: Gauge,
@@ -97,6 +98,7 @@ impl Metrics {
         let partitions_created = Counter::default();
         let create_failures = Counter::default();
         let prune_runs = Family::<ResultLabel, Counter>::default();
+        let transactions = Family::<ResultLabel, Counter>::default();
         let outbox_rows = Gauge::default();
         let leader = Gauge::default();
         // 1 ms … 10 s, fine where a healthy broker answers (single-digit to tens of milliseconds).
@@ -188,6 +190,11 @@ impl Metrics {
             prune_runs.clone(),
         );
         registry.register(
+            "transactions",
+            "Kafka transactions (kafka.exactly_once) by result: committed (records and checkpoint visible together), aborted (taken back; sent again from the last committed checkpoint)",
+            transactions.clone(),
+        );
+        registry.register(
             "outbox_rows",
             "The database's estimate of the rows in the outbox tables, read by each prune round",
             outbox_rows.clone(),
@@ -215,6 +222,7 @@ impl Metrics {
             partitions_created,
             create_failures,
             prune_runs,
+            transactions,
             outbox_rows,
             leader,
             role: std::sync::atomic::AtomicU8::new(Role::Single as u8),
@@ -298,6 +306,15 @@ impl Metrics {
     pub fn snapshot_rows(&self, rows: u64) {
         self.snapshot_rows.inc_by(rows);
         self.source_event();
+    }
+
+    /// A Kafka transaction ended: `result` is committed or aborted.
+    pub fn transaction(&self, result: &str) {
+        self.transactions
+            .get_or_create(&ResultLabel {
+                result: result.to_string(),
+            })
+            .inc();
     }
 
     /// A prune round ended: `result` is pruned, waiting or failed.

@@ -6,6 +6,7 @@ mod rig;
 mod binlog_files;
 mod debezium;
 mod deploy_files;
+mod exactly_once;
 mod failpoints;
 mod faults;
 mod mysql_pipeline;

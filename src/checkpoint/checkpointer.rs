@@ -6,6 +6,11 @@
 //! every ack since the last), so the periodic writer and the session's final write cannot differ.
 //! A source that confirms progress to its server (a Postgres slot's `confirmed_flush_lsn`) asks a
 //! [`Durable`] handle for the durable position; it never sees anything newer than what is on disk.
+//!
+//! With `kafka.exactly_once` there is no separate write: the checkpoint is a record in the same
+//! Kafka transaction as the records it covers ([`Checkpointer::record`]), and the session reports
+//! the transaction's commit ([`Checkpointer::committed`]). `flush` is then never called: a position
+//! whose records were acknowledged but not committed is not safe, since an abort takes them back.
 
 use std::sync::{Arc, OnceLock};
 
@@ -25,21 +30,28 @@ pub struct Checkpointer {
 }
 
 impl Checkpointer {
-    /// Loads the stored checkpoint (which is durable already) for a new session.
-    pub async fn resume(store: Arc<Store>) -> Result<(Arc<Checkpointer>, Option<Checkpoint>)> {
-        // The store may be a Kafka topic: its reads block.
-        let reading = store.clone();
-        let stored = tokio::task::spawn_blocking(move || reading.load())
-            .await
-            .map_err(|e| Error::checkpoint(format!("checkpoint read task died: {e}")))??;
-        let (durable, _) = watch::channel(stored.as_ref().map(|c| c.position.clone()));
-        let checkpointer = Checkpointer {
+    /// A session's checkpointer; [`Checkpointer::load`] reads where it resumes.
+    pub fn new(store: Arc<Store>) -> Arc<Checkpointer> {
+        let (durable, _) = watch::channel(None);
+        Arc::new(Checkpointer {
             store,
             tracker: Tracker::new(),
             identity: OnceLock::new(),
             durable,
-        };
-        Ok((Arc::new(checkpointer), stored))
+        })
+    }
+
+    /// Loads the stored checkpoint (which is durable already). Exactly-once sessions call it only
+    /// after their producer fenced every earlier one, so no commit of theirs can land after it.
+    pub async fn load(&self) -> Result<Option<Checkpoint>> {
+        // The store may be a Kafka topic: its reads block.
+        let reading = self.store.clone();
+        let stored = tokio::task::spawn_blocking(move || reading.load())
+            .await
+            .map_err(|e| Error::checkpoint(format!("checkpoint read task died: {e}")))??;
+        self.durable
+            .send_replace(stored.as_ref().map(|c| c.position.clone()));
+        Ok(stored)
     }
 
     /// A handle for the source: the durable position as it moves (the stored one is known to it).
@@ -83,6 +95,33 @@ impl Checkpointer {
     /// The acknowledgements in flight (for draining and the delivery watchdog).
     pub fn tracker(&self) -> &Tracker {
         &self.tracker
+    }
+
+    /// Exactly-once: the checkpoint record for `position`, to commit in the Kafka transaction
+    /// that holds every record before it.
+    pub fn record(&self, position: &Position) -> Result<crate::route::Record> {
+        let Some(identity) = self.identity.get() else {
+            return Err(Error::checkpoint(
+                "a Kafka transaction was committed before the source was open (a bug)",
+            ));
+        };
+        self.store.live_record(identity, position)
+    }
+
+    /// Whether `position` is what this process stored last (a transaction holding only its
+    /// checkpoint would change nothing).
+    pub fn is_durable(&self, position: &Position) -> bool {
+        self.identity
+            .get()
+            .is_some_and(|identity| self.store.unchanged(identity, position))
+    }
+
+    /// Exactly-once: the transaction holding the checkpoint `position` committed; it is durable.
+    pub fn committed(&self, position: Position) {
+        if let Some(identity) = self.identity.get() {
+            self.store.mark_written(identity, &position);
+        }
+        self.durable.send_replace(Some(position));
     }
 
     /// Writes the newest safe position, if there is one newer than the last write, and makes it

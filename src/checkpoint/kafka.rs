@@ -115,6 +115,25 @@ impl KafkaStore {
         format!("outboxd.{}.checkpoint", self.name)
     }
 
+    /// The transactional id of the pipeline's record producer (`kafka.exactly_once`). Apart from
+    /// the checkpoint writer's: the lead renewals keep their own transactions, and each id fences
+    /// its own earlier holders.
+    pub fn records_transactional_id(&self) -> String {
+        format!("outboxd.{}.records", self.name)
+    }
+
+    /// The live checkpoint `body` as a record (for a transaction of the record producer).
+    pub fn live_record(&self, body: Vec<u8>) -> crate::route::Record {
+        crate::route::Record {
+            topic: self.topic.clone(),
+            key: Some(self.live_key().into_bytes()),
+            value: Some(body),
+            headers: vec![(INSTANCE_HEADER.to_string(), Some(instance().into_bytes()))],
+            timestamp: None,
+            partition: Some(0),
+        }
+    }
+
     /// Whether the topic exists (after creating it, with `create`); an error when it has more
     /// than one partition or a policy that deletes records.
     fn ensure_topic(&self, create: bool) -> Result<bool> {

@@ -181,31 +181,57 @@ impl Store {
 
     /// Writes the live checkpoint; durable when this returns.
     pub fn write(&self, source: &SourceIdentity, position: &Position) -> Result<Checkpoint> {
-        let checkpoint = Checkpoint {
+        let checkpoint = self.document(source, position);
+        self.backend.write(&Slot::Live, &body(&checkpoint))?;
+        self.mark_written(source, position);
+        Ok(checkpoint)
+    }
+
+    fn document(&self, source: &SourceIdentity, position: &Position) -> Checkpoint {
+        Checkpoint {
             version: VERSION,
             name: self.name.clone(),
             source: source.clone(),
             position: position.clone(),
             updated_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        };
-        self.backend.write(&Slot::Live, &body(&checkpoint))?;
-        *self.last_written.lock().expect("store lock") = Some((source.clone(), position.clone()));
-        Ok(checkpoint)
+        }
     }
 
     /// Writes `position` unless it is what this process wrote last; `true` if it wrote.
     pub fn advance(&self, source: &SourceIdentity, position: &Position) -> Result<bool> {
-        let unchanged = self
-            .last_written
-            .lock()
-            .expect("store lock")
-            .as_ref()
-            .is_some_and(|(s, p)| s == source && p == position);
-        if unchanged {
+        if self.unchanged(source, position) {
             return Ok(false);
         }
         self.write(source, position)?;
         Ok(true)
+    }
+
+    /// Whether `position` is what this process wrote last.
+    pub fn unchanged(&self, source: &SourceIdentity, position: &Position) -> bool {
+        self.last_written
+            .lock()
+            .expect("store lock")
+            .as_ref()
+            .is_some_and(|(s, p)| s == source && p == position)
+    }
+
+    /// The live checkpoint as a Kafka record, for a transaction that commits it together with
+    /// the records it covers (`kafka.exactly_once`; the store must be Kafka).
+    pub fn live_record(
+        &self,
+        source: &SourceIdentity,
+        position: &Position,
+    ) -> Result<crate::route::Record> {
+        let kafka = self.kafka.as_ref().ok_or_else(|| {
+            Error::config("kafka.exactly_once needs checkpoint.store = \"kafka\"")
+                .remedy("set checkpoint.store = \"kafka\"")
+        })?;
+        Ok(kafka.live_record(body(&self.document(source, position))))
+    }
+
+    /// A transaction holding `position`'s record committed: it is what this process wrote last.
+    pub fn mark_written(&self, source: &SourceIdentity, position: &Position) {
+        *self.last_written.lock().expect("store lock") = Some((source.clone(), position.clone()));
     }
 
     /// Forgets what this process wrote (a new lead must write its first position even if it

@@ -19,6 +19,7 @@ pub mod progress;
 mod reader;
 mod records;
 mod session;
+mod transaction;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

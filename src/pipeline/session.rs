@@ -11,6 +11,12 @@
 //! Shutdown starts one drain deadline (`kafka.drain_timeout_ms`): the open transaction is finished if
 //! it can be within it, and no wait (a full window, a topic lookup, acks) outlasts it. What is cut
 //! off is sent again on restart.
+//!
+//! Exactly-once sessions (`kafka.exactly_once`) differ in three places: `open` fences every earlier
+//! producer of the pipeline *before* it reads the checkpoint (so no old commit can land after the
+//! read); rows go into a Kafka transaction that a boundary or a timer commits together with the
+//! checkpoint record ([`super::transaction`]), instead of the writer task; and `finish` commits what
+//! ends at a boundary or aborts what does not.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,6 +27,7 @@ use tokio::sync::{mpsc, watch};
 use super::failure::{Failure, SessionAcks};
 use super::reader::{self, Queued};
 use super::records::resolve_record;
+use super::transaction::{Batch, Commit};
 use super::{Input, Shared};
 use crate::checkpoint::Checkpointer;
 use crate::config::Config;
@@ -32,6 +39,13 @@ use crate::source::{Boundary, Change, Position, Row, Source, SourceIdentity};
 
 /// How long a session that lost its source waits for the acks of what it already produced.
 const SOURCE_ERROR_DRAIN: Duration = Duration::from_secs(5);
+
+/// Exactly-once: how long taking over the pipeline's transactions may take (it waits for the
+/// transaction an earlier producer left open to be settled).
+const INIT_TRANSACTIONS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Exactly-once: how long a failed session waits for its open transaction's abort.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How a session that did not fail ended.
 pub(super) enum SessionEnd {
@@ -49,8 +63,11 @@ pub(super) struct Session<'a> {
     /// The rest of the batch being handled.
     pending: std::vec::IntoIter<Queued>,
     reader: tokio::task::JoinHandle<()>,
-    writer: tokio::task::JoinHandle<Result<()>>,
+    /// The checkpoint writer task; `None` in exactly-once sessions (commits write the checkpoint).
+    writer: Option<tokio::task::JoinHandle<Result<()>>>,
     writer_stop: watch::Sender<bool>,
+    /// Exactly-once: what the open Kafka transaction holds.
+    batch: Option<Batch>,
     watchdog: Option<tokio::task::JoinHandle<()>>,
     shutdown: watch::Receiver<bool>,
     /// What this session learned about each topic it asked about (exists or not; asked once each,
@@ -68,6 +85,14 @@ pub(super) struct Session<'a> {
 /// What a step decided.
 type Step = Option<Result<SessionEnd>>;
 
+/// What woke the main loop while it waited.
+enum Wake {
+    Queued(Option<Queued>),
+    Shutdown,
+    /// Exactly-once: the open transaction's interval passed while the source was quiet.
+    Commit,
+}
+
 impl<'a> Session<'a> {
     /// Connects the source (after the durable checkpoint) and the producer, and starts the tasks.
     pub async fn open(
@@ -75,16 +100,32 @@ impl<'a> Session<'a> {
         shared: &'a Shared,
         shutdown: watch::Receiver<bool>,
     ) -> Result<Session<'a>> {
-        let (checkpointer, stored) = Checkpointer::resume(shared.store.clone()).await?;
-        let resume = stored.map(|c| (c.source, c.position));
+        let checkpointer = Checkpointer::new(shared.store.clone());
         let failure = Arc::new(Failure::default());
         let acks = Arc::new(SessionAcks {
             checkpointer: checkpointer.clone(),
             failure: failure.clone(),
         });
+        // Exactly-once needs the checkpoint in Kafka (the config insists; replays, whose progress
+        // is a scratch file, send at least once).
+        let transactional_id = match shared.store.kafka() {
+            Some(kafka) if config.kafka.exactly_once => Some(kafka.records_transactional_id()),
+            _ => None,
+        };
         // The producer is created first so that it gets ready while the source connects.
-        let sink = KafkaSink::new(&config.name, &config.kafka, acks, shared.metrics.clone())?;
+        let sink = KafkaSink::new(
+            &config.name,
+            &config.kafka,
+            transactional_id.as_deref(),
+            acks,
+            shared.metrics.clone(),
+        )?;
         let opened = async {
+            if transactional_id.is_some() {
+                // Before the checkpoint is read: from here no earlier producer can commit.
+                sink.init_transactions(INIT_TRANSACTIONS_TIMEOUT).await?;
+            }
+            let resume = checkpointer.load().await?.map(|c| (c.source, c.position));
             let source = open_source(config, shared, resume.as_ref(), &checkpointer).await?;
             let identity = source.identity().clone();
             checkpointer
@@ -112,13 +153,16 @@ impl<'a> Session<'a> {
         let (changes, reader) =
             reader::spawn(source, config.route.on_update_delete, metrics.clone());
         let (writer_stop, writer_stopped) = watch::channel(false);
-        let writer = tokio::spawn(write_checkpoints(
-            checkpointer.clone(),
-            failure.clone(),
-            metrics.clone(),
-            Duration::from_millis(config.checkpoint.interval_ms),
-            writer_stopped,
-        ));
+        let batch = transactional_id.map(|_| Batch::new(&config.kafka));
+        let writer = batch.is_none().then(|| {
+            tokio::spawn(write_checkpoints(
+                checkpointer.clone(),
+                failure.clone(),
+                metrics.clone(),
+                Duration::from_millis(config.checkpoint.interval_ms),
+                writer_stopped,
+            ))
+        });
         let drain_timeout = Duration::from_millis(config.kafka.drain_timeout_ms);
         Ok(Session {
             config,
@@ -131,6 +175,7 @@ impl<'a> Session<'a> {
             reader,
             writer,
             writer_stop,
+            batch,
             watchdog,
             shutdown,
             topics: HashMap::new(),
@@ -180,20 +225,30 @@ impl<'a> Session<'a> {
                 None => {
                     let deadline = self.deadline();
                     let stopping = self.stopping.is_some();
-                    let received = tokio::select! {
+                    // Exactly-once: a quiet source's last boundary is committed at the interval.
+                    let commit_at = match &self.batch {
+                        Some(batch) if !stopping => batch.due(),
+                        _ => None,
+                    };
+                    let wake = tokio::select! {
                         biased;
-                        _ = self.shutdown.wait_for(|stop| *stop), if !stopping => None,
+                        _ = self.shutdown.wait_for(|stop| *stop), if !stopping => Wake::Shutdown,
                         e = self.failure.wait() => return Err(e),
-                        queued = reader::next_queued(&mut self.pending, &mut self.changes) => Some(queued),
+                        queued = reader::next_queued(&mut self.pending, &mut self.changes) => Wake::Queued(queued),
                         _ = tokio::time::sleep_until(deadline), if stopping => {
                             tracing::warn!("the open transaction did not finish within the drain deadline; it is sent again on restart");
                             return Ok(SessionEnd::Shutdown);
                         }
+                        _ = sleep_until_some(commit_at), if commit_at.is_some() => Wake::Commit,
                     };
-                    match received {
-                        Some(queued) => queued,
-                        None => {
+                    match wake {
+                        Wake::Queued(queued) => queued,
+                        Wake::Shutdown => {
                             self.stop("shutdown requested: finishing the open transaction, then draining acks");
+                            continue;
+                        }
+                        Wake::Commit => {
+                            self.commit().await?;
                             continue;
                         }
                     }
@@ -231,22 +286,90 @@ impl<'a> Session<'a> {
             }
             Change::Commit(boundary) | Change::Idle(boundary) => {
                 self.open_rows = false;
-                self.boundary(boundary);
-                None
+                self.boundary(boundary).await
             }
         }
     }
 
-    fn boundary(&mut self, boundary: Boundary) {
+    async fn boundary(&mut self, boundary: Boundary) -> Step {
         self.shared.metrics.source_time(boundary.committed_at);
         let done = self
             .shared
             .until
             .as_ref()
             .is_some_and(|to| boundary.position.reached(to));
+        let commit = match &mut self.batch {
+            Some(batch) => batch.boundary(boundary.position.clone(), Instant::now()),
+            None => false,
+        };
         self.checkpointer.boundary(boundary.position);
         if done {
             self.stop("replay reached its end position");
+        }
+        if commit {
+            if let Err(e) = self.commit().await {
+                return Some(Err(e));
+            }
+        }
+        None
+    }
+
+    /// Exactly-once: commits the open Kafka transaction with the checkpoint of its last boundary
+    /// (a transaction holding the checkpoint alone when only boundaries came). A shutdown request
+    /// meanwhile starts the drain clock; a commit that outlasts the drain deadline ends the session
+    /// (whatever the broker then decides, records and checkpoint go together).
+    async fn commit(&mut self) -> Result<()> {
+        let Some(batch) = &mut self.batch else {
+            return Ok(());
+        };
+        let Some(Commit { end, open }) = batch.take() else {
+            return Ok(());
+        };
+        if !open {
+            if self.checkpointer.is_durable(&end) {
+                return Ok(());
+            }
+            self.sink.begin()?;
+        }
+        let record = self.checkpointer.record(&end)?;
+        let limit = match self.stopping {
+            Some(_) => self
+                .deadline()
+                .saturating_duration_since(tokio::time::Instant::now()),
+            None => crate::sink::kafka::DEFAULT_TRANSACTION_TIMEOUT,
+        };
+        let committed = {
+            let mut committing = std::pin::pin!(self.sink.commit(record, limit));
+            loop {
+                let deadline = self.deadline();
+                let stopping = self.stopping.is_some();
+                tokio::select! {
+                    result = committing.as_mut() => break result,
+                    _ = self.shutdown.wait_for(|stop| *stop), if !stopping => {
+                        tracing::info!("shutdown requested while a Kafka transaction commits: waiting for it until the drain deadline");
+                        self.stopping = Some(Instant::now());
+                    }
+                    _ = tokio::time::sleep_until(deadline), if stopping => {
+                        break Err(Error::sink("the Kafka transaction did not commit within the drain deadline; if the brokers still commit it, its records and checkpoint become visible together, else both are sent again on restart").transient());
+                    }
+                }
+            }
+        };
+        match committed {
+            Ok(()) => {
+                self.checkpointer.committed(end);
+                self.shared.metrics.transaction("committed");
+                self.shared.metrics.checkpoint_current();
+                Ok(())
+            }
+            Err(e) => {
+                // The transaction may still be open: the session ends, and `finish` aborts it.
+                if let Some(batch) = &mut self.batch {
+                    batch.failed();
+                }
+                self.shared.metrics.transaction("aborted");
+                Err(e)
+            }
         }
     }
 
@@ -292,6 +415,14 @@ impl<'a> Session<'a> {
             Ok(room) => room,
             Err(e) => return Some(Err(e)),
         };
+        // Exactly-once: the first record after a commit opens the next Kafka transaction.
+        if let Some(batch) = &mut self.batch {
+            if batch.record(record.size(), Instant::now()) {
+                if let Err(e) = self.sink.begin() {
+                    return Some(Err(e));
+                }
+            }
+        }
         // The ticket is issued only once the record has room: every ticket is then sent (a send
         // that fails ends the session), so a drain never waits for a record that was never sent.
         let ticket = self.checkpointer.issue();
@@ -341,14 +472,14 @@ impl<'a> Session<'a> {
 
     /// Ends the session however `result` says it ended: stops the tasks, waits for the acks worth
     /// waiting for, writes the final checkpoint and closes the producer.
-    pub async fn finish(self, result: Result<SessionEnd>) -> Result<SessionEnd> {
+    pub async fn finish(mut self, result: Result<SessionEnd>) -> Result<SessionEnd> {
         if let Some(watchdog) = &self.watchdog {
             watchdog.abort();
         }
         self.reader.abort();
         // A reader that panicked (third-party decoding code fed a malformed event) would panic again
         // on the same event after a reconnect: stop instead of looping.
-        let result = match self.reader.await {
+        let result = match (&mut self.reader).await {
             Err(e) if e.is_panic() => Err(Error::source(format!(
                 "the source reader panicked while decoding the log: {}",
                 panic_text(e.into_panic())
@@ -356,10 +487,24 @@ impl<'a> Session<'a> {
             .remedy("this is a bug or a malformed event; outboxd stops rather than skip it. Report it with the log line above, and check the event at the checkpoint's position with mariadb-binlog/mysqlbinlog")),
             _ => result,
         };
+        let written = if self.batch.is_some() {
+            self.finish_transaction(&result).await
+        } else {
+            self.drain_and_write(&result).await
+        };
+        self.sink.close().await;
+        self.shared.metrics.abandon_inflight();
+        written?;
+        result
+    }
+
+    /// At least once: waits for the acks worth waiting for, stops the writer and writes the final
+    /// checkpoint.
+    async fn drain_and_write(&mut self, result: &Result<SessionEnd>) -> Result<()> {
         // Records already handed to Kafka are worth waiting for: every ack that lands before the
         // final write shrinks what the next session sends again. Not after a delivery failure (the
         // producer is the problem), and only briefly when the source broke.
-        let drain_for = match &result {
+        let drain_for = match result {
             // What is left of the one drain deadline.
             Ok(SessionEnd::Shutdown) => Some(match self.stopping {
                 Some(since) => {
@@ -388,21 +533,57 @@ impl<'a> Session<'a> {
             }
         }
         let _ = self.writer_stop.send(true);
-        let written = self
-            .writer
-            .await
-            .unwrap_or_else(|e| Err(Error::checkpoint(format!("checkpoint writer died: {e}"))));
+        let written = match self.writer.take() {
+            Some(writer) => writer
+                .await
+                .unwrap_or_else(|e| Err(Error::checkpoint(format!("checkpoint writer died: {e}")))),
+            None => Ok(()),
+        };
         // Whatever became safe since the writer's last write is still safe after a failure.
         let final_write = self.checkpointer.flush().await.map(|written| {
             if let Some(position) = written {
                 tracing::info!(%position, "final checkpoint written");
             }
         });
-        self.sink.close().await;
-        self.shared.metrics.abandon_inflight();
         written?;
-        final_write?;
-        result
+        final_write
+    }
+
+    /// Exactly-once: a clean end commits what ends at a boundary (within the drain deadline); any
+    /// other end aborts the open transaction, whose records the next session sends again.
+    async fn finish_transaction(&mut self, result: &Result<SessionEnd>) -> Result<()> {
+        let clean = matches!(result, Ok(SessionEnd::Shutdown))
+            && self.batch.as_ref().is_some_and(|b| !b.partial())
+            && !self.failure.is_set();
+        if clean {
+            self.stop("committing the last Kafka transaction");
+            match self.commit().await {
+                Ok(()) => {
+                    tracing::info!("final Kafka transaction committed with its checkpoint");
+                    return Ok(());
+                }
+                Err(e) => tracing::warn!(error = %e, "the last Kafka transaction did not commit"),
+            }
+        }
+        if self.batch.as_ref().is_some_and(|b| b.open()) {
+            let limit = ABORT_TIMEOUT.min(match self.stopping {
+                Some(_) => self
+                    .deadline()
+                    .saturating_duration_since(tokio::time::Instant::now()),
+                None => ABORT_TIMEOUT,
+            });
+            self.sink.abort(limit).await;
+            self.shared.metrics.transaction("aborted");
+        }
+        Ok(())
+    }
+}
+
+/// Sleeps until `at`, or forever without it.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending().await,
     }
 }
 

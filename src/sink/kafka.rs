@@ -8,6 +8,12 @@
 //! session's [`Acks`] (acked, or the failure that ends the session: the pipeline stops producing,
 //! keeps the last good checkpoint, and reconnects). With idempotence on, librdkafka's own retries neither reorder nor
 //! duplicate records within a session.
+//!
+//! With `kafka.exactly_once` the producer is transactional: [`KafkaSink::init_transactions`] fences
+//! every earlier producer of the pipeline (and settles the transaction a killed one left open),
+//! [`KafkaSink::begin`] opens a Kafka transaction, and [`KafkaSink::commit`] adds one last record
+//! (the checkpoint) and commits, which makes all of them visible to `read_committed` consumers at
+//! once. Acks still arrive per record and still free the window; they mean "written", not "visible".
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +41,11 @@ const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(300);
 /// The Java client's partitioner (records without a key go to a random partition).
 pub const DEFAULT_PARTITIONER: &str = "murmur2_random";
 
+/// A Kafka transaction's timeout unless `kafka.properties` sets `transaction.timeout.ms`: the
+/// brokers abort a transaction open longer (a killed leader's is aborted sooner, by the next
+/// instance's `init_transactions`).
+pub const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// librdkafka's default `message.max.bytes`.
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
@@ -49,6 +60,8 @@ struct AckContext {
     acked: std::sync::Mutex<(std::collections::HashMap<String, u64>, u64)>,
     /// The window's size: all permits back means nothing is in flight (flush the counts then).
     window_size: usize,
+    /// Transactional (`kafka.exactly_once`): a fenced delivery means another instance took over.
+    transactional: bool,
 }
 
 impl Drop for AckContext {
@@ -95,7 +108,8 @@ impl ClientContext for AckContext {}
 
 /// What a delivery report needs to know about its record.
 struct InFlight {
-    ticket: Ticket,
+    /// `None`: a record the sink adds itself (the checkpoint in a transaction), outside the window.
+    ticket: Option<Ticket>,
     /// Bytes of the byte budget this record holds.
     cost: u32,
     /// When the record was handed to librdkafka (for `outboxd_delivery_seconds`).
@@ -106,13 +120,17 @@ impl ProducerContext for AckContext {
     type DeliveryOpaque = Box<InFlight>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, record: Box<InFlight>) {
+        let Some(ticket) = record.ticket else {
+            // The checkpoint record of a transaction: its commit reports what became of it.
+            return;
+        };
         self.bytes.add_permits(record.cost as usize);
         self.window.add_permits(1);
         self.metrics.acknowledged();
         match result {
             Ok(message) => {
                 self.metrics.delivered_after(record.enqueued.elapsed());
-                self.acks.acked(record.ticket);
+                self.acks.acked(ticket);
                 self.count_ack(message.topic());
             }
             // Purged when a session ended: resent by the next one, nothing failed.
@@ -124,9 +142,63 @@ impl ProducerContext for AckContext {
             )) => {}
             Err((e, message)) => {
                 self.metrics.delivery_error();
-                self.acks.failed(delivery_error(e, message.topic()));
+                let error = if self.transactional && fenced(e) {
+                    fenced_error(e)
+                } else {
+                    delivery_error(e, message.topic())
+                };
+                self.acks.failed(error);
             }
         }
+    }
+}
+
+/// Whether another producer with the pipeline's transactional id took over.
+fn fenced(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Fenced
+                | RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+        )
+    )
+}
+
+fn fenced_error(e: &KafkaError) -> Error {
+    Error::sink(format!(
+        "another instance of the pipeline took over its Kafka transactions (this producer was fenced: {e}); nothing this instance had not committed becomes visible"
+    ))
+    .remedy("nothing to do if you run a standby: this instance stands by. Otherwise another `outboxd run` uses this pipeline's name")
+    .caused_by(e.clone())
+    .superseded()
+}
+
+/// What a failed transactional call means: fenced (another instance leads), refused for good (no
+/// grant, no transactions on the broker), or passing (reconnect and resume from the committed
+/// checkpoint; whatever the failed transaction held is aborted and sent again).
+fn transaction_error(what: &str, transactional_id: &str, e: &KafkaError) -> Error {
+    use RDKafkaErrorCode as C;
+    if fenced(e) {
+        return fenced_error(e);
+    }
+    let error = Error::sink(format!(
+        "{what} (transactional id {transactional_id}) failed: {e}"
+    ))
+    .caused_by(e.clone());
+    match e.rdkafka_error_code() {
+        Some(C::TransactionalIdAuthorizationFailed | C::ClusterAuthorizationFailed) => error.remedy(format!(
+            "grant outboxd's principal WRITE and DESCRIBE on the transactional id {transactional_id} (and IDEMPOTENT_WRITE on the cluster on old brokers), then restart"
+        )),
+        Some(C::UnsupportedVersion | C::UnsupportedForMessageFormat) => error.remedy(
+            "these brokers do not support transactions: remove kafka.exactly_once (at-least-once delivery, every record carries its id header)",
+        ),
+        Some(C::InvalidTransactionTimeout) => error.remedy(
+            "kafka.properties.transaction.timeout.ms exceeds the brokers' transaction.max.timeout.ms: lower it (outboxd's default is 60000)",
+        ),
+        _ => error
+            .remedy("outboxd aborts the open transaction, reconnects and resumes from the last committed checkpoint; check the broker")
+            .transient(),
     }
 }
 
@@ -174,6 +246,8 @@ pub enum TopicState {
 
 pub struct KafkaSink {
     producer: Option<Arc<ThreadedProducer<AckContext>>>,
+    /// `kafka.exactly_once`: the producer's transactional id.
+    transactional_id: Option<String>,
     /// `kafka.properties` as configured (a few are read back, e.g. timeouts).
     properties: std::collections::BTreeMap<String, String>,
     window: Arc<Semaphore>,
@@ -191,9 +265,11 @@ pub struct Room {
 }
 
 impl KafkaSink {
+    /// The session's producer; transactional (exactly-once) with `transactional_id`.
     pub fn new(
         name: &str,
         config: &KafkaConfig,
+        transactional_id: Option<&str>,
         acks: Arc<dyn Acks>,
         metrics: Arc<Metrics>,
     ) -> Result<KafkaSink> {
@@ -248,6 +324,15 @@ impl KafkaSink {
             .set("bootstrap.servers", &config.brokers)
             .set("enable.idempotence", "true")
             .set("acks", "all");
+        if let Some(id) = transactional_id {
+            client.set("transactional.id", id);
+            if !config.properties.contains_key("transaction.timeout.ms") {
+                client.set(
+                    "transaction.timeout.ms",
+                    DEFAULT_TRANSACTION_TIMEOUT.as_millis().to_string(),
+                );
+            }
+        }
         let context = AckContext {
             acks,
             window: window.clone(),
@@ -255,6 +340,7 @@ impl KafkaSink {
             metrics: metrics.clone(),
             acked: Default::default(),
             window_size: config.max_in_flight,
+            transactional: transactional_id.is_some(),
         };
         let producer: ThreadedProducer<AckContext> =
             client.create_with_context(context).map_err(|e| {
@@ -263,6 +349,7 @@ impl KafkaSink {
             })?;
         Ok(KafkaSink {
             producer: Some(Arc::new(producer)),
+            transactional_id: transactional_id.map(str::to_string),
             properties: config.properties.clone(),
             window,
             bytes,
@@ -338,7 +425,7 @@ impl KafkaSink {
             });
         }
         let in_flight = Box::new(InFlight {
-            ticket,
+            ticket: Some(ticket),
             cost,
             enqueued: Instant::now(),
         });
@@ -375,6 +462,114 @@ impl KafkaSink {
                     return Err(delivery_error(&e, &record.topic));
                 }
             }
+        }
+    }
+
+    /// The transactional producer and its id (`kafka.exactly_once`).
+    fn transactional(&self) -> (Arc<ThreadedProducer<AckContext>>, String) {
+        let producer = self.producer.clone().expect("producer lives until close");
+        let id = self
+            .transactional_id
+            .clone()
+            .expect("a transaction call on a transactional sink");
+        (producer, id)
+    }
+
+    /// `kafka.exactly_once`: makes this producer the pipeline's only transactional one. Every
+    /// earlier producer with the id is fenced (its commits fail from now on) and the transaction it
+    /// left open is settled first, so what is committed can be read right after this returns.
+    pub async fn init_transactions(&self, limit: Duration) -> Result<()> {
+        let (producer, id) = self.transactional();
+        tokio::task::spawn_blocking(move || {
+            producer.init_transactions(limit).map_err(|e| {
+                transaction_error("taking over the pipeline's Kafka transactions", &id, &e)
+            })
+        })
+        .await
+        .map_err(|e| Error::sink(format!("the transaction task died: {e}")))?
+    }
+
+    /// Opens a Kafka transaction (local to the producer: no round trip).
+    pub fn begin(&self) -> Result<()> {
+        let (producer, id) = self.transactional();
+        producer
+            .begin_transaction()
+            .map_err(|e| transaction_error("beginning a Kafka transaction", &id, &e))
+    }
+
+    /// Sends `last` (the checkpoint of the transaction's end) into the open transaction and
+    /// commits it: every record sent since [`KafkaSink::begin`] becomes visible with it, or none
+    /// does. Waits for the acks of the whole transaction, up to `limit` for the flush and again for
+    /// the commit, on a blocking thread.
+    pub async fn commit(&self, last: Record, limit: Duration) -> Result<()> {
+        let (producer, id) = self.transactional();
+        tokio::task::spawn_blocking(move || {
+            let mut base: BaseRecord<'_, [u8], [u8], Box<InFlight>> = BaseRecord::with_opaque_to(
+                &last.topic,
+                Box::new(InFlight {
+                    ticket: None,
+                    cost: 0,
+                    enqueued: Instant::now(),
+                }),
+            );
+            let mut headers = OwnedHeaders::new_with_capacity(last.headers.len());
+            for (key, value) in &last.headers {
+                headers = headers.insert(Header {
+                    key,
+                    value: value.as_deref(),
+                });
+            }
+            base = base.headers(headers);
+            if let Some(partition) = last.partition {
+                base = base.partition(partition);
+            }
+            if let Some(key) = &last.key {
+                base = base.key(key.as_slice());
+            }
+            if let Some(value) = &last.value {
+                base = base.payload(value.as_slice());
+            }
+            let deadline = Instant::now() + limit;
+            loop {
+                match producer.send(base) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                        if Instant::now() < deadline =>
+                    {
+                        base = back;
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err((e, _)) => {
+                        return Err(transaction_error(
+                            "adding the checkpoint to the Kafka transaction",
+                            &id,
+                            &e,
+                        ))
+                    }
+                }
+            }
+            // Every record of the transaction written (what the commit would wait for anyway).
+            producer
+                .flush(limit)
+                .map_err(|e| transaction_error("flushing the Kafka transaction", &id, &e))?;
+            crate::fault::crash_point(crate::fault::BEFORE_TRANSACTION_COMMIT);
+            producer
+                .commit_transaction(limit)
+                .map_err(|e| transaction_error("committing the Kafka transaction", &id, &e))
+        })
+        .await
+        .map_err(|e| Error::sink(format!("the transaction task died: {e}")))?
+    }
+
+    /// Aborts the open Kafka transaction (its records never become visible to `read_committed`
+    /// consumers). Best effort: the next session's `init_transactions` aborts it otherwise.
+    pub async fn abort(&self, limit: Duration) {
+        let (producer, id) = self.transactional();
+        let aborted = tokio::task::spawn_blocking(move || producer.abort_transaction(limit)).await;
+        match aborted {
+            Ok(Ok(())) => tracing::info!("aborted the open Kafka transaction; it is sent again from the last committed checkpoint"),
+            Ok(Err(e)) => tracing::warn!(error = %e, transactional_id = id, "could not abort the open Kafka transaction; the next session's start aborts it"),
+            Err(_) => {}
         }
     }
 

@@ -1,0 +1,187 @@
+//! Exactly-once: when the session commits its Kafka transaction.
+//!
+//! With `kafka.exactly_once`, one Kafka transaction holds the records of whole source transactions
+//! and, last, the checkpoint record of their end, so a `read_committed` consumer sees the records
+//! exactly when the position that follows them is stored, and a crash anywhere before the commit
+//! takes back both: the next session resumes from the committed checkpoint and sends them again
+//! into a new transaction. This module only decides *when* to commit; the session does it.
+//!
+//! A commit happens at a source transaction boundary, never inside a source transaction (a commit
+//! there would make half of it visible and leave the checkpoint before it). It happens at the first
+//! boundary once the open Kafka transaction holds `transaction_max_records` records or
+//! `transaction_max_bytes` bytes, or has been open `transaction_interval_ms`; when the source is
+//! quiet, a timer commits at that interval ([`Batch::due`]). Boundaries without records (other
+//! tables, heartbeats) move the checkpoint too, through a transaction holding the checkpoint alone,
+//! at most once per interval.
+
+use std::time::{Duration, Instant};
+
+use crate::config::KafkaConfig;
+use crate::source::Position;
+
+/// What the open Kafka transaction holds, and the boundary a commit would store.
+pub(super) struct Batch {
+    interval: Duration,
+    max_records: u64,
+    max_bytes: u64,
+    /// When the first change since the last commit arrived.
+    since: Option<Instant>,
+    records: u64,
+    bytes: u64,
+    /// Records were sent since the last commit: a Kafka transaction is open.
+    open: bool,
+    /// Records of a source transaction whose boundary has not arrived yet were sent.
+    partial: bool,
+    /// The newest boundary since the last commit.
+    end: Option<Position>,
+}
+
+/// What a commit stores and whether a Kafka transaction is open already.
+pub(super) struct Commit {
+    pub end: Position,
+    pub open: bool,
+}
+
+impl Batch {
+    pub fn new(config: &KafkaConfig) -> Batch {
+        Batch {
+            interval: Duration::from_millis(config.transaction_interval_ms),
+            max_records: config.transaction_max_records,
+            max_bytes: config.transaction_max_bytes,
+            since: None,
+            records: 0,
+            bytes: 0,
+            open: false,
+            partial: false,
+            end: None,
+        }
+    }
+
+    /// A record of `bytes` is about to be sent; `true` when a Kafka transaction must begin first.
+    pub fn record(&mut self, bytes: usize, now: Instant) -> bool {
+        self.since.get_or_insert(now);
+        self.records += 1;
+        self.bytes += bytes as u64;
+        self.partial = true;
+        !std::mem::replace(&mut self.open, true)
+    }
+
+    /// A source transaction boundary; `true` when the session should commit now.
+    pub fn boundary(&mut self, position: Position, now: Instant) -> bool {
+        self.since.get_or_insert(now);
+        self.partial = false;
+        self.end = Some(position);
+        self.records >= self.max_records
+            || self.bytes >= self.max_bytes
+            || self.since.is_some_and(|since| now >= since + self.interval)
+    }
+
+    /// When a quiet source's pending boundary should be committed; `None` while a source
+    /// transaction is half sent or nothing waits.
+    pub fn due(&self) -> Option<Instant> {
+        if self.partial || self.end.is_none() {
+            return None;
+        }
+        self.since.map(|since| since + self.interval)
+    }
+
+    /// Whether records after the last boundary were sent (a commit now is impossible).
+    pub fn partial(&self) -> bool {
+        self.partial
+    }
+
+    /// Whether a Kafka transaction is open.
+    pub fn open(&self) -> bool {
+        self.open
+    }
+
+    /// Takes what the next commit stores, and starts counting anew. `None` when no boundary
+    /// arrived since the last commit. Never while `partial`.
+    pub fn take(&mut self) -> Option<Commit> {
+        debug_assert!(!self.partial, "a commit inside a source transaction");
+        let end = self.end.take()?;
+        let commit = Commit {
+            end,
+            open: self.open,
+        };
+        self.since = None;
+        self.records = 0;
+        self.bytes = 0;
+        self.open = false;
+        Some(commit)
+    }
+
+    /// A commit failed: the transaction may still be open (the session ends and aborts it).
+    pub fn failed(&mut self) {
+        self.open = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::postgres::Lsn;
+
+    fn batch(interval_ms: u64, max_records: u64, max_bytes: u64) -> Batch {
+        let mut config: KafkaConfig =
+            toml::from_str("brokers = \"127.0.0.1:9092\"").expect("a kafka section");
+        config.transaction_interval_ms = interval_ms;
+        config.transaction_max_records = max_records;
+        config.transaction_max_bytes = max_bytes;
+        Batch::new(&config)
+    }
+
+    fn at(n: u64) -> Position {
+        Position::Lsn(Lsn(n))
+    }
+
+    #[test]
+    fn commits_only_at_boundaries_once_a_limit_is_reached() {
+        let t0 = Instant::now();
+        let mut b = batch(100, 3, 1 << 20);
+        assert!(b.record(10, t0), "the first record begins a transaction");
+        assert!(!b.record(10, t0), "later ones join it");
+        assert_eq!(b.due(), None, "half a source transaction is never due");
+        assert!(!b.boundary(at(1), t0), "2 records < 3");
+        assert_eq!(b.due(), Some(t0 + Duration::from_millis(100)));
+        b.record(10, t0);
+        assert!(b.partial());
+        assert!(b.boundary(at(2), t0), "3 records");
+        let commit = b.take().unwrap();
+        assert_eq!(commit.end, at(2));
+        assert!(commit.open);
+        assert!(b.take().is_none(), "nothing since");
+        assert!(b.record(10, t0), "a new transaction begins after a commit");
+    }
+
+    #[test]
+    fn bytes_and_age_commit_too() {
+        let t0 = Instant::now();
+        let mut b = batch(100, 1000, 1024);
+        b.record(1000, t0);
+        b.record(100, t0);
+        assert!(b.boundary(at(1), t0), "1100 bytes >= 1024");
+        b.take();
+        b.record(1, t0);
+        assert!(!b.boundary(at(2), t0 + Duration::from_millis(99)));
+        assert!(b.boundary(at(3), t0 + Duration::from_millis(100)));
+    }
+
+    #[test]
+    fn idle_boundaries_make_a_checkpoint_only_commit_after_the_interval() {
+        let t0 = Instant::now();
+        let mut b = batch(50, 1000, 1 << 20);
+        assert!(!b.boundary(at(1), t0));
+        assert!(!b.boundary(at(2), t0 + Duration::from_millis(10)));
+        assert_eq!(b.due(), Some(t0 + Duration::from_millis(50)));
+        let commit = b.take().unwrap();
+        assert_eq!(commit.end, at(2));
+        assert!(
+            !commit.open,
+            "no records: the checkpoint needs a transaction of its own"
+        );
+        assert!(b.take().is_none() && !b.open() && b.due().is_none());
+        b.failed();
+        assert!(b.open(), "a failed commit leaves a transaction to abort");
+    }
+}
