@@ -11,6 +11,9 @@
 //! - commit→consume latency at fixed offered rates (commit time stamped into the payload by the loader,
 //!   receive time taken by a consumer; an upper bound of commit→ack).
 //!
+//! - exactly-once beside at-least-once (`--only eos`): both with the Kafka checkpoint store, draining
+//!   the same backlog to noida-db (a broker with transactions), interleaved run by run.
+//!
 //! It prints a Markdown table for BENCHMARKS.md. Numbers are not asserted anywhere.
 
 // The benchmark borrows the test rig and uses only part of it.
@@ -183,7 +186,8 @@ struct Args {
     quick: bool,
     /// `--profile DIR`: every timed outboxd run is recorded by `perf record -g` into DIR.
     profile: Option<String>,
-    /// `--only a,b`: run only these sections (drain, huge, raw, relay, postgres, latency, restart).
+    /// `--only a,b`: run only these sections (drain, huge, raw, relay, postgres, latency, restart,
+    /// eos).
     only: Option<Vec<String>>,
     /// `--baseline PATH[=LABEL]`: also drain every backlog with this outboxd binary (an older
     /// build), interleaved with this build's runs, for a before/after in one run.
@@ -428,6 +432,11 @@ fn main() {
         });
     }
 
+    if args.wants("eos") {
+        rows.extend(exactly_once_section(&db, loaded, n, record_bytes));
+        loaded += n;
+    }
+
     let mut pg_latency_rows = Vec::new();
     if args.wants("postgres") {
         let (pg_rows, pg_latency) = postgres_section(
@@ -506,6 +515,12 @@ fn main() {
         ratio("pg-drain", "pg-raw-source"),
         ratio("pg-drain", "raw-broker"),
     );
+    if rate("eos").is_some() {
+        println!(
+            "ratio (MariaDB, 10-row transactions, Kafka checkpoint, noida-db): exactly-once / at-least-once = {}",
+            ratio("eos", "eos-alo"),
+        );
+    }
     if rate("base-drain10").is_some() || rate("pg-base10").is_some() {
         println!(
             "ratios of the baseline build (10-row transactions): MariaDB outboxd / raw source = {}, Postgres outboxd / raw source = {}",
@@ -557,6 +572,136 @@ fn main() {
 
 /// Throughput measurements are taken this many times; the table shows the median run.
 const REPEATS: usize = 3;
+
+/// The checkpoints in the Kafka checkpoint topic as a read_committed consumer sees them, tailed on
+/// a thread: pipeline name -> its position's GTID state.
+struct CheckpointTail {
+    seen: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl CheckpointTail {
+    fn start(bootstrap: &str) -> CheckpointTail {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", "bench-checkpoint-tail")
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .create()
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset("outboxd.checkpoints", 0, Offset::Beginning)
+            .unwrap();
+        consumer.assign(&tpl).unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (writing, stopping) = (seen.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) {
+                    let key = String::from_utf8_lossy(m.key().unwrap_or_default()).to_string();
+                    let gtid = m
+                        .payload()
+                        .and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok())
+                        .and_then(|v| v["position"]["gtid_set"].as_str().map(str::to_string));
+                    if let Some(gtid) = gtid {
+                        writing.lock().unwrap().insert(key, gtid);
+                    }
+                }
+            }
+        });
+        CheckpointTail { seen, stop }
+    }
+
+    fn gtid(&self, name: &str) -> Option<String> {
+        self.seen.lock().unwrap().get(name).cloned()
+    }
+}
+
+impl Drop for CheckpointTail {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Exactly-once beside at-least-once: two pipelines with the Kafka checkpoint store drain the same
+/// backlog of `n` rows (10-row transactions, ids from `from`) to a fresh noida-db, interleaved run
+/// by run, each from the same start.
+fn exactly_once_section(db: &MariaDb, from: u64, n: u64, record_bytes: u64) -> Vec<Row> {
+    let broker = Broker::start_noida();
+    create_topic(&broker.bootstrap(), TOPIC, 6);
+    let tail = CheckpointTail::start(&broker.bootstrap());
+    let mut pipelines: Vec<(Outboxd, &'static str, &'static str)> = [
+        ("bench-alo", "eos-alo", ""),
+        ("bench-eos", "eos", "exactly_once = true"),
+    ]
+    .into_iter()
+    .map(|(name, key, kafka)| {
+        let mut outboxd = Outboxd::with_checkpoint(
+            name,
+            &config_body(&db.cdc_url(), &broker.bootstrap(), kafka, ""),
+            "store = \"kafka\"\ntakeover_timeout_ms = 1000",
+        );
+        outboxd.start();
+        outboxd.stop();
+        (outboxd, key, kafka)
+    })
+    .collect();
+    wait_until("the start checkpoints", Duration::from_secs(60), || {
+        tail.gtid("bench-alo").is_some() && tail.gtid("bench-eos").is_some()
+    });
+    let starts: Vec<String> = ["bench-alo", "bench-eos"]
+        .iter()
+        .map(|name| tail.gtid(name).unwrap())
+        .collect();
+    db.sql_socket(&load_script(from, from + n, 10));
+    let target = gtid_pos(db);
+    let mut runs: Vec<Vec<(f64, ProcessStats)>> = vec![Vec::new(), Vec::new()];
+    for _ in 0..REPEATS {
+        for (i, (outboxd, _, _)) in pipelines.iter_mut().enumerate() {
+            let set = outboxd
+                .command(&["checkpoint", "set", &format!("gtid:{}", starts[i])])
+                .output()
+                .unwrap();
+            assert!(set.status.success(), "{set:?}");
+            let name = outboxd.name.clone();
+            let broker_before = process_stats(broker.pid()).cpu_seconds;
+            let mut run = timed_run(outboxd, "a Kafka-checkpoint pipeline to drain", |_| {
+                tail.gtid(&name).as_deref() == Some(target.as_str())
+            });
+            run.1.peers_cpu = format!(
+                "noida-db {:.1}",
+                process_stats(broker.pid()).cpu_seconds - broker_before
+            );
+            runs[i].push(run);
+        }
+    }
+    pipelines
+        .iter()
+        .zip(runs)
+        .map(|((_, key, kafka), runs)| {
+            let (seconds, stats, spread) = median(runs, n);
+            let mode = if kafka.is_empty() {
+                "at-least-once"
+            } else {
+                "exactly-once"
+            };
+            Row {
+                key,
+                what: format!(
+                    "outboxd {mode}, Kafka checkpoint, noida-db, MariaDB backlog drain, 10-row transactions"
+                ),
+                events: n,
+                seconds,
+                bytes: n * record_bytes,
+                extra: format!(
+                    "{spread}; {:.1} CPU s ({} CPU s), peak RSS {:.0} MB",
+                    stats.cpu_seconds, stats.peers_cpu, stats.peak_rss_mb
+                ),
+            }
+        })
+        .collect()
+}
 
 /// The median run by time, and the range of rates over all runs (as text).
 fn median<T>(mut runs: Vec<(f64, T)>, events: u64) -> (f64, T, String) {

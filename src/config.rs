@@ -305,8 +305,43 @@ impl Config {
             return bad(
                 "kafka.transaction_interval_ms",
                 format!("{} is out of range", self.kafka.transaction_interval_ms),
-                "use 10..=600000 milliseconds (default 100), well below transaction.timeout.ms",
+                "use 10..=600000 milliseconds (default 100), at most half of transaction.timeout.ms",
             );
+        }
+        let transaction_timeout = self
+            .kafka
+            .properties
+            .get("transaction.timeout.ms")
+            .map(|v| v.trim().parse::<u64>());
+        match transaction_timeout {
+            Some(Err(_)) => {
+                return bad(
+                    "kafka.properties.transaction.timeout.ms",
+                    "not a number of milliseconds".into(),
+                    "write a whole number of milliseconds, e.g. \"60000\"",
+                )
+            }
+            Some(Ok(timeout)) if self.kafka.transaction_interval_ms * 2 > timeout => {
+                return bad(
+                    "kafka.transaction_interval_ms",
+                    format!(
+                        "{} ms is more than half of transaction.timeout.ms ({timeout} ms): the brokers would abort transactions before they commit",
+                        self.kafka.transaction_interval_ms
+                    ),
+                    "lower kafka.transaction_interval_ms, or raise kafka.properties.\"transaction.timeout.ms\"",
+                )
+            }
+            None if self.kafka.transaction_interval_ms > 30_000 => {
+                return bad(
+                    "kafka.transaction_interval_ms",
+                    format!(
+                        "{} ms is more than half of transaction.timeout.ms (60000 ms, outboxd's default): the brokers would abort transactions before they commit",
+                        self.kafka.transaction_interval_ms
+                    ),
+                    "lower kafka.transaction_interval_ms, or raise kafka.properties.\"transaction.timeout.ms\"",
+                )
+            }
+            _ => {}
         }
         if self.kafka.transaction_max_records == 0 {
             return bad(
@@ -922,6 +957,10 @@ listen = ""
                 "kafka.transaction_max_records",
             ),
             (
+                "transaction_interval_ms = 40000\n",
+                "kafka.transaction_interval_ms",
+            ),
+            (
                 "transaction_max_bytes = 10\n",
                 "kafka.transaction_max_bytes",
             ),
@@ -930,6 +969,13 @@ listen = ""
             let err = parse(&text, &[]).unwrap_err();
             assert!(err.to_string().contains(named), "{extra}: {err}");
         }
+        let short_timeout = kafka.replace("[kafka]\n", "[kafka]\ntransaction_interval_ms = 200\n")
+            + "[kafka.properties]\n\"transaction.timeout.ms\" = \"300\"\n";
+        let err = parse(&short_timeout, &[]).unwrap_err();
+        assert!(
+            err.to_string().contains("kafka.transaction_interval_ms"),
+            "{err}"
+        );
     }
 
     #[test]

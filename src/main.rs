@@ -263,7 +263,9 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
     let config = Config::load(&path)?;
     match cli.command {
         Command::Schema { .. } | Command::Completions { .. } => unreachable!("handled above"),
-        Command::Run { skip_checks } => runtime()?.block_on(async {
+        Command::Run { skip_checks } => {
+            let runtime = runtime()?;
+            let result = runtime.block_on(async {
             if !skip_checks {
                 let report = outboxd::check::run(&config).await;
                 for item in report.advisory() {
@@ -291,7 +293,12 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 Err(e) => std::panic::resume_unwind(e.into_panic()),
             }
             Ok(ExitCode::SUCCESS)
-        }),
+        });
+            // A librdkafka call still blocking a thread past the drain deadline (a commit behind a
+            // frozen broker) must not hold the exit: the session gave up on it already.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+            result
+        }
         Command::Check => runtime()?.block_on(async {
             let report = outboxd::check::run(&config).await;
             for item in &report.items {

@@ -241,8 +241,17 @@ impl KafkaStore {
             .map_err(|e| unreachable(&self.topic, &e))
     }
 
-    /// Reads the partition from `from` to its end (the last stable offset), key by key.
-    fn scan(&self, from: i64, mut seen: impl FnMut(&[u8], Option<&[u8]>)) -> Result<()> {
+    /// Reads the partition from `from` up to `until` (a high watermark asked before), key by key,
+    /// committed records only. A read_committed reader's end is the last stable offset: a
+    /// transaction left open below `until` (another pipeline's writer killed mid-commit, whose
+    /// transaction the brokers abort after its timeout) would hide every newer record, so the scan
+    /// waits until the end passes `until` rather than return an older checkpoint as the newest.
+    fn scan(
+        &self,
+        from: i64,
+        until: i64,
+        mut seen: impl FnMut(&[u8], Option<&[u8]>),
+    ) -> Result<()> {
         let consumer = self.consumer()?;
         let mut assignment = TopicPartitionList::new();
         assignment
@@ -253,7 +262,15 @@ impl KafkaStore {
         loop {
             match consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(message)) => seen(message.key().unwrap_or_default(), message.payload()),
-                Some(Err(KafkaError::PartitionEOF(_))) => return Ok(()),
+                Some(Err(KafkaError::PartitionEOF(_))) => {
+                    let position = consumer.position().ok().and_then(|p| {
+                        p.find_partition(&self.topic, 0)
+                            .and_then(|p| p.offset().to_raw())
+                    });
+                    if position.is_none_or(|at| at >= until) {
+                        return Ok(());
+                    }
+                }
                 Some(Err(e)) => return Err(unreachable(&self.topic, &e)),
                 None if Instant::now() > deadline => {
                     return Err(Error::checkpoint(format!(
@@ -297,7 +314,7 @@ impl KafkaStore {
             let from = high.saturating_sub(window).max(low);
             let mut found: Option<Option<Vec<u8>>> = None;
             if from < high {
-                self.scan(from, |k, v| {
+                self.scan(from, high, |k, v| {
                     if k == key.as_bytes() {
                         found = Some(v.map(<[u8]>::to_vec));
                     }
@@ -324,9 +341,24 @@ impl KafkaStore {
     /// earlier producer with the pipeline's transactional id (a frozen or cut-off old leader's
     /// commits fail from now on), and waits until their open transaction is settled.
     pub fn take_over(&self) -> Result<()> {
+        let producer = self.fencing_producer(&self.transactional_id())?;
+        *self.writer.lock().expect("writer lock") = Some(producer);
+        Ok(())
+    }
+
+    /// Fences the pipeline's record producer too (`kafka.exactly_once`): a leader frozen with a
+    /// transaction open can then no longer commit a checkpoint over the one `checkpoint set`
+    /// writes. Harmless without exactly-once (the id is merely registered).
+    pub fn fence_records(&self) -> Result<()> {
+        self.fencing_producer(&self.records_transactional_id())
+            .map(drop)
+    }
+
+    /// A transactional producer with `id`, after `init_transactions` fenced every earlier holder.
+    fn fencing_producer(&self, id: &str) -> Result<ThreadedProducer<DefaultProducerContext>> {
         let mut config = self.base.clone();
         config
-            .set("transactional.id", self.transactional_id())
+            .set("transactional.id", id)
             .set("transaction.timeout.ms", "60000")
             .set("enable.idempotence", "true")
             .set("acks", "all");
@@ -334,15 +366,13 @@ impl KafkaStore {
             config.create().map_err(|e| unreachable(&self.topic, &e))?;
         producer.init_transactions(TIMEOUT).map_err(|e| {
             let error = Error::checkpoint(format!(
-                "cannot become the checkpoint writer of pipeline {:?} (transactional id {}): {e}",
+                "cannot become the checkpoint writer of pipeline {:?} (transactional id {id}): {e}",
                 self.name,
-                self.transactional_id()
             ));
             if refused_for_good(&e) {
                 // Waiting cures neither a missing grant nor a broker without transactions.
                 error.remedy(format!(
-                    "grant outboxd's principal WRITE and DESCRIBE on the transactional id {} (and IDEMPOTENT_WRITE on the cluster on old brokers); a broker without transactions cannot keep outboxd's checkpoint: use checkpoint.store = \"file\" there",
-                    self.transactional_id()
+                    "grant outboxd's principal WRITE and DESCRIBE on the transactional id {id} (and IDEMPOTENT_WRITE on the cluster on old brokers); a broker without transactions cannot keep outboxd's checkpoint: use checkpoint.store = \"file\" there"
                 ))
             } else {
                 error
@@ -350,8 +380,7 @@ impl KafkaStore {
                     .transient()
             }
         })?;
-        *self.writer.lock().expect("writer lock") = Some(producer);
-        Ok(())
+        Ok(producer)
     }
 
     /// Gives up writing (the lead was lost): the producer closes without committing anything more.
@@ -507,9 +536,9 @@ impl Backend for std::sync::Arc<KafkaStore> {
             return Ok(Vec::new());
         }
         let prefix = format!("{}/saved/", self.name);
-        let (low, _) = self.watermarks()?;
+        let (low, high) = self.watermarks()?;
         let mut labels = std::collections::BTreeMap::new();
-        self.scan(low, |key, value| {
+        self.scan(low, high, |key, value| {
             if let Some(label) = std::str::from_utf8(key)
                 .ok()
                 .and_then(|k| k.strip_prefix(&prefix))
@@ -576,6 +605,7 @@ fn refused_for_good(e: &KafkaError) -> bool {
                 | RDKafkaErrorCode::UnsupportedVersion
                 | RDKafkaErrorCode::UnsupportedForMessageFormat
                 | RDKafkaErrorCode::InvalidTransactionTimeout
+                | RDKafkaErrorCode::UnsupportedFeature
         )
     )
 }

@@ -91,6 +91,7 @@ impl Store {
                 if access == Access::Exclusive {
                     kafka.ensure_no_leader()?;
                     kafka.take_over()?;
+                    kafka.fence_records()?;
                 }
                 Ok(Store::with(
                     name,

@@ -318,25 +318,41 @@ impl<'a> Session<'a> {
     /// (a transaction holding the checkpoint alone when only boundaries came). A shutdown request
     /// meanwhile starts the drain clock; a commit that outlasts the drain deadline ends the session
     /// (whatever the broker then decides, records and checkpoint go together).
-    async fn commit(&mut self) -> Result<()> {
+    async fn commit(&mut self) -> Result<bool> {
         let Some(batch) = &mut self.batch else {
-            return Ok(());
+            return Ok(false);
         };
         let Some(Commit { end, open }) = batch.take() else {
-            return Ok(());
+            return Ok(false);
         };
+        let result = self.commit_to(end, open).await;
+        if let Err(e) = result {
+            // The transaction may still be open: the session ends, and `finish` aborts it.
+            if let Some(batch) = &mut self.batch {
+                batch.failed();
+            }
+            // A record refused for good is why the commit failed: stop with its remedy.
+            return Err(self.failure.get().cloned().unwrap_or(e));
+        }
+        result
+    }
+
+    async fn commit_to(&mut self, end: Position, open: bool) -> Result<bool> {
         if !open {
             if self.checkpointer.is_durable(&end) {
-                return Ok(());
+                // Nothing to store; the checkpoint is as new as it can be.
+                self.shared.metrics.checkpoint_current();
+                return Ok(false);
             }
             self.sink.begin()?;
         }
         let record = self.checkpointer.record(&end)?;
+        // Bounded by the transaction's own timeout, and while stopping by the drain deadline.
         let limit = match self.stopping {
             Some(_) => self
                 .deadline()
                 .saturating_duration_since(tokio::time::Instant::now()),
-            None => crate::sink::kafka::DEFAULT_TRANSACTION_TIMEOUT,
+            None => KafkaSink::transaction_timeout(&self.config.kafka),
         };
         let committed = {
             let mut committing = std::pin::pin!(self.sink.commit(record, limit));
@@ -355,22 +371,32 @@ impl<'a> Session<'a> {
                 }
             }
         };
-        match committed {
-            Ok(()) => {
-                self.checkpointer.committed(end);
-                self.shared.metrics.transaction("committed");
-                self.shared.metrics.checkpoint_current();
-                Ok(())
-            }
-            Err(e) => {
-                // The transaction may still be open: the session ends, and `finish` aborts it.
-                if let Some(batch) = &mut self.batch {
-                    batch.failed();
-                }
-                self.shared.metrics.transaction("aborted");
-                Err(e)
-            }
+        committed?;
+        self.checkpointer.committed(end);
+        self.shared.metrics.transaction("committed");
+        self.shared.metrics.checkpoint_current();
+        Ok(true)
+    }
+
+    /// Exactly-once: the brokers abort a transaction open longer than `transaction.timeout.ms`
+    /// and report that to the producer as a fence. When the open transaction was still inside
+    /// one source transaction that long, that source transaction does not fit in one Kafka
+    /// transaction, and standing by (to take over and time out again) would loop forever.
+    fn explain_fence(&self, e: Error) -> Error {
+        let Some(batch) = &self.batch else {
+            return e;
+        };
+        let limit = KafkaSink::transaction_timeout(&self.config.kafka);
+        let timed_out = batch.partial() && batch.began().is_some_and(|b| b.elapsed() >= limit);
+        if !e.is_superseded() || !timed_out {
+            return e;
         }
+        Error::sink(format!(
+            "a source transaction did not fit in one Kafka transaction: it stayed open longer than transaction.timeout.ms ({} ms) and the brokers aborted it ({})",
+            limit.as_millis(),
+            e.message()
+        ))
+        .remedy("raise kafka.properties.\"transaction.timeout.ms\" (up to the brokers' transaction.max.timeout.ms, 15 min by default), or split such transactions; nothing was committed, nothing was skipped")
     }
 
     /// Routes `row`, takes its ticket and room in the window, and sends it.
@@ -488,7 +514,12 @@ impl<'a> Session<'a> {
             _ => result,
         };
         let written = if self.batch.is_some() {
-            self.finish_transaction(&result).await
+            let result = result.map_err(|e| self.explain_fence(e));
+            let written = self.finish_transaction(&result).await;
+            self.sink.close().await;
+            self.shared.metrics.abandon_inflight();
+            written?;
+            return result;
         } else {
             self.drain_and_write(&result).await
         };
@@ -558,13 +589,27 @@ impl<'a> Session<'a> {
         if clean {
             self.stop("committing the last Kafka transaction");
             match self.commit().await {
-                Ok(()) => {
-                    tracing::info!("final Kafka transaction committed with its checkpoint");
+                Ok(committed) => {
+                    if committed {
+                        tracing::info!("final Kafka transaction committed with its checkpoint");
+                    }
                     return Ok(());
                 }
-                Err(e) => tracing::warn!(error = %e, "the last Kafka transaction did not commit"),
+                Err(e) if e.is_transient() || e.is_superseded() => {
+                    tracing::warn!(error = %e, "the last Kafka transaction did not commit; it is sent again on restart")
+                }
+                Err(e) => {
+                    self.abort().await;
+                    return Err(e);
+                }
             }
         }
+        self.abort().await;
+        Ok(())
+    }
+
+    /// Exactly-once: aborts the open Kafka transaction, if any (bounded, best effort).
+    async fn abort(&mut self) {
         if self.batch.as_ref().is_some_and(|b| b.open()) {
             let limit = ABORT_TIMEOUT.min(match self.stopping {
                 Some(_) => self
@@ -575,7 +620,6 @@ impl<'a> Session<'a> {
             self.sink.abort(limit).await;
             self.shared.metrics.transaction("aborted");
         }
-        Ok(())
     }
 }
 

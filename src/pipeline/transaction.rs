@@ -30,6 +30,8 @@ pub(super) struct Batch {
     bytes: u64,
     /// Records were sent since the last commit: a Kafka transaction is open.
     open: bool,
+    /// When the newest Kafka transaction began (kept after its commit, for explaining a failure).
+    began: Option<Instant>,
     /// Records of a source transaction whose boundary has not arrived yet were sent.
     partial: bool,
     /// The newest boundary since the last commit.
@@ -52,6 +54,7 @@ impl Batch {
             records: 0,
             bytes: 0,
             open: false,
+            began: None,
             partial: false,
             end: None,
         }
@@ -63,7 +66,16 @@ impl Batch {
         self.records += 1;
         self.bytes += bytes as u64;
         self.partial = true;
-        !std::mem::replace(&mut self.open, true)
+        let begins = !std::mem::replace(&mut self.open, true);
+        if begins {
+            self.began = Some(now);
+        }
+        begins
+    }
+
+    /// When the newest Kafka transaction began.
+    pub fn began(&self) -> Option<Instant> {
+        self.began
     }
 
     /// A source transaction boundary; `true` when the session should commit now.

@@ -373,6 +373,15 @@ impl KafkaSink {
         }
     }
 
+    /// How long the brokers let one Kafka transaction stay open (`transaction.timeout.ms`).
+    pub fn transaction_timeout(config: &KafkaConfig) -> Duration {
+        config
+            .properties
+            .get("transaction.timeout.ms")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(DEFAULT_TRANSACTION_TIMEOUT, Duration::from_millis)
+    }
+
     /// The producer's `message.max.bytes` as configured (records above it are unroutable).
     pub fn max_message_bytes(config: &KafkaConfig) -> usize {
         config
@@ -499,11 +508,18 @@ impl KafkaSink {
 
     /// Sends `last` (the checkpoint of the transaction's end) into the open transaction and
     /// commits it: every record sent since [`KafkaSink::begin`] becomes visible with it, or none
-    /// does. Waits for the acks of the whole transaction, up to `limit` for the flush and again for
-    /// the commit, on a blocking thread.
+    /// does. Waits, within `limit` in all, for the acks of the whole transaction, then for the
+    /// commit, on a blocking thread. The records are flushed before the checkpoint joins the
+    /// transaction: the checkpoint topic is shared, and its partition's readers wait for an open
+    /// transaction there only for the commit's round trip.
     pub async fn commit(&self, last: Record, limit: Duration) -> Result<()> {
         let (producer, id) = self.transactional();
         tokio::task::spawn_blocking(move || {
+            let deadline = Instant::now() + limit;
+            let left = || deadline.saturating_duration_since(Instant::now());
+            producer
+                .flush(left())
+                .map_err(|e| transaction_error("flushing the Kafka transaction", &id, &e))?;
             let mut base: BaseRecord<'_, [u8], [u8], Box<InFlight>> = BaseRecord::with_opaque_to(
                 &last.topic,
                 Box::new(InFlight {
@@ -529,12 +545,11 @@ impl KafkaSink {
             if let Some(value) = &last.value {
                 base = base.payload(value.as_slice());
             }
-            let deadline = Instant::now() + limit;
             loop {
                 match producer.send(base) {
                     Ok(()) => break,
                     Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
-                        if Instant::now() < deadline =>
+                        if !left().is_zero() =>
                     {
                         base = back;
                         std::thread::sleep(Duration::from_millis(2));
@@ -548,13 +563,9 @@ impl KafkaSink {
                     }
                 }
             }
-            // Every record of the transaction written (what the commit would wait for anyway).
-            producer
-                .flush(limit)
-                .map_err(|e| transaction_error("flushing the Kafka transaction", &id, &e))?;
             crate::fault::crash_point(crate::fault::BEFORE_TRANSACTION_COMMIT);
             producer
-                .commit_transaction(limit)
+                .commit_transaction(left())
                 .map_err(|e| transaction_error("committing the Kafka transaction", &id, &e))
         })
         .await
