@@ -57,6 +57,12 @@ pub struct KafkaStore {
     writer: Mutex<Option<ThreadedProducer<DefaultProducerContext>>>,
     /// Opened for reading, and the topic does not exist: there is no checkpoint.
     missing: bool,
+    /// Reads wait until transactions open below their high watermark are settled: set while this
+    /// instance is the checkpoint writer (after [`KafkaStore::take_over`], which fenced the
+    /// pipeline's own earlier writers and so settled their transactions). Other reads (`check`,
+    /// `checkpoint show`, a standby's) do not wait: a killed instance's open transaction, which
+    /// only the next leader's fencing settles, would hold them for its whole timeout.
+    settle: std::sync::atomic::AtomicBool,
 }
 
 impl KafkaStore {
@@ -79,6 +85,7 @@ impl KafkaStore {
             base,
             writer: Mutex::new(None),
             missing: false,
+            settle: std::sync::atomic::AtomicBool::new(false),
         };
         store.missing = !store.ensure_topic(create)?;
         Ok(store)
@@ -267,7 +274,8 @@ impl KafkaStore {
                         p.find_partition(&self.topic, 0)
                             .and_then(|p| p.offset().to_raw())
                     });
-                    if position.is_none_or(|at| at >= until) {
+                    let settle = self.settle.load(std::sync::atomic::Ordering::Relaxed);
+                    if !settle || position.is_none_or(|at| at >= until) {
                         return Ok(());
                     }
                 }
@@ -343,6 +351,8 @@ impl KafkaStore {
     pub fn take_over(&self) -> Result<()> {
         let producer = self.fencing_producer(&self.transactional_id())?;
         *self.writer.lock().expect("writer lock") = Some(producer);
+        self.settle
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -385,6 +395,8 @@ impl KafkaStore {
 
     /// Gives up writing (the lead was lost): the producer closes without committing anything more.
     pub fn step_down(&self) {
+        self.settle
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         self.writer.lock().expect("writer lock").take();
     }
 
