@@ -160,7 +160,7 @@ fn exactly_once_on_mariadb_survives_ten_kill_9s_and_a_frozen_broker() {
     .into_iter()
     .filter(|r| r.key.as_deref() == Some(b"eos-maria".as_slice()))
     .filter_map(|r| serde_json::from_slice::<serde_json::Value>(r.value.as_deref()?).ok())
-    .last()
+    .next_back()
     .expect("a committed checkpoint");
     assert_eq!(last["position"]["gtid_set"], end.as_str(), "{last}");
 }
