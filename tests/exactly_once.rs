@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::operate::output;
 use crate::postgres_pipeline::{insert_sql as pg_insert_sql, pg_payload, SCHEMA as PG_SCHEMA};
 use crate::rig::broker::Broker;
 use crate::rig::kafka::consume_using;
@@ -11,6 +12,7 @@ use crate::rig::mariadb::MariaDb;
 use crate::rig::outboxd::Outboxd;
 use crate::rig::scenario::*;
 use crate::rig::{create_topic, free_port, http_get, wait_until, Consumed, Postgres};
+use crate::standby::{assert_monotonic, committed_checkpoints};
 
 const TOPICS: [&str; 2] = ["outbox.event.order", "outbox.event.customer"];
 
@@ -306,4 +308,119 @@ fn exactly_once_holds_across_a_failover_to_a_standby() {
         "exactly-once failover: {} records read_committed for {total} rows",
         records.len()
     );
+}
+
+/// `checkpoint set` while the exactly-once leader is frozen with a transaction open (it counts as
+/// stopped once its lead is older than twice the takeover timeout): when the leader wakes up, its
+/// transaction must not commit a checkpoint over the one the operator wrote.
+#[test]
+fn a_frozen_leader_cannot_commit_over_a_checkpoint_set_meanwhile() {
+    use nix::sys::signal::{kill, Signal};
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let broker = noida_with_topics();
+    let mut outboxd = mariadb_outboxd(
+        &db,
+        &broker,
+        "eos-set",
+        // Long transactions: the leader is almost surely frozen with one open.
+        "exactly_once = true\ntransaction_interval_ms = 5000",
+        "",
+    );
+    outboxd.start();
+    let writer = spawn_writer(db.socket_path(), 3_000, &[1, 7], 5);
+    wait_until("a committed checkpoint", Duration::from_secs(60), || {
+        committed_checkpoints(&broker, "eos-set").len() > 1
+    });
+    kill(outboxd.pid(), Signal::SIGSTOP).unwrap();
+    writer.join().unwrap();
+    let end = db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    let target = format!("gtid:{end}");
+    let mut set = (false, String::new());
+    wait_until(
+        "checkpoint set to accept the frozen leader as stopped",
+        Duration::from_secs(60),
+        || {
+            set = output(&outboxd, &["checkpoint", "set", &target]);
+            set.0
+        },
+    );
+    let set_at = committed_checkpoints(&broker, "eos-set").len();
+    kill(outboxd.pid(), Signal::SIGCONT).unwrap();
+    wait_until(
+        "the woken leader to give up its session",
+        Duration::from_secs(60),
+        || outboxd.log().contains("lost the pipeline's lead"),
+    );
+    insert_rows(&db, 3_000, 3_010, 1);
+    let later = db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    wait_until(
+        "the pipeline to lead again from the set checkpoint",
+        Duration::from_secs(60),
+        || {
+            committed_checkpoints(&broker, "eos-set")
+                .last()
+                .is_some_and(|(_, c)| c["position"]["gtid_set"] == later.as_str())
+        },
+    );
+    let checkpoints = committed_checkpoints(&broker, "eos-set");
+    assert_eq!(
+        checkpoints[set_at - 1].1["position"]["gtid_set"],
+        end.as_str(),
+        "{}",
+        set.1
+    );
+    assert_monotonic(&checkpoints[set_at - 1..]);
+    outboxd.stop();
+}
+
+/// Two pipelines share the checkpoint topic. One crashes inside its commit, leaving a transaction
+/// open on the topic's partition; the other commits checkpoints above it, is killed and restarts.
+/// A read_committed reader ends at that open transaction, so a restart that read only that far
+/// would resume from an older checkpoint and send its rows twice: the restart waits until the open
+/// transaction ends (here: the crashed pipeline's restart aborts it).
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
+fn a_restart_waits_for_another_pipelines_open_transaction_on_the_checkpoint_topic() {
+    use outboxd::fault::BEFORE_TRANSACTION_COMMIT;
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let broker = noida_with_topics();
+    for topic in ["y.order", "y.customer"] {
+        create_topic(&broker.bootstrap(), topic, 3);
+    }
+    let mut x = mariadb_outboxd(&db, &broker, "eos-x", EXACTLY_ONCE, "");
+    let y_body = config_body(&db.cdc_url(), &broker.bootstrap(), EXACTLY_ONCE, "")
+        .replace("server_id = 99", "server_id = 98")
+        + "[route]\ntopic = \"y.${routedByValue}\"\n";
+    let mut y = Outboxd::with_checkpoint("eos-y", &y_body, CHECKPOINT);
+    x.start();
+    y.start_with_env(
+        &[],
+        &[("FAILPOINTS", &format!("{BEFORE_TRANSACTION_COMMIT}=return"))],
+    );
+    insert_rows(&db, 0, 100, 1);
+    assert!(!y.wait_exit(LIMIT).success(), "{}", y.log());
+    // X commits checkpoints above Y's open transaction.
+    insert_rows(&db, 100, 200, 1);
+    consume_as(&broker, "read_committed", |all| distinct(all) >= 200);
+    x.kill9();
+    x.start_until(
+        &[],
+        &[],
+        &["waiting for a transaction open on the checkpoint topic"],
+    );
+    y.start();
+    let records = assert_exactly_once(&broker, &mut x, 200, |n| event(n).3);
+    println!(
+        "exactly-once, a pipeline restarted while another's transaction was open on the checkpoint topic: {} records for 200 rows",
+        records.len()
+    );
+    y.stop();
 }

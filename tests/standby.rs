@@ -56,7 +56,10 @@ fn kafka_env(name: &str, count: usize, checkpoint: &str) -> KafkaEnv {
 }
 
 /// The committed checkpoint records of pipeline `name`, oldest first: (writer, document).
-fn committed_checkpoints(broker: &Broker, name: &str) -> Vec<(String, serde_json::Value)> {
+pub(crate) fn committed_checkpoints(
+    broker: &Broker,
+    name: &str,
+) -> Vec<(String, serde_json::Value)> {
     consume_using(
         &[
             ("bootstrap.servers", &broker.bootstrap()),
@@ -78,7 +81,7 @@ fn committed_checkpoints(broker: &Broker, name: &str) -> Vec<(String, serde_json
 
 /// Asserts that the committed checkpoints never move backwards, judged by the GTID state (a
 /// session resumed by GTID reports the file's start until the next event names its offset).
-fn assert_monotonic(checkpoints: &[(String, serde_json::Value)]) {
+pub(crate) fn assert_monotonic(checkpoints: &[(String, serde_json::Value)]) {
     let key = |c: &serde_json::Value| {
         let gtid = c["position"]["gtid_set"].as_str().unwrap_or("0-1-0");
         gtid.rsplit('-').next().unwrap().parse::<u64>().unwrap()

@@ -266,6 +266,7 @@ impl KafkaStore {
             .and_then(|()| consumer.assign(&assignment))
             .map_err(|e| unreachable(&self.topic, &e))?;
         let deadline = Instant::now() + TIMEOUT;
+        let mut told = false;
         loop {
             match consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(message)) => seen(message.key().unwrap_or_default(), message.payload()),
@@ -277,6 +278,14 @@ impl KafkaStore {
                     let settle = self.settle.load(std::sync::atomic::Ordering::Relaxed);
                     if !settle || position.is_none_or(|at| at >= until) {
                         return Ok(());
+                    }
+                    if !std::mem::replace(&mut told, true) {
+                        tracing::info!(
+                            topic = self.topic,
+                            stable_until = position,
+                            written_until = until,
+                            "waiting for a transaction open on the checkpoint topic to end before reading the checkpoint (another pipeline's, or one a killed instance left)"
+                        );
                     }
                 }
                 Some(Err(e)) => return Err(unreachable(&self.topic, &e)),

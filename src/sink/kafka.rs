@@ -563,6 +563,11 @@ impl KafkaSink {
                     }
                 }
             }
+            // The checkpoint written too (what the commit would wait for anyway), so a crash
+            // here leaves the whole transaction open on the brokers.
+            producer
+                .flush(left())
+                .map_err(|e| transaction_error("flushing the checkpoint record", &id, &e))?;
             crate::fault::crash_point(crate::fault::BEFORE_TRANSACTION_COMMIT);
             producer
                 .commit_transaction(left())
