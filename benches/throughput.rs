@@ -517,8 +517,9 @@ fn main() {
     );
     if rate("eos").is_some() {
         println!(
-            "ratio (MariaDB, 10-row transactions, Kafka checkpoint, noida-db): exactly-once / at-least-once = {}",
+            "ratios (MariaDB, 10-row transactions, Kafka checkpoint, noida-db): exactly-once / at-least-once = {} (default interval), {} (1 s)",
             ratio("eos", "eos-alo"),
+            ratio("eos-1s", "eos-alo"),
         );
     }
     if rate("base-drain10").is_some() || rate("pg-base10").is_some() {
@@ -634,6 +635,11 @@ fn exactly_once_section(db: &MariaDb, from: u64, n: u64, record_bytes: u64) -> V
     let mut pipelines: Vec<(Outboxd, &'static str, &'static str)> = [
         ("bench-alo", "eos-alo", ""),
         ("bench-eos", "eos", "exactly_once = true"),
+        (
+            "bench-eos-1s",
+            "eos-1s",
+            "exactly_once = true\ntransaction_interval_ms = 1000",
+        ),
     ]
     .into_iter()
     .map(|(name, key, kafka)| {
@@ -648,15 +654,17 @@ fn exactly_once_section(db: &MariaDb, from: u64, n: u64, record_bytes: u64) -> V
     })
     .collect();
     wait_until("the start checkpoints", Duration::from_secs(60), || {
-        tail.gtid("bench-alo").is_some() && tail.gtid("bench-eos").is_some()
+        pipelines
+            .iter()
+            .all(|(o, _, _)| tail.gtid(&o.name).is_some())
     });
-    let starts: Vec<String> = ["bench-alo", "bench-eos"]
+    let starts: Vec<String> = pipelines
         .iter()
-        .map(|name| tail.gtid(name).unwrap())
+        .map(|(o, _, _)| tail.gtid(&o.name).unwrap())
         .collect();
     db.sql_socket(&load_script(from, from + n, 10));
     let target = gtid_pos(db);
-    let mut runs: Vec<Vec<(f64, ProcessStats)>> = vec![Vec::new(), Vec::new()];
+    let mut runs: Vec<Vec<(f64, ProcessStats)>> = pipelines.iter().map(|_| Vec::new()).collect();
     for _ in 0..REPEATS {
         for (i, (outboxd, _, _)) in pipelines.iter_mut().enumerate() {
             let set = outboxd
@@ -682,9 +690,9 @@ fn exactly_once_section(db: &MariaDb, from: u64, n: u64, record_bytes: u64) -> V
         .map(|((_, key, kafka), runs)| {
             let (seconds, stats, spread) = median(runs, n);
             let mode = if kafka.is_empty() {
-                "at-least-once"
+                "at-least-once".to_string()
             } else {
-                "exactly-once"
+                format!("exactly-once ({})", kafka.replace('\n', ", "))
             };
             Row {
                 key,

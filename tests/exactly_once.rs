@@ -424,3 +424,31 @@ fn a_restart_waits_for_another_pipelines_open_transaction_on_the_checkpoint_topi
     );
     y.stop();
 }
+
+/// A record the broker refuses for good inside a Kafka transaction stops outboxd with the remedy
+/// (the commit's own failure, "abort and retry", must not turn it into a reconnect loop).
+#[test]
+fn a_record_the_broker_refuses_stops_with_the_remedy_instead_of_looping() {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let broker = noida_with_topics();
+    let mut outboxd = mariadb_outboxd(
+        &db,
+        &broker,
+        "eos-refused",
+        &format!("{EXACTLY_ONCE}\n[kafka.properties]\n\"message.max.bytes\" = \"20000000\"\n"),
+        "",
+    );
+    outboxd.start();
+    insert_rows(&db, 0, 10, 1);
+    let big = "x".repeat(2 * 1024 * 1024);
+    db.sql_socket(&format!(
+        "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{:032x}'), 'order', 'k', 'Big', '{big}');",
+        10
+    ));
+    let status = outboxd.wait_exit(LIMIT);
+    assert!(!status.success());
+    let log = outboxd.log();
+    assert!(log.contains("max.message.bytes"), "{log}");
+    assert!(!log.contains("reconnecting"), "{log}");
+}

@@ -299,7 +299,10 @@ impl<'a> Session<'a> {
             .as_ref()
             .is_some_and(|to| boundary.position.reached(to));
         let commit = match &mut self.batch {
-            Some(batch) => batch.boundary(boundary.position.clone(), Instant::now()),
+            Some(batch) => {
+                let backlog = self.pending.len() > 0 || !self.changes.is_empty();
+                batch.boundary(boundary.position.clone(), Instant::now(), backlog)
+            }
             None => false,
         };
         self.checkpointer.boundary(boundary.position);

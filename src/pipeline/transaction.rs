@@ -13,15 +13,29 @@
 //! quiet, a timer commits at that interval ([`Batch::due`]). Boundaries without records (other
 //! tables, heartbeats) move the checkpoint too, through a transaction holding the checkpoint alone,
 //! at most once per interval.
+//!
+//! Why it stretches under a backlog: a commit waits for the transaction's acks and a round trip to
+//! the transaction coordinator, and nothing is sent meanwhile (one producer holds one transaction at
+//! a time). Measured on noida-db, committing every 100 ms drained a backlog at 0.4x the speed of
+//! at-least-once, every second at 0.8x (`BENCHMARKS.md`). So when more changes are already waiting
+//! at a boundary past the interval (a backlog: visibility is late anyway), the transaction grows
+//! until a size limit or [`STRETCH`] times the interval; a source that is caught up still commits
+//! at the interval.
 
 use std::time::{Duration, Instant};
 
 use crate::config::KafkaConfig;
 use crate::source::Position;
 
+/// Under a backlog, a transaction may stay open this many intervals (see the module doc).
+pub(super) const STRETCH: u32 = 10;
+
 /// What the open Kafka transaction holds, and the boundary a commit would store.
 pub(super) struct Batch {
     interval: Duration,
+    /// How long a transaction may stay open under a backlog: [`STRETCH`] intervals, but at most
+    /// half the brokers' transaction timeout.
+    stretched: Duration,
     max_records: u64,
     max_bytes: u64,
     /// When the first change since the last commit arrived.
@@ -46,8 +60,13 @@ pub(super) struct Commit {
 
 impl Batch {
     pub fn new(config: &KafkaConfig) -> Batch {
+        let interval = Duration::from_millis(config.transaction_interval_ms);
+        let stretched = (interval * STRETCH)
+            .min(crate::sink::kafka::KafkaSink::transaction_timeout(config) / 2)
+            .max(interval);
         Batch {
-            interval: Duration::from_millis(config.transaction_interval_ms),
+            interval,
+            stretched,
             max_records: config.transaction_max_records,
             max_bytes: config.transaction_max_bytes,
             since: None,
@@ -78,17 +97,22 @@ impl Batch {
         self.began
     }
 
-    /// A source transaction boundary; `true` when the session should commit now.
-    pub fn boundary(&mut self, position: Position, now: Instant) -> bool {
-        self.since.get_or_insert(now);
+    /// A source transaction boundary; `true` when the session should commit now. `backlog`: more
+    /// changes are already waiting to be handled.
+    pub fn boundary(&mut self, position: Position, now: Instant, backlog: bool) -> bool {
+        let since = *self.since.get_or_insert(now);
         self.partial = false;
         self.end = Some(position);
-        self.records >= self.max_records
-            || self.bytes >= self.max_bytes
-            || self.since.is_some_and(|since| now >= since + self.interval)
+        let limit = if backlog {
+            self.stretched
+        } else {
+            self.interval
+        };
+        self.records >= self.max_records || self.bytes >= self.max_bytes || now >= since + limit
     }
 
-    /// When a quiet source's pending boundary should be committed; `None` while a source
+    /// When a quiet source's pending boundary should be committed (a source with nothing waiting
+    /// is caught up: the plain interval applies); `None` while a source
     /// transaction is half sent or nothing waits.
     pub fn due(&self) -> Option<Instant> {
         if self.partial || self.end.is_none() {
@@ -154,11 +178,11 @@ mod tests {
         assert!(b.record(10, t0), "the first record begins a transaction");
         assert!(!b.record(10, t0), "later ones join it");
         assert_eq!(b.due(), None, "half a source transaction is never due");
-        assert!(!b.boundary(at(1), t0), "2 records < 3");
+        assert!(!b.boundary(at(1), t0, false), "2 records < 3");
         assert_eq!(b.due(), Some(t0 + Duration::from_millis(100)));
         b.record(10, t0);
         assert!(b.partial());
-        assert!(b.boundary(at(2), t0), "3 records");
+        assert!(b.boundary(at(2), t0, true), "3 records, backlog or not");
         let commit = b.take().unwrap();
         assert_eq!(commit.end, at(2));
         assert!(commit.open);
@@ -172,19 +196,29 @@ mod tests {
         let mut b = batch(100, 1000, 1024);
         b.record(1000, t0);
         b.record(100, t0);
-        assert!(b.boundary(at(1), t0), "1100 bytes >= 1024");
+        assert!(b.boundary(at(1), t0, true), "1100 bytes >= 1024");
         b.take();
         b.record(1, t0);
-        assert!(!b.boundary(at(2), t0 + Duration::from_millis(99)));
-        assert!(b.boundary(at(3), t0 + Duration::from_millis(100)));
+        assert!(!b.boundary(at(2), t0 + Duration::from_millis(99), false));
+        assert!(b.boundary(at(3), t0 + Duration::from_millis(100), false));
+        b.take();
+        b.record(1, t0);
+        assert!(
+            !b.boundary(at(4), t0 + Duration::from_millis(999), true),
+            "a backlog stretches the transaction"
+        );
+        assert!(
+            b.boundary(at(5), t0 + Duration::from_millis(1000), true),
+            "up to 10 intervals"
+        );
     }
 
     #[test]
     fn idle_boundaries_make_a_checkpoint_only_commit_after_the_interval() {
         let t0 = Instant::now();
         let mut b = batch(50, 1000, 1 << 20);
-        assert!(!b.boundary(at(1), t0));
-        assert!(!b.boundary(at(2), t0 + Duration::from_millis(10)));
+        assert!(!b.boundary(at(1), t0, false));
+        assert!(!b.boundary(at(2), t0 + Duration::from_millis(10), false));
         assert_eq!(b.due(), Some(t0 + Duration::from_millis(50)));
         let commit = b.take().unwrap();
         assert_eq!(commit.end, at(2));
