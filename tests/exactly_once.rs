@@ -436,7 +436,8 @@ fn a_record_the_broker_refuses_stops_with_the_remedy_instead_of_looping() {
         &db,
         &broker,
         "eos-refused",
-        &format!("{EXACTLY_ONCE}\n[kafka.properties]\n\"message.max.bytes\" = \"20000000\"\n"),
+        // Every source transaction commits at once: the commit meets the refusal first.
+        &format!("{EXACTLY_ONCE}\ntransaction_max_records = 1\n[kafka.properties]\n\"message.max.bytes\" = \"20000000\"\n"),
         "",
     );
     outboxd.start();
