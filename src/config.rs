@@ -313,7 +313,7 @@ impl Config {
             .properties
             .get("transaction.timeout.ms")
             .map(|v| v.trim().parse::<u64>());
-        match transaction_timeout {
+        match transaction_timeout.filter(|_| self.kafka.exactly_once) {
             Some(Err(_)) => {
                 return bad(
                     "kafka.properties.transaction.timeout.ms",
@@ -331,7 +331,7 @@ impl Config {
                     "lower kafka.transaction_interval_ms, or raise kafka.properties.\"transaction.timeout.ms\"",
                 )
             }
-            None if self.kafka.transaction_interval_ms > 30_000 => {
+            None if self.kafka.exactly_once && self.kafka.transaction_interval_ms > 30_000 => {
                 return bad(
                     "kafka.transaction_interval_ms",
                     format!(

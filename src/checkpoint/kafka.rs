@@ -269,7 +269,14 @@ impl KafkaStore {
         let mut told = false;
         loop {
             match consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(message)) => seen(message.key().unwrap_or_default(), message.payload()),
+                Some(Ok(message)) => {
+                    seen(message.key().unwrap_or_default(), message.payload());
+                    // A busy topic may never give an empty fetch (and so no end-of-partition
+                    // event): past `until`, everything asked for was read.
+                    if message.offset() + 1 >= until {
+                        return Ok(());
+                    }
+                }
                 Some(Err(KafkaError::PartitionEOF(_))) => {
                     let position = consumer.position().ok().and_then(|p| {
                         p.find_partition(&self.topic, 0)

@@ -56,7 +56,13 @@ impl Lease {
         let base = Instant::now();
         let heard = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let released = Arc::new(AtomicBool::new(store.no_recent_leader()?));
+        // Unknown (the read failed or timed out): as if an instance led lately, so this one waits
+        // out the takeover timeout rather than stop.
+        let free = store.no_recent_leader().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "could not read who leads the pipeline; waiting out the takeover timeout");
+            false
+        });
+        let released = Arc::new(AtomicBool::new(free));
         let heard_of = Heard {
             live: store.live_key(),
             lead: store.lead_key(),

@@ -91,7 +91,9 @@ impl Store {
                 if access == Access::Exclusive {
                     kafka.ensure_no_leader()?;
                     kafka.take_over()?;
-                    kafka.fence_records()?;
+                    if config.kafka.exactly_once {
+                        kafka.fence_records()?;
+                    }
                 }
                 Ok(Store::with(
                     name,

@@ -37,6 +37,9 @@ use crate::sink::kafka::KafkaSink;
 use crate::source::snapshot::Plan;
 use crate::source::{Position, SourceIdentity};
 
+/// How long a stopping leader tries to release its lead (and to close its checkpoint writer).
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Where a pipeline's changes come from.
 #[derive(Clone)]
 pub enum Input {
@@ -179,16 +182,29 @@ async fn lead(
         let still_held = *holding.watch().borrow();
         drop(holding);
         if *shutdown.borrow() && still_held {
+            // Bounded: behind a frozen broker the exit must not wait for the release's own
+            // timeouts (a standby then takes over after the takeover timeout instead).
             let releasing = kafka.clone();
-            match tokio::task::spawn_blocking(move || releasing.release()).await {
-                Ok(Ok(())) => tracing::info!("released the pipeline's lead"),
-                Ok(Err(e)) => {
+            let release = tokio::task::spawn_blocking(move || releasing.release());
+            match tokio::time::timeout(RELEASE_TIMEOUT, release).await {
+                Ok(Ok(Ok(()))) => tracing::info!("released the pipeline's lead"),
+                Ok(Ok(Err(e))) => {
                     tracing::warn!(error = %e, "could not release the lead; a standby takes over after the takeover timeout")
                 }
-                Err(_) => {}
+                Ok(Err(_)) => {}
+                Err(_) => tracing::warn!(
+                    "releasing the lead took longer than {RELEASE_TIMEOUT:?}; a standby takes over after the takeover timeout"
+                ),
             }
         }
-        kafka.step_down();
+        // Off the async workers: a renewal in flight holds the writer until its own timeout. A
+        // stopping process does not wait for it; one that stands by again does (a late step-down
+        // must not drop the writer of its next lead).
+        let stepping = kafka.clone();
+        let stepped = tokio::task::spawn_blocking(move || stepping.step_down());
+        if !*shutdown.borrow() {
+            let _ = stepped.await;
+        }
         metrics.set_leader(false);
         if *shutdown.borrow() {
             return result;

@@ -44,6 +44,10 @@ const SOURCE_ERROR_DRAIN: Duration = Duration::from_secs(5);
 /// transaction an earlier producer left open to be settled).
 const INIT_TRANSACTIONS_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Exactly-once: a source transaction committed this long ago, with more changes waiting, is a
+/// backlog (the batching stretches; see `transaction`). Above MariaDB's whole-second commit times.
+const BACKLOG_LAG: Duration = Duration::from_secs(2);
+
 /// Exactly-once: how long a failed session waits for its open transaction's abort.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -300,7 +304,12 @@ impl<'a> Session<'a> {
             .is_some_and(|to| boundary.position.reached(to));
         let commit = match &mut self.batch {
             Some(batch) => {
-                let backlog = self.pending.len() > 0 || !self.changes.is_empty();
+                // Behind (the transaction committed a while ago) with more already waiting.
+                let lagging = boundary
+                    .committed_at
+                    .and_then(|at| at.elapsed().ok())
+                    .is_some_and(|age| age > BACKLOG_LAG);
+                let backlog = lagging && (self.pending.len() > 0 || !self.changes.is_empty());
                 batch.boundary(boundary.position.clone(), Instant::now(), backlog)
             }
             None => false,
@@ -350,12 +359,20 @@ impl<'a> Session<'a> {
             self.sink.begin()?;
         }
         let record = self.checkpointer.record(&end)?;
-        // Bounded by the transaction's own timeout, and while stopping by the drain deadline.
+        // Bounded by what is left of the transaction's own timeout (past it the brokers abort it,
+        // which the producer would report as a fence), and while stopping by the drain deadline.
+        let left = KafkaSink::transaction_timeout(&self.config.kafka).saturating_sub(
+            self.batch
+                .as_ref()
+                .and_then(|b| b.began())
+                .filter(|_| open)
+                .map_or(Duration::ZERO, |b| b.elapsed()),
+        );
         let limit = match self.stopping {
             Some(_) => self
                 .deadline()
                 .saturating_duration_since(tokio::time::Instant::now()),
-            None => KafkaSink::transaction_timeout(&self.config.kafka),
+            None => left.max(Duration::from_secs(1)),
         };
         let committed = {
             let mut committing = std::pin::pin!(self.sink.commit(record, limit));
@@ -382,24 +399,27 @@ impl<'a> Session<'a> {
     }
 
     /// Exactly-once: the brokers abort a transaction open longer than `transaction.timeout.ms`
-    /// and report that to the producer as a fence. When the open transaction was still inside
-    /// one source transaction that long, that source transaction does not fit in one Kafka
-    /// transaction, and standing by (to take over and time out again) would loop forever.
+    /// and report that to the producer as a fence, the same error another instance's takeover
+    /// gives. A fence after the open transaction reached that age says which may have happened;
+    /// the instance still stands by (a frozen or cut-off leader was most likely replaced), so a
+    /// source transaction too large for one Kafka transaction shows as this message on every
+    /// takeover rather than as a stop.
     fn explain_fence(&self, e: Error) -> Error {
         let Some(batch) = &self.batch else {
             return e;
         };
         let limit = KafkaSink::transaction_timeout(&self.config.kafka);
-        let timed_out = batch.partial() && batch.began().is_some_and(|b| b.elapsed() >= limit);
-        if !e.is_superseded() || !timed_out {
+        let aged = batch.began().is_some_and(|b| b.elapsed() >= limit);
+        if !e.is_superseded() || !aged {
             return e;
         }
         Error::sink(format!(
-            "a source transaction did not fit in one Kafka transaction: it stayed open longer than transaction.timeout.ms ({} ms) and the brokers aborted it ({})",
+            "{} The open Kafka transaction was older than transaction.timeout.ms ({} ms): unless this instance was frozen or cut off that long, the brokers aborted it for its age, and the source transaction being sent does not fit in one Kafka transaction",
+            e.message(),
             limit.as_millis(),
-            e.message()
         ))
-        .remedy("raise kafka.properties.\"transaction.timeout.ms\" (up to the brokers' transaction.max.timeout.ms, 15 min by default), or split such transactions; nothing was committed, nothing was skipped")
+        .remedy("if this repeats on every takeover, raise kafka.properties.\"transaction.timeout.ms\" (up to the brokers' transaction.max.timeout.ms, 15 min by default); nothing was committed, nothing was skipped")
+        .superseded()
     }
 
     /// Routes `row`, takes its ticket and room in the window, and sends it.

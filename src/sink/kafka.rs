@@ -190,7 +190,7 @@ fn transaction_error(what: &str, transactional_id: &str, e: &KafkaError) -> Erro
         Some(C::TransactionalIdAuthorizationFailed | C::ClusterAuthorizationFailed) => error.remedy(format!(
             "grant outboxd's principal WRITE and DESCRIBE on the transactional id {transactional_id} (and IDEMPOTENT_WRITE on the cluster on old brokers), then restart"
         )),
-        Some(C::UnsupportedVersion | C::UnsupportedForMessageFormat) => error.remedy(
+        Some(C::UnsupportedVersion | C::UnsupportedForMessageFormat | C::UnsupportedFeature) => error.remedy(
             "these brokers do not support transactions: remove kafka.exactly_once (at-least-once delivery, every record carries its id header)",
         ),
         Some(C::InvalidTransactionTimeout) => error.remedy(
