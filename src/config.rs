@@ -120,11 +120,11 @@ fn default_transaction_interval_ms() -> u64 {
 }
 
 fn default_transaction_max_records() -> u64 {
-    50_000
+    200_000
 }
 
 fn default_transaction_max_bytes() -> u64 {
-    32 * 1024 * 1024
+    128 * 1024 * 1024
 }
 
 fn default_max_in_flight() -> usize {
@@ -347,14 +347,14 @@ impl Config {
             return bad(
                 "kafka.transaction_max_records",
                 "0 records would commit nothing".into(),
-                "use a positive number (default 50000)",
+                "use a positive number (default 200000)",
             );
         }
         if self.kafka.transaction_max_bytes < 1024 {
             return bad(
                 "kafka.transaction_max_bytes",
                 format!("{} is out of range", self.kafka.transaction_max_bytes),
-                "use at least 1024 bytes (default 33554432 = 32 MiB)",
+                "use at least 1024 bytes (default 134217728 = 128 MiB)",
             );
         }
         for (key, value) in &self.kafka.properties {
@@ -945,8 +945,8 @@ listen = ""
         let c = parse(&kafka, &[]).unwrap();
         assert!(c.kafka.exactly_once);
         assert_eq!(c.kafka.transaction_interval_ms, 100);
-        assert_eq!(c.kafka.transaction_max_records, 50_000);
-        assert_eq!(c.kafka.transaction_max_bytes, 32 * 1024 * 1024);
+        assert_eq!(c.kafka.transaction_max_records, 200_000);
+        assert_eq!(c.kafka.transaction_max_bytes, 128 * 1024 * 1024);
         for (extra, named) in [
             (
                 "transaction_interval_ms = 0\n",
