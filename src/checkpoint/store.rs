@@ -91,8 +91,14 @@ impl Store {
                 if access == Access::Exclusive {
                     kafka.ensure_no_leader()?;
                     kafka.take_over()?;
-                    if config.kafka.exactly_once {
-                        kafka.fence_records()?;
+                    // Also when exactly_once is off now: a leader that ran with it may be frozen
+                    // with a transaction open. Without it, a refusal (no grant) only warns.
+                    match kafka.fence_records() {
+                        Err(e) if !config.kafka.exactly_once => tracing::warn!(
+                            error = %e,
+                            "could not fence the pipeline's record producer (only matters if it ran with kafka.exactly_once)"
+                        ),
+                        other => other?,
                     }
                 }
                 Ok(Store::with(

@@ -203,7 +203,10 @@ async fn lead(
         let stepping = kafka.clone();
         let stepped = tokio::task::spawn_blocking(move || stepping.step_down());
         if !*shutdown.borrow() {
-            let _ = stepped.await;
+            tokio::select! {
+                _ = stepped => {}
+                _ = shutdown.wait_for(|stop| *stop) => {}
+            }
         }
         metrics.set_leader(false);
         if *shutdown.borrow() {

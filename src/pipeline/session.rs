@@ -304,13 +304,12 @@ impl<'a> Session<'a> {
             .is_some_and(|to| boundary.position.reached(to));
         let commit = match &mut self.batch {
             Some(batch) => {
-                // Behind (the transaction committed a while ago) with more already waiting.
+                // Behind (the transaction committed a while ago), with more already waiting.
                 let lagging = boundary
                     .committed_at
-                    .and_then(|at| at.elapsed().ok())
-                    .is_some_and(|age| age > BACKLOG_LAG);
-                let backlog = lagging && (self.pending.len() > 0 || !self.changes.is_empty());
-                batch.boundary(boundary.position.clone(), Instant::now(), backlog)
+                    .map(|at| at.elapsed().is_ok_and(|age| age > BACKLOG_LAG));
+                let queued = self.pending.len() > 0 || !self.changes.is_empty();
+                batch.boundary(boundary.position.clone(), Instant::now(), lagging, queued)
             }
             None => false,
         };
@@ -356,6 +355,9 @@ impl<'a> Session<'a> {
                 self.shared.metrics.checkpoint_current();
                 return Ok(false);
             }
+            if let Some(batch) = &mut self.batch {
+                batch.begin_checkpoint_only(Instant::now());
+            }
             self.sink.begin()?;
         }
         let record = self.checkpointer.record(&end)?;
@@ -400,10 +402,12 @@ impl<'a> Session<'a> {
 
     /// Exactly-once: the brokers abort a transaction open longer than `transaction.timeout.ms`
     /// and report that to the producer as a fence, the same error another instance's takeover
-    /// gives. A fence after the open transaction reached that age says which may have happened;
-    /// the instance still stands by (a frozen or cut-off leader was most likely replaced), so a
-    /// source transaction too large for one Kafka transaction shows as this message on every
-    /// takeover rather than as a stop.
+    /// gives. Only a fence of a transaction that old can be the brokers' own. If this instance
+    /// still held its lead when it heard of it (renewals kept working: it was neither frozen nor
+    /// cut off, so no standby took over), the source transaction did not fit in one Kafka
+    /// transaction, and standing by to time out again would loop forever: a definite error. If
+    /// the lead was lost too, the instance stands by as after any takeover, and the message says
+    /// what else it may have been.
     fn explain_fence(&self, e: Error) -> Error {
         let Some(batch) = &self.batch else {
             return e;
@@ -413,13 +417,23 @@ impl<'a> Session<'a> {
         if !e.is_superseded() || !aged {
             return e;
         }
-        Error::sink(format!(
-            "{} The open Kafka transaction was older than transaction.timeout.ms ({} ms): unless this instance was frozen or cut off that long, the brokers aborted it for its age, and the source transaction being sent does not fit in one Kafka transaction",
+        let lead_held = !*self.shutdown.borrow();
+        let error = Error::sink(format!(
+            "{} The open Kafka transaction was older than transaction.timeout.ms ({} ms){}",
             e.message(),
             limit.as_millis(),
+            if lead_held {
+                ", and this instance still led: the brokers aborted it for its age; the source transaction being sent does not fit in one Kafka transaction"
+            } else {
+                ": unless this instance was frozen or cut off that long, the brokers aborted it for its age"
+            }
         ))
-        .remedy("if this repeats on every takeover, raise kafka.properties.\"transaction.timeout.ms\" (up to the brokers' transaction.max.timeout.ms, 15 min by default); nothing was committed, nothing was skipped")
-        .superseded()
+        .remedy("raise kafka.properties.\"transaction.timeout.ms\" (up to the brokers' transaction.max.timeout.ms, 15 min by default); nothing was committed, nothing was skipped");
+        if lead_held {
+            error
+        } else {
+            error.superseded()
+        }
     }
 
     /// Routes `row`, takes its ticket and room in the window, and sends it.

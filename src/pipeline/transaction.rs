@@ -34,8 +34,11 @@ pub(super) const STRETCH: u32 = 30;
 pub(super) struct Batch {
     interval: Duration,
     /// How long a transaction may stay open under a backlog: [`STRETCH`] intervals, but at most
-    /// half the brokers' transaction timeout.
+    /// a quarter of the brokers' transaction timeout (the commit's flush of the window must fit in
+    /// what is left).
     stretched: Duration,
+    /// The last boundary with a commit time was behind (the source is catching up).
+    lagging: bool,
     max_records: u64,
     max_bytes: u64,
     /// When the first change since the last commit arrived.
@@ -62,11 +65,12 @@ impl Batch {
     pub fn new(config: &KafkaConfig) -> Batch {
         let interval = Duration::from_millis(config.transaction_interval_ms);
         let stretched = (interval * STRETCH)
-            .min(crate::sink::kafka::KafkaSink::transaction_timeout(config) / 2)
+            .min(crate::sink::kafka::KafkaSink::transaction_timeout(config) / 4)
             .max(interval);
         Batch {
             interval,
             stretched,
+            lagging: false,
             max_records: config.transaction_max_records,
             max_bytes: config.transaction_max_bytes,
             since: None,
@@ -97,13 +101,28 @@ impl Batch {
         self.began
     }
 
-    /// A source transaction boundary; `true` when the session should commit now. `backlog`: more
-    /// changes are already waiting to be handled.
-    pub fn boundary(&mut self, position: Position, now: Instant, backlog: bool) -> bool {
+    /// A transaction holding only the checkpoint begins (its age counts like any other's).
+    pub fn begin_checkpoint_only(&mut self, now: Instant) {
+        self.began = Some(now);
+    }
+
+    /// A source transaction boundary; `true` when the session should commit now. `lagging`: its
+    /// transaction committed a while ago (`None`: the boundary has no commit time, a heartbeat,
+    /// and the last judgement stands); `queued`: more changes are already waiting.
+    pub fn boundary(
+        &mut self,
+        position: Position,
+        now: Instant,
+        lagging: Option<bool>,
+        queued: bool,
+    ) -> bool {
         let since = *self.since.get_or_insert(now);
         self.partial = false;
         self.end = Some(position);
-        let limit = if backlog {
+        if let Some(lagging) = lagging {
+            self.lagging = lagging;
+        }
+        let limit = if self.lagging && queued {
             self.stretched
         } else {
             self.interval
@@ -118,7 +137,13 @@ impl Batch {
         if self.partial || self.end.is_none() {
             return None;
         }
-        self.since.map(|since| since + self.interval)
+        // Catching up, an empty queue is a moment's gap in the reader, not a quiet source.
+        let wait = if self.lagging {
+            self.stretched
+        } else {
+            self.interval
+        };
+        self.since.map(|since| since + wait)
     }
 
     /// Whether records after the last boundary were sent (a commit now is impossible).
@@ -178,11 +203,14 @@ mod tests {
         assert!(b.record(10, t0), "the first record begins a transaction");
         assert!(!b.record(10, t0), "later ones join it");
         assert_eq!(b.due(), None, "half a source transaction is never due");
-        assert!(!b.boundary(at(1), t0, false), "2 records < 3");
+        assert!(!b.boundary(at(1), t0, Some(false), true), "2 records < 3");
         assert_eq!(b.due(), Some(t0 + Duration::from_millis(100)));
         b.record(10, t0);
         assert!(b.partial());
-        assert!(b.boundary(at(2), t0, true), "3 records, backlog or not");
+        assert!(
+            b.boundary(at(2), t0, Some(true), true),
+            "3 records, backlog or not"
+        );
         let commit = b.take().unwrap();
         assert_eq!(commit.end, at(2));
         assert!(commit.open);
@@ -196,29 +224,48 @@ mod tests {
         let mut b = batch(100, 1000, 1024);
         b.record(1000, t0);
         b.record(100, t0);
-        assert!(b.boundary(at(1), t0, true), "1100 bytes >= 1024");
+        assert!(
+            b.boundary(at(1), t0, Some(true), true),
+            "1100 bytes >= 1024"
+        );
         b.take();
         b.record(1, t0);
-        assert!(!b.boundary(at(2), t0 + Duration::from_millis(99), false));
-        assert!(b.boundary(at(3), t0 + Duration::from_millis(100), false));
+        assert!(!b.boundary(at(2), t0 + Duration::from_millis(99), Some(false), true));
+        assert!(b.boundary(at(3), t0 + Duration::from_millis(100), Some(false), true));
         b.take();
         b.record(1, t0);
         assert!(
-            !b.boundary(at(4), t0 + Duration::from_millis(2999), true),
+            !b.boundary(at(4), t0 + Duration::from_millis(2999), Some(true), true),
             "a backlog stretches the transaction"
         );
         assert!(
-            b.boundary(at(5), t0 + Duration::from_millis(3000), true),
+            b.boundary(at(5), t0 + Duration::from_millis(3000), None, true),
             "up to 30 intervals"
         );
+    }
+
+    #[test]
+    fn a_lagging_source_is_not_taken_for_a_quiet_one_by_the_timer() {
+        let t0 = Instant::now();
+        let mut b = batch(100, 1000, 1 << 20);
+        b.record(1, t0);
+        assert!(!b.boundary(at(1), t0, Some(true), false));
+        assert_eq!(b.due(), Some(t0 + Duration::from_millis(3000)));
+        assert!(
+            !b.boundary(at(2), t0, None, false),
+            "a heartbeat keeps the judgement"
+        );
+        assert_eq!(b.due(), Some(t0 + Duration::from_millis(3000)));
+        assert!(!b.boundary(at(3), t0, Some(false), false));
+        assert_eq!(b.due(), Some(t0 + Duration::from_millis(100)), "caught up");
     }
 
     #[test]
     fn idle_boundaries_make_a_checkpoint_only_commit_after_the_interval() {
         let t0 = Instant::now();
         let mut b = batch(50, 1000, 1 << 20);
-        assert!(!b.boundary(at(1), t0, false));
-        assert!(!b.boundary(at(2), t0 + Duration::from_millis(10), false));
+        assert!(!b.boundary(at(1), t0, None, false));
+        assert!(!b.boundary(at(2), t0 + Duration::from_millis(10), None, false));
         assert_eq!(b.due(), Some(t0 + Duration::from_millis(50)));
         let commit = b.take().unwrap();
         assert_eq!(commit.end, at(2));
