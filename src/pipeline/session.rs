@@ -550,15 +550,13 @@ impl<'a> Session<'a> {
             .remedy("this is a bug or a malformed event; outboxd stops rather than skip it. Report it with the log line above, and check the event at the checkpoint's position with mariadb-binlog/mysqlbinlog")),
             _ => result,
         };
-        let written = if self.batch.is_some() {
+        let (result, written) = if self.batch.is_some() {
             let result = result.map_err(|e| self.explain_fence(e));
             let written = self.finish_transaction(&result).await;
-            self.sink.close().await;
-            self.shared.metrics.abandon_inflight();
-            written?;
-            return result;
+            (result, written)
         } else {
-            self.drain_and_write(&result).await
+            let written = self.drain_and_write(&result).await;
+            (result, written)
         };
         self.sink.close().await;
         self.shared.metrics.abandon_inflight();

@@ -153,6 +153,31 @@ impl ProducerContext for AckContext {
     }
 }
 
+/// `record` as librdkafka's record, carrying `in_flight` to its delivery report.
+fn base_record(record: &Record, in_flight: InFlight) -> BaseRecord<'_, [u8], [u8], Box<InFlight>> {
+    let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
+    for (key, value) in &record.headers {
+        headers = headers.insert(Header {
+            key,
+            value: value.as_deref(),
+        });
+    }
+    let mut base = BaseRecord::with_opaque_to(&record.topic, Box::new(in_flight)).headers(headers);
+    if let Some(ts) = record.timestamp {
+        base = base.timestamp(ts);
+    }
+    if let Some(partition) = record.partition {
+        base = base.partition(partition);
+    }
+    if let Some(key) = &record.key {
+        base = base.key(key.as_slice());
+    }
+    if let Some(value) = &record.value {
+        base = base.payload(value.as_slice());
+    }
+    base
+}
+
 /// Whether another producer with the pipeline's transactional id took over.
 fn fenced(e: &KafkaError) -> bool {
     matches!(
@@ -426,32 +451,14 @@ impl KafkaSink {
         window.forget();
         bytes.forget();
         let producer = self.producer.as_ref().expect("producer lives until close");
-        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
-        for (key, value) in &record.headers {
-            headers = headers.insert(Header {
-                key,
-                value: value.as_deref(),
-            });
-        }
-        let in_flight = Box::new(InFlight {
-            ticket: Some(ticket),
-            cost,
-            enqueued: Instant::now(),
-        });
-        let mut base: BaseRecord<'_, [u8], [u8], Box<InFlight>> =
-            BaseRecord::with_opaque_to(&record.topic, in_flight).headers(headers);
-        if let Some(ts) = record.timestamp {
-            base = base.timestamp(ts);
-        }
-        if let Some(partition) = record.partition {
-            base = base.partition(partition);
-        }
-        if let Some(key) = &record.key {
-            base = base.key(key.as_slice());
-        }
-        if let Some(value) = &record.value {
-            base = base.payload(value.as_slice());
-        }
+        let mut base = base_record(
+            record,
+            InFlight {
+                ticket: Some(ticket),
+                cost,
+                enqueued: Instant::now(),
+            },
+        );
         loop {
             match producer.send(base) {
                 Ok(()) => {
@@ -520,31 +527,14 @@ impl KafkaSink {
             producer
                 .flush(left())
                 .map_err(|e| transaction_error("flushing the Kafka transaction", &id, &e))?;
-            let mut base: BaseRecord<'_, [u8], [u8], Box<InFlight>> = BaseRecord::with_opaque_to(
-                &last.topic,
-                Box::new(InFlight {
+            let mut base = base_record(
+                &last,
+                InFlight {
                     ticket: None,
                     cost: 0,
                     enqueued: Instant::now(),
-                }),
+                },
             );
-            let mut headers = OwnedHeaders::new_with_capacity(last.headers.len());
-            for (key, value) in &last.headers {
-                headers = headers.insert(Header {
-                    key,
-                    value: value.as_deref(),
-                });
-            }
-            base = base.headers(headers);
-            if let Some(partition) = last.partition {
-                base = base.partition(partition);
-            }
-            if let Some(key) = &last.key {
-                base = base.key(key.as_slice());
-            }
-            if let Some(value) = &last.value {
-                base = base.payload(value.as_slice());
-            }
             loop {
                 match producer.send(base) {
                     Ok(()) => break,
