@@ -31,6 +31,13 @@ fn noida_with_topics() -> Broker {
     broker
 }
 
+/// A MariaDB with the outbox schema, and noida-db with the event topics.
+fn mariadb_and_noida() -> (MariaDb, Broker) {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    (db, noida_with_topics())
+}
+
 /// Both event topics as a consumer with `isolation` sees them, read until `done` holds (or
 /// [`LIMIT`] passed).
 fn consume_as(
@@ -101,9 +108,7 @@ fn mariadb_outboxd(db: &MariaDb, broker: &Broker, name: &str, kafka: &str, http:
 /// a read_committed consumer sees each row exactly once.
 #[test]
 fn exactly_once_on_mariadb_survives_ten_kill_9s_and_a_frozen_broker() {
-    let db = MariaDb::start(&[]);
-    db.sql_socket(SCHEMA);
-    let broker = noida_with_topics();
+    let (db, broker) = mariadb_and_noida();
     let port = free_port();
     let mut outboxd = mariadb_outboxd(
         &db,
@@ -221,9 +226,7 @@ fn exactly_once_on_postgres_survives_ten_kill_9s_and_a_frozen_broker() {
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
 fn a_crash_before_the_commit_hides_the_transaction_and_the_restart_sends_it_once() {
     use outboxd::fault::BEFORE_TRANSACTION_COMMIT;
-    let db = MariaDb::start(&[]);
-    db.sql_socket(SCHEMA);
-    let broker = noida_with_topics();
+    let (db, broker) = mariadb_and_noida();
     let mut outboxd = mariadb_outboxd(
         &db,
         &broker,
@@ -272,9 +275,7 @@ fn a_crash_before_the_commit_hides_the_transaction_and_the_restart_sends_it_once
 /// read_committed consumer sees each row once.
 #[test]
 fn exactly_once_holds_across_a_failover_to_a_standby() {
-    let db = MariaDb::start(&[]);
-    db.sql_socket(SCHEMA);
-    let broker = noida_with_topics();
+    let (db, broker) = mariadb_and_noida();
     let (a_port, b_port) = (free_port(), free_port());
     let mut a = mariadb_outboxd(
         &db,
@@ -317,9 +318,7 @@ fn exactly_once_holds_across_a_failover_to_a_standby() {
 #[test]
 fn a_frozen_leader_cannot_commit_over_a_checkpoint_set_meanwhile() {
     use nix::sys::signal::{kill, Signal};
-    let db = MariaDb::start(&[]);
-    db.sql_socket(SCHEMA);
-    let broker = noida_with_topics();
+    let (db, broker) = mariadb_and_noida();
     // 100 records commit a transaction; fewer wait 20 s. Slow heartbeats: the woken leader must
     // not find its source silent and drop the session (which aborts) before it can commit.
     let body = config_body(
@@ -389,9 +388,7 @@ fn a_frozen_leader_cannot_commit_over_a_checkpoint_set_meanwhile() {
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
 fn a_restart_waits_for_another_pipelines_open_transaction_on_the_checkpoint_topic() {
     use outboxd::fault::BEFORE_TRANSACTION_COMMIT;
-    let db = MariaDb::start(&[]);
-    db.sql_socket(SCHEMA);
-    let broker = noida_with_topics();
+    let (db, broker) = mariadb_and_noida();
     for topic in ["y.order", "y.customer"] {
         create_topic(&broker.bootstrap(), topic, 3);
     }
@@ -429,9 +426,7 @@ fn a_restart_waits_for_another_pipelines_open_transaction_on_the_checkpoint_topi
 /// (the commit's own failure, "abort and retry", must not turn it into a reconnect loop).
 #[test]
 fn a_record_the_broker_refuses_stops_with_the_remedy_instead_of_looping() {
-    let db = MariaDb::start(&[]);
-    db.sql_socket(SCHEMA);
-    let broker = noida_with_topics();
+    let (db, broker) = mariadb_and_noida();
     let mut outboxd = mariadb_outboxd(
         &db,
         &broker,
