@@ -11,6 +11,8 @@
 //! - commit→consume latency at fixed offered rates (commit time stamped into the payload by the loader,
 //!   receive time taken by a consumer; an upper bound of commit→ack).
 //!
+//! - the nearest peer, DeltaForge (`--peer deltaforge=PATH`), and outboxd draining one MariaDB
+//!   backlog in DeltaForge's outbox shape, interleaved run by run;
 //! - exactly-once beside at-least-once (`--only eos`): both with the Kafka checkpoint store, draining
 //!   the same backlog to noida-db (a broker with transactions), interleaved run by run.
 //!
@@ -29,7 +31,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, FutureProducer, FutureRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use rig::scenario::{config_body, uuid_of, SCHEMA};
+use rig::scenario::{config_body, transactions, uuid_of, SCHEMA};
 use rig::{create_topic, wait_until, Broker, MariaDb, Outboxd, Postgres};
 
 const KEYS: u64 = 1000;
@@ -83,6 +85,8 @@ struct ProcessStats {
     open_seconds: f64,
     /// CPU seconds the servers (database, broker) spent during the run: they share the two cores.
     peers_cpu: String,
+    /// Context switches of all its threads (voluntary + involuntary): the wake-ups it paid.
+    switches: u64,
 }
 
 /// The server processes sharing the machine with outboxd: (name, pid).
@@ -93,8 +97,29 @@ fn peer_cpu() -> Vec<(&'static str, f64)> {
         .lock()
         .unwrap()
         .iter()
-        .map(|(name, pid)| (*name, process_stats(*pid).cpu_seconds))
+        .map(|(name, pid)| {
+            let cpu = match *name {
+                "Postgres" => postgres_cpu_seconds(*pid),
+                _ => process_stats(*pid).cpu_seconds,
+            };
+            (*name, cpu)
+        })
         .collect()
+}
+
+/// CPU seconds of a postmaster and all its backends, the ones that exited included (the
+/// postmaster waited for them: `cutime + cstime`).
+fn postgres_cpu_seconds(postmaster: i32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{postmaster}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let exited: f64 = fields.get(13).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + fields.get(14).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    tree_cpu_seconds(postmaster) + exited / 100.0
 }
 
 fn peer_cpu_since(before: &[(&'static str, f64)]) -> String {
@@ -123,11 +148,25 @@ fn process_stats(pid: i32) -> ProcessStats {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0);
+    let switches = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.ends_with("ctxt_switches") || l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum();
     ProcessStats {
         cpu_seconds: ticks / 100.0,
         peak_rss_mb: hwm_kb / 1024.0,
         open_seconds: 0.0,
         peers_cpu: String::new(),
+        switches,
     }
 }
 
@@ -187,11 +226,14 @@ struct Args {
     /// `--profile DIR`: every timed outboxd run is recorded by `perf record -g` into DIR.
     profile: Option<String>,
     /// `--only a,b`: run only these sections (drain, huge, raw, relay, postgres, latency, restart,
-    /// eos).
+    /// eos, peer).
     only: Option<Vec<String>>,
     /// `--baseline PATH[=LABEL]`: also drain every backlog with this outboxd binary (an older
     /// build), interleaved with this build's runs, for a before/after in one run.
     baseline: Option<(std::path::PathBuf, String)>,
+    /// `--peer deltaforge=PATH`: also drain a backlog with this DeltaForge binary (the `peer`
+    /// section; built outside the repository, see BENCHMARKS.md).
+    peer: Option<std::path::PathBuf>,
 }
 
 impl Args {
@@ -209,6 +251,10 @@ impl Args {
             baseline: value("--baseline").map(|v| match v.split_once('=') {
                 Some((path, label)) => (path.into(), label.to_string()),
                 None => (v.clone().into(), "baseline".to_string()),
+            }),
+            peer: value("--peer").map(|v| match v.split_once('=') {
+                Some(("deltaforge", path)) => path.into(),
+                _ => panic!("--peer takes deltaforge=PATH (the only peer measured)"),
             }),
         }
     }
@@ -365,8 +411,8 @@ fn main() {
                 seconds,
                 bytes: n * record_bytes,
                 extra: format!(
-                    "{spread}; {:.1} CPU s ({} CPU s), peak RSS {:.0} MB, {:.2} s of it to open the stream",
-                    stats.cpu_seconds, stats.peers_cpu, stats.peak_rss_mb, stats.open_seconds
+                    "{spread}; {:.1} CPU s ({} CPU s), {:.1} context switches per 100 rows, peak RSS {:.0} MB, {:.2} s of it to open the stream",
+                    stats.cpu_seconds, stats.peers_cpu, stats.switches as f64 * 100.0 / n as f64, stats.peak_rss_mb, stats.open_seconds
                 ),
             });
         }
@@ -437,11 +483,14 @@ fn main() {
         loaded += n;
     }
 
+    if let Some(binary) = args.peer.as_ref().filter(|_| args.wants("peer")) {
+        rows.extend(peer_section(&db, binary, n, record_bytes));
+    }
+
     let mut pg_latency_rows = Vec::new();
     if args.wants("postgres") {
         let (pg_rows, pg_latency) = postgres_section(
             &rt,
-            &broker,
             n,
             record_bytes,
             quick,
@@ -510,11 +559,29 @@ fn main() {
         ratio("drain10", "raw-broker"),
         ratio("drain10", "relay"),
     );
-    println!(
-        "ratios (Postgres, 10-row transactions): outboxd / raw source = {}, outboxd / raw broker = {}",
-        ratio("pg-drain", "pg-raw-source"),
-        ratio("pg-drain", "raw-broker"),
-    );
+    for (size, drain, td, po, base) in [
+        (1, "pg-drain1", "pg-raw1", "pg-rawpo1", "pg-base1"),
+        (10, "pg-drain", "pg-raw-source", "pg-rawpo10", "pg-base10"),
+        (100, "pg-drain100", "pg-raw100", "pg-rawpo100", "pg-base100"),
+    ] {
+        if rate(drain).is_none() {
+            continue;
+        }
+        println!(
+            "ratios (Postgres, {size}-row transactions): outboxd / pg_recvlogical test_decoding = {}, / pg_recvlogical pgoutput = {}; baseline build: {} and {}",
+            ratio(drain, td),
+            ratio(drain, po),
+            ratio(base, td),
+            ratio(base, po),
+        );
+    }
+    if rate("peer-deltaforge").is_some() {
+        println!(
+            "ratios (MariaDB, DeltaForge's outbox shape, 10-row transactions): outboxd / DeltaForge = {}, outboxd / raw source = {}",
+            ratio("peer-outboxd", "peer-deltaforge"),
+            ratio("peer-outboxd", "raw-source"),
+        );
+    }
     if rate("eos").is_some() {
         println!(
             "ratios (MariaDB, 10-row transactions, Kafka checkpoint, noida-db): exactly-once / at-least-once = {} (default interval), {} (1 s)",
@@ -962,8 +1029,9 @@ fn latency_series(
 }
 
 /// CPU seconds of a process and its direct children (a Postgres postmaster and its backends).
-fn tree_cpu_seconds(pid: i32) -> f64 {
-    let children: f64 = std::fs::read_dir("/proc")
+/// The pids whose parent is `pid`.
+fn children_of(pid: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
@@ -981,6 +1049,12 @@ fn tree_cpu_seconds(pid: i32) -> f64 {
                 })
                 == Some(pid)
         })
+        .collect()
+}
+
+fn tree_cpu_seconds(pid: i32) -> f64 {
+    let children: f64 = children_of(pid)
+        .into_iter()
         .map(|child| process_stats(child).cpu_seconds)
         .sum();
     process_stats(pid).cpu_seconds + children
@@ -1143,19 +1217,106 @@ struct Latency {
     cores: [f64; 3],
 }
 
-/// The same drains against PostgreSQL 15 (pgoutput), `pg_recvlogical` reading the 10-row WAL, and
+/// CPU seconds this process's waited-for children used so far (`cutime + cstime`).
+fn children_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields.get(13).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + fields.get(14).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+/// `pg_recvlogical` reading `slot` (created with `plugin`) up to `end` into /dev/null: (seconds,
+/// its CPU seconds).
+fn pg_recvlogical(pg: &Postgres, slot: &str, plugin: &str, end: &str) -> (f64, (f64, String)) {
+    let cpu_before = children_cpu_seconds();
+    let start = Instant::now();
+    let mut command = Command::new(format!("{}/pg_recvlogical", rig::postgres::BIN));
+    command
+        .args([
+            "-U",
+            "postgres",
+            "-d",
+            "app",
+            "--slot",
+            slot,
+            "--start",
+            "-f",
+            "/dev/null",
+        ])
+        .arg("-h")
+        .arg(pg.dir())
+        .args(["-p", &pg.port.to_string(), "--endpos", end, "--no-loop"]);
+    if plugin == "pgoutput" {
+        command.args(["-o", "proto_version=1", "-o", "publication_names=rawpub"]);
+    }
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Its walsender's CPU, sampled while it runs and read once more when it ends (an exited
+    // backend keeps its counters until the postmaster reaps it; the last sample counts if not).
+    let postmaster = pg.postmaster_pid().expect("postmaster.pid").as_raw();
+    let mut walsender: std::collections::HashMap<i32, f64> = Default::default();
+    let sample = |walsender: &mut std::collections::HashMap<i32, f64>| {
+        for pid in children_of(postmaster) {
+            let ours = walsender.contains_key(&pid)
+                || std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|cmd| cmd.contains("walsender postgres"));
+            if ours {
+                let cpu = process_stats(pid).cpu_seconds;
+                let seen = walsender.entry(pid).or_default();
+                *seen = seen.max(cpu);
+            }
+        }
+    };
+    let status = loop {
+        sample(&mut walsender);
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let seconds = start.elapsed().as_secs_f64();
+    sample(&mut walsender);
+    assert!(status.success(), "pg_recvlogical on {slot}");
+    let walsender_cpu: f64 = walsender.values().sum();
+    (
+        seconds,
+        (
+            children_cpu_seconds() - cpu_before,
+            format!("its walsender {walsender_cpu:.1}"),
+        ),
+    )
+}
+
+/// The same drains against PostgreSQL 15 (pgoutput), `pg_recvlogical` reading the same WAL, and
 /// (with `latency`) the latency series against a Postgres outbox.
 fn postgres_section(
     rt: &tokio::runtime::Runtime,
-    broker: &Broker,
     n: u64,
     record_bytes: u64,
     quick: bool,
     latency: bool,
     baseline: Option<&(std::path::PathBuf, String)>,
 ) -> (Vec<Row>, Vec<Latency>) {
-    let pg = Postgres::start(&[]);
+    // Per size: up to 3 + 3 pipelines' slots and 6 raw readers' slots.
+    let pg = Postgres::start(&["max_replication_slots = 20", "max_wal_senders = 20"]);
     pg.sql("postgres", "CREATE DATABASE app;");
+    let postmaster = pg.postmaster_pid().expect("postmaster.pid").as_raw();
+    // A broker of its own: the shared one holds every record the MariaDB sections sent, and
+    // costs more CPU per record for it (1.1 against 0.6 CPU s per 200k rows in one run).
+    let broker = Broker::start();
+    let saved_peers = std::mem::replace(
+        &mut *PEERS.lock().unwrap(),
+        vec![("broker", broker.pid()), ("Postgres", postmaster)],
+    );
     pg.sql(
         "app",
         "CREATE ROLE cdc WITH LOGIN REPLICATION;
@@ -1191,13 +1352,20 @@ fn postgres_section(
     };
     let mut rows = Vec::new();
     let mut loaded = 0;
-    let mut raw_end = String::new();
+    pg.sql("app", "CREATE PUBLICATION rawpub FOR TABLE public.outbox;");
     for (per_txn, key) in [(1u64, "pg-drain1"), (10, "pg-drain"), (100, "pg-drain100")] {
-        if per_txn == 10 {
-            // pg_recvlogical reads exactly this load's WAL afterwards.
+        // pg_recvlogical reads exactly this load's WAL, once per repeat (a slot of its own each
+        // time), with test_decoding (text) and with pgoutput (what outboxd reads).
+        let raw_slots: Vec<(String, String)> = (0..REPEATS)
+            .flat_map(|rep| {
+                [("td", "test_decoding"), ("po", "pgoutput")]
+                    .map(|(tag, plugin)| (format!("raw{tag}{per_txn}r{rep}"), plugin.to_string()))
+            })
+            .collect();
+        for (slot, plugin) in &raw_slots {
             pg.sql(
                 "app",
-                "SELECT pg_create_logical_replication_slot('raw', 'test_decoding');",
+                &format!("SELECT pg_create_logical_replication_slot('{slot}', '{plugin}');"),
             );
         }
         // A slot only moves forward, so each repeat drains the load with a pipeline of its own (own
@@ -1250,15 +1418,14 @@ fn postgres_section(
         }
         pg.sql("app", &script);
         loaded += n;
-        if per_txn == 10 {
-            raw_end = pg
-                .sql("app", "SELECT pg_current_wal_lsn();")
-                .trim()
-                .to_string();
-        }
-        // Interleaved: baseline, this build, baseline, ...
+        let raw_end = pg
+            .sql("app", "SELECT pg_current_wal_lsn();")
+            .trim()
+            .to_string();
+        // Interleaved: baseline, this build, the raw readers, baseline, ...
         let mut runs: Vec<(f64, ProcessStats)> = Vec::new();
         let mut base_runs: Vec<(f64, ProcessStats)> = Vec::new();
+        let mut raw_runs: [Vec<(f64, (f64, String))>; 2] = [Vec::new(), Vec::new()];
         for rep in 0..REPEATS {
             if let Some((_, pipeline)) = base_pipelines.get_mut(rep) {
                 let target = acked() + n;
@@ -1278,6 +1445,41 @@ fn postgres_section(
                 "outboxd to drain the Postgres backlog",
                 |_| acked() >= target,
             ));
+            for (i, (slot, plugin)) in raw_slots[rep * 2..rep * 2 + 2].iter().enumerate() {
+                raw_runs[i].push(pg_recvlogical(&pg, slot, plugin, &raw_end));
+            }
+        }
+        for (slot, _) in &raw_slots {
+            pg.sql(
+                "app",
+                &format!("SELECT pg_drop_replication_slot('{slot}');"),
+            );
+        }
+        for (i, runs) in raw_runs.into_iter().enumerate() {
+            let (seconds, (cpu, peers), spread) = median(runs, n);
+            let (plugin, note) = match i {
+                0 => ("test_decoding", "decodes every row to text"),
+                _ => ("pgoutput", "the stream outboxd reads"),
+            };
+            rows.push(Row {
+                key: match (i, per_txn) {
+                    (0, 1) => "pg-raw1",
+                    (0, 10) => "pg-raw-source",
+                    (0, _) => "pg-raw100",
+                    (_, 1) => "pg-rawpo1",
+                    (_, 10) => "pg-rawpo10",
+                    (_, _) => "pg-rawpo100",
+                },
+                what: format!(
+                    "raw source: pg_recvlogical ({plugin}), same WAL ({per_txn}-row transactions)"
+                ),
+                events: n,
+                seconds,
+                bytes: n * record_bytes,
+                extra: format!(
+                    "{spread}; {cpu:.1} CPU s in pg_recvlogical ({peers} CPU s); {note}, writes to /dev/null"
+                ),
+            });
         }
         for (name, _) in extra.iter().chain(base_pipelines.iter()) {
             pg.sql(
@@ -1303,51 +1505,14 @@ fn postgres_section(
                 seconds,
                 bytes: n * record_bytes,
                 extra: format!(
-                    "{spread}; {:.1} CPU s, peak RSS {:.0} MB (acked = topic high watermarks)",
-                    stats.cpu_seconds, stats.peak_rss_mb
+                    "{spread}; {:.1} CPU s ({} CPU s), {:.1} context switches per 100 rows, peak RSS {:.0} MB (acked = topic high watermarks)",
+                    stats.cpu_seconds, stats.peers_cpu, stats.switches as f64 * 100.0 / n as f64, stats.peak_rss_mb
                 ),
             });
         }
     }
 
-    let start = Instant::now();
-    let status = Command::new(format!("{}/pg_recvlogical", rig::postgres::BIN))
-        .args([
-            "-U",
-            "postgres",
-            "-d",
-            "app",
-            "--slot",
-            "raw",
-            "--start",
-            "-f",
-            "/dev/null",
-        ])
-        .arg("-h")
-        .arg(pg.dir())
-        .args([
-            "-p",
-            &pg.port.to_string(),
-            "--endpos",
-            &raw_end,
-            "--no-loop",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    rows.push(Row {
-        key: "pg-raw-source",
-        what: "raw source: pg_recvlogical (test_decoding), same WAL (10-row transactions)".into(),
-        events: n,
-        seconds: start.elapsed().as_secs_f64(),
-        bytes: n * record_bytes,
-        extra: "decodes every row to text, writes to /dev/null".into(),
-    });
-    // The raw slot would hold WAL back from here on.
-    pg.sql("app", "SELECT pg_drop_replication_slot('raw');");
-
+    *PEERS.lock().unwrap() = saved_peers;
     let mut latencies = Vec::new();
     if latency {
         // A fresh broker, as for MariaDB's series.
@@ -1355,7 +1520,6 @@ fn postgres_section(
         create_topic(&broker.bootstrap(), topic, 6);
         outboxd.rewrite_config(&body.replace(&old_bootstrap, &broker.bootstrap()));
         outboxd.start();
-        let postmaster = pg.postmaster_pid().expect("postmaster.pid").as_raw();
         let pids = [postmaster, broker.pid(), outboxd.pid().as_raw()];
         latencies = latency_series(
             rt,
@@ -1585,4 +1749,280 @@ fn plot_latency(path: &str, sources: &[(&str, &Vec<Latency>)]) {
         .draw()
         .unwrap();
     root.present().unwrap();
+}
+
+/// The backlog the peer comparison drains: DeltaForge's outbox column names, every column a
+/// VARCHAR (DeltaForge wraps TEXT/BLOB values, MariaDB's JSON among them, in base64).
+const PEER_TABLE: &str = "CREATE TABLE app.df_outbox (
+  id VARCHAR(36) NOT NULL PRIMARY KEY,
+  aggregate_type VARCHAR(255) NOT NULL,
+  aggregate_id VARCHAR(255) NOT NULL,
+  event_type VARCHAR(255) NOT NULL,
+  payload VARCHAR(2048)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;";
+
+/// A DeltaForge process (`--peer deltaforge=PATH`): its pipeline file, storage and ports.
+struct DeltaForge {
+    binary: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    api_port: u16,
+    metrics_port: u16,
+    child: Option<std::process::Child>,
+}
+
+impl DeltaForge {
+    /// A pipeline named `peer` reading `app.df_outbox` with DeltaForge's outbox processor into
+    /// `outbox.event.<aggregate_type>`, with the settings of its own backlog-drain benchmark
+    /// (`crates/chaos/src/scenarios/backlog_drain.rs`: batches of up to 4000 events or 100 ms,
+    /// 4 in flight, checkpoints only after the sink's acks, schema sensing off, `linger.ms` 0);
+    /// its Kafka sink is idempotent with acks=all by itself.
+    fn new(binary: &std::path::Path, db: &MariaDb, bootstrap: &str) -> DeltaForge {
+        let dir =
+            std::env::temp_dir().join(format!("outboxd-bench-deltaforge-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("storage")).unwrap();
+        let dsn = format!(
+            "mysql://cdc:{}@127.0.0.1:{}/app",
+            rig::mariadb::CDC_PASSWORD,
+            db.port
+        );
+        std::fs::write(
+            dir.join("pipeline.yaml"),
+            format!(
+                r#"apiVersion: deltaforge/v1
+kind: Pipeline
+metadata:
+  name: peer
+  tenant: bench
+spec:
+  source:
+    type: mysql
+    config:
+      id: peer-mysql
+      dsn: "{dsn}"
+      tables: ["app.df_outbox"]
+      outbox:
+        tables: ["app.df_outbox"]
+  processors:
+    - type: outbox
+      topic: "outbox.event.${{aggregate_type}}"
+      default_topic: "outbox.event.unrouted"
+      raw_payload: true
+  sinks:
+    - type: kafka
+      config:
+        id: kafka
+        brokers: "{bootstrap}"
+        topic: "outbox.event.unrouted"
+        required: true
+        client_conf:
+          linger.ms: "0"
+  batch:
+    max_events: 4000
+    max_ms: 100
+    max_inflight: 4
+  commit_policy:
+    mode: required
+  schema_sensing:
+    enabled: false
+"#
+            ),
+        )
+        .unwrap();
+        DeltaForge {
+            binary: binary.to_path_buf(),
+            dir,
+            api_port: rig::free_port(),
+            metrics_port: rig::free_port(),
+            child: None,
+        }
+    }
+
+    fn start(&mut self) {
+        let log = std::fs::File::create(self.dir.join("deltaforge.log")).unwrap();
+        let child = Command::new(&self.binary)
+            .arg("--config")
+            .arg(self.dir.join("pipeline.yaml"))
+            .args(["--api-addr", &format!("127.0.0.1:{}", self.api_port)])
+            .args([
+                "--metrics-addr",
+                &format!("127.0.0.1:{}", self.metrics_port),
+            ])
+            .arg("--storage-path")
+            .arg(self.dir.join("storage/deltaforge.db"))
+            .env("RUST_LOG", "warn")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("the DeltaForge binary runs (--peer deltaforge=PATH)");
+        self.child = Some(child);
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// Events its Kafka sink delivered since it started (`deltaforge_sink_events_total`).
+    fn delivered(&mut self) -> u64 {
+        if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+            let log = std::fs::read_to_string(self.dir.join("deltaforge.log")).unwrap_or_default();
+            panic!("DeltaForge exited early with {status}:\n{log}");
+        }
+        let (_, body) = rig::http_get(self.metrics_port, "/metrics");
+        body.lines()
+            .filter(|l| l.starts_with("deltaforge_sink_events_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    /// Whether its pipeline holds a checkpoint (asked of its REST API).
+    fn has_checkpoint(&self) -> bool {
+        let (status, body) = rig::http_get(self.api_port, "/pipelines/peer/checkpoints");
+        status == 200 && body.trim() != "[]"
+    }
+
+    /// SIGTERM, then waits for the exit.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = child.wait();
+        }
+    }
+
+    fn save_storage(&self) {
+        copy_dir(&self.dir.join("storage"), &self.dir.join("saved"));
+    }
+
+    fn restore_storage(&self) {
+        let _ = std::fs::remove_dir_all(self.dir.join("storage"));
+        copy_dir(&self.dir.join("saved"), &self.dir.join("storage"));
+    }
+}
+
+impl Drop for DeltaForge {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+/// The nearest peer, DeltaForge, and outboxd draining the same MariaDB backlog (`n` rows in
+/// 10-row transactions of `app.df_outbox`) to the same fresh broker, interleaved run by run, each
+/// from a checkpoint taken before the load. DeltaForge's first run starts at the binlog's end, so
+/// it is started once before the load to write a checkpoint.
+fn peer_section(db: &MariaDb, binary: &std::path::Path, n: u64, record_bytes: u64) -> Vec<Row> {
+    let broker = Broker::start();
+    create_topic(&broker.bootstrap(), TOPIC, 6);
+    let saved_peers = std::mem::replace(
+        &mut *PEERS.lock().unwrap(),
+        vec![("MariaDB", db.pid()), ("broker", broker.pid())],
+    );
+    db.sql_socket(PEER_TABLE);
+    let insert = |from: u64, to: u64| {
+        transactions(from, to, 10, |k| {
+            format!(
+                "INSERT INTO app.df_outbox (id,aggregate_type,aggregate_id,event_type,payload) VALUES ('{}','order','key-{}','Created','{}');",
+                uuid_of(k),
+                k % KEYS,
+                payload(k, 0)
+            )
+        })
+    };
+    let mut peer = DeltaForge::new(binary, db, &broker.bootstrap());
+    peer.start();
+    // A row delivered and checkpointed fixes where its restarts resume. It starts reading at the
+    // binlog's end once connected, so a row written before that is never read: one more row
+    // each second until one arrives.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut warm_up = 10 * n;
+    while peer.delivered() < 1 {
+        if Instant::now() > deadline {
+            let log = std::fs::read_to_string(peer.dir.join("deltaforge.log")).unwrap_or_default();
+            panic!("DeltaForge delivered nothing within 120 s; its log:\n{log}");
+        }
+        db.sql_socket(&insert(warm_up, warm_up + 1));
+        warm_up += 1;
+        let wrote = Instant::now();
+        while peer.delivered() < 1 && wrote.elapsed() < Duration::from_secs(1) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    wait_until(
+        "DeltaForge to write a checkpoint",
+        Duration::from_secs(60),
+        || peer.has_checkpoint(),
+    );
+    peer.stop();
+    peer.save_storage();
+    let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "")
+        .replace("app.outbox", "app.df_outbox")
+        + "[route]\nby = \"aggregate_type\"\nkey = \"aggregate_id\"\nid = \"id\"\n";
+    let mut outboxd = Outboxd::new("peerbench", &body);
+    outboxd.start();
+    outboxd.stop();
+    let checkpoint = std::fs::read(outboxd.checkpoint_path()).unwrap();
+    db.sql_socket(&insert(0, n));
+    let target = gtid_pos(db);
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for _ in 0..REPEATS {
+        std::fs::write(outboxd.checkpoint_path(), &checkpoint).unwrap();
+        ours.push(timed_run(
+            &mut outboxd,
+            "outboxd to drain the peer backlog",
+            at_gtid(&target),
+        ));
+        peer.restore_storage();
+        let peers_before = peer_cpu();
+        let start = Instant::now();
+        peer.start();
+        let pid = peer.pid();
+        let mut stats = process_stats(pid);
+        wait_until(
+            "DeltaForge to drain the backlog",
+            Duration::from_secs(1800),
+            || {
+                stats = process_stats(pid);
+                peer.delivered() >= n
+            },
+        );
+        let seconds = start.elapsed().as_secs_f64();
+        stats.peers_cpu = peer_cpu_since(&peers_before);
+        peer.stop();
+        theirs.push((seconds, stats));
+    }
+    *PEERS.lock().unwrap() = saved_peers;
+    let mut rows = Vec::new();
+    for (key, what, runs) in [
+        ("peer-outboxd", "outboxd, MariaDB backlog drain of DeltaForge's outbox shape (all VARCHAR), 10-row transactions", ours),
+        ("peer-deltaforge", "DeltaForge 95b4d93 (peer), the same backlog, broker and start", theirs),
+    ] {
+        let (seconds, stats, spread) = median(runs, n);
+        rows.push(Row {
+            key,
+            what: what.into(),
+            events: n,
+            seconds,
+            bytes: n * record_bytes,
+            extra: format!(
+                "{spread}; {:.1} CPU s ({} CPU s), peak RSS {:.0} MB",
+                stats.cpu_seconds, stats.peers_cpu, stats.peak_rss_mb
+            ),
+        });
+    }
+    rows
 }
