@@ -328,6 +328,9 @@ pub struct Router {
     config: RouteConfig,
     topic_regex: Option<Regex>,
     max_message_bytes: usize,
+    /// The last routing value and the valid topic it gave: outboxes mostly route runs of rows to
+    /// one topic, and this spares each of them the substitution and the name check.
+    last_topic: std::sync::Mutex<Option<(String, String)>>,
 }
 
 impl Router {
@@ -342,19 +345,23 @@ impl Router {
             config,
             topic_regex,
             max_message_bytes,
+            last_topic: std::sync::Mutex::new(None),
         }
     }
 
-    pub fn route(&self, row: &Row) -> Result<Record, Unroutable> {
+    /// The topic for routing value `by`, checked against Kafka's naming rules.
+    fn topic(&self, by: &str) -> Result<String, Unroutable> {
         let c = &self.config;
-        let by = text(row, &c.by)?.ok_or_else(|| Unroutable {
-            reason: "null_routing_value",
-            detail: format!("column {} is NULL, so there is no topic for the row", c.by),
-        })?;
+        let mut last = self.last_topic.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((value, topic)) = last.as_ref() {
+            if value == by {
+                return Ok(topic.clone());
+            }
+        }
         let topic = match &self.topic_regex {
-            None => c.topic.replace("${routedByValue}", &by),
+            None => c.topic.replace("${routedByValue}", by),
             Some(regex) => {
-                if !regex.is_match(&by) {
+                if !regex.is_match(by) {
                     return Err(Unroutable {
                         reason: "topic_regex_mismatch",
                         detail: format!(
@@ -364,13 +371,24 @@ impl Router {
                         ),
                     });
                 }
-                regex.replace(&by, c.topic.as_str()).into_owned()
+                regex.replace(by, c.topic.as_str()).into_owned()
             }
         };
         validate_topic_name(&topic).map_err(|why| Unroutable {
             reason: "invalid_topic",
             detail: format!("topic {topic:?} (from column {} = {by:?}): {why}", c.by),
         })?;
+        *last = Some((by.to_string(), topic.clone()));
+        Ok(topic)
+    }
+
+    pub fn route(&self, row: &Row) -> Result<Record, Unroutable> {
+        let c = &self.config;
+        let by = text(row, &c.by)?.ok_or_else(|| Unroutable {
+            reason: "null_routing_value",
+            detail: format!("column {} is NULL, so there is no topic for the row", c.by),
+        })?;
+        let topic = self.topic(&by)?;
         let key = text(row, &c.key)?.map(String::into_bytes);
         let payload = column(row, &c.payload)?;
         if let Value::BadText { charset, .. } = payload {
@@ -687,6 +705,26 @@ mod tests {
         assert!(r
             .headers
             .contains(&("eventType".to_string(), Some(b"OrderCreated".to_vec()))));
+    }
+
+    #[test]
+    fn the_remembered_topic_follows_the_routing_value() {
+        let router = Router::new(RouteConfig::default(), 1_000_000);
+        let topic = |value: &str| {
+            let mut c = debezium_row();
+            c[1].1 = Value::Text(value.into());
+            router
+                .route(&row(&c))
+                .map(|r| r.topic)
+                .map_err(|e| e.reason)
+        };
+        assert_eq!(topic("order"), Ok("outbox.event.order".into()));
+        assert_eq!(topic("order"), Ok("outbox.event.order".into()));
+        assert_eq!(topic("customer"), Ok("outbox.event.customer".into()));
+        assert_eq!(topic("a b"), Err("invalid_topic"));
+        assert_eq!(topic("customer"), Ok("outbox.event.customer".into()));
+        assert_eq!(topic("a b"), Err("invalid_topic"), "never remembered");
+        assert_eq!(topic("order"), Ok("outbox.event.order".into()));
     }
 
     #[test]

@@ -225,16 +225,10 @@ impl PostgresSource {
             // Whatever the socket already delivered is taken without building the select below
             // (a read brings many messages; this is the hot path).
             let step = match self.stream.next().now_or_never() {
-                Some(frame) => {
-                    self.last_message = tokio::time::Instant::now();
-                    self.decoder.on_frame(frame?, &mut self.buffer)?
-                }
+                Some(frame) => self.decoder.on_frame(frame?, &mut self.buffer)?,
                 None => tokio::select! {
                     biased;
-                    frame = self.stream.next() => {
-                        self.last_message = tokio::time::Instant::now();
-                        self.decoder.on_frame(frame?, &mut self.buffer)?
-                    }
+                    frame = self.stream.next() => self.decoder.on_frame(frame?, &mut self.buffer)?,
                     _ = tick(&mut self.heartbeat) => {
                         self.emit_heartbeat().await;
                         continue;
@@ -248,9 +242,13 @@ impl PostgresSource {
                     }
                 },
             };
-            self.check_at = self.last_message + self.read_timeout;
+            // A read of the socket resets the silence (the frames of one read share its time).
+            if self.stream.took_read() {
+                self.last_message = tokio::time::Instant::now();
+                self.check_at = self.last_message + self.read_timeout;
+                self.metrics.source_event();
+            }
             self.progress = None;
-            self.metrics.source_event();
             if let Step::NeedAncestors { relation_id, name } = step {
                 let ancestors = tokio::time::timeout(
                     Duration::from_secs(30),

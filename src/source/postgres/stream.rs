@@ -74,6 +74,8 @@ pub(super) struct ReplicationStream {
     buf: BytesMut,
     /// Bytes at the front of `buf` that belong to the frame returned last.
     consumed: usize,
+    /// The socket was read since [`ReplicationStream::took_read`] was last asked.
+    fresh: bool,
     /// Wakes the status task when a keepalive asks for a reply.
     reply: Arc<Notify>,
     status: tokio::task::JoinHandle<()>,
@@ -502,6 +504,7 @@ impl ReplicationStream {
             read,
             buf,
             consumed: 0,
+            fresh: false,
             reply,
             status,
             shown,
@@ -593,8 +596,15 @@ impl ReplicationStream {
             self.buf
                 .reserve((want - self.buf.len()).clamp(READ_CHUNK, 8 * READ_CHUNK * 8));
             read_more(&mut self.read, &mut self.buf, &self.shown).await?;
+            self.fresh = true;
         }
         Ok(())
+    }
+
+    /// Whether the socket was read since the last call: the server is alive. (Asked per frame,
+    /// answered per read: one clock reading per read instead of one per message.)
+    pub fn took_read(&mut self) -> bool {
+        std::mem::take(&mut self.fresh)
     }
 }
 
