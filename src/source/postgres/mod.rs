@@ -50,6 +50,9 @@ use crate::source::{Change, Durable, Ignored, Position, SourceIdentity};
 
 /// Silence allowed when no heartbeat can be emitted (walsender keepalives come every 30 s by default).
 const KEEPALIVE_SILENCE: Duration = Duration::from_secs(100);
+/// Messages taken from the read buffer, at most, before the silence timer and the source-event gauge
+/// are refreshed without a new socket read (a slow sink can hold thousands in one read).
+const STAMP_EVERY: u32 = 256;
 
 pub struct PostgresSource {
     stream: ReplicationStream,
@@ -63,6 +66,8 @@ pub struct PostgresSource {
     read_timeout: Duration,
     /// When the stream last said anything.
     last_message: tokio::time::Instant,
+    /// Messages taken since `last_message` was last set.
+    unstamped: u32,
     /// When the silence is looked at next (`last_message + read_timeout`, or later while the server
     /// shows it is busy for us).
     check_at: tokio::time::Instant,
@@ -199,6 +204,7 @@ impl PostgresSource {
             heartbeat: Some(ticker),
             read_timeout: heartbeat * 3,
             last_message: tokio::time::Instant::now(),
+            unstamped: 0,
             check_at: tokio::time::Instant::now() + heartbeat * 3,
             progress: None,
             busy_limit,
@@ -226,7 +232,13 @@ impl PostgresSource {
             // (a read brings many messages; this is the hot path).
             let step = match self.stream.next().now_or_never() {
                 Some(frame) => self.decoder.on_frame(frame?, &mut self.buffer)?,
-                None => tokio::select! {
+                None => {
+                    // About to wait: the silence counts from the last message taken, even one taken
+                    // from the buffer long after its read (back-pressure held the reader).
+                    if self.unstamped > 0 {
+                        self.stamp();
+                    }
+                    tokio::select! {
                     biased;
                     frame = self.stream.next() => self.decoder.on_frame(frame?, &mut self.buffer)?,
                     _ = tick(&mut self.heartbeat) => {
@@ -240,13 +252,15 @@ impl PostgresSource {
                         self.on_silence().await?;
                         continue;
                     }
-                },
+                    }
+                }
             };
-            // A read of the socket resets the silence (the frames of one read share its time).
-            if self.stream.took_read() {
-                self.last_message = tokio::time::Instant::now();
-                self.check_at = self.last_message + self.read_timeout;
-                self.metrics.source_event();
+            // A message resets the silence and the source-event gauge. The clock is read once per
+            // socket read (the messages of one read share its time), and at least every
+            // `STAMP_EVERY` messages taken from the buffer without a read.
+            self.unstamped += 1;
+            if self.stream.took_read() || self.unstamped >= STAMP_EVERY {
+                self.stamp();
             }
             self.progress = None;
             if let Step::NeedAncestors { relation_id, name } = step {
@@ -266,6 +280,14 @@ impl PostgresSource {
                 self.decoder.resolve_relation(relation_id, ancestors)?;
             }
         }
+    }
+
+    /// A message was taken now: the silence starts over.
+    fn stamp(&mut self) {
+        self.last_message = tokio::time::Instant::now();
+        self.check_at = self.last_message + self.read_timeout;
+        self.metrics.source_event();
+        self.unstamped = 0;
     }
 
     /// Emits the heartbeat message on the control connection (it comes back through the stream).

@@ -497,6 +497,8 @@ impl ReplicationStream {
         durable: Durable,
         shown: String,
     ) -> ReplicationStream {
+        // Bytes read with the server's answer to START_REPLICATION count as a read.
+        let fresh = !buf.is_empty();
         let (read, write) = tokio::io::split(socket);
         let reply = Arc::new(Notify::new());
         let status = tokio::spawn(send_status(write, reply.clone(), durable, start));
@@ -504,7 +506,7 @@ impl ReplicationStream {
             read,
             buf,
             consumed: 0,
-            fresh: false,
+            fresh,
             reply,
             status,
             shown,
