@@ -110,16 +110,29 @@ fn peer_cpu() -> Vec<(&'static str, f64)> {
 /// CPU seconds of a postmaster and all its backends, the ones that exited included (the
 /// postmaster waited for them: `cutime + cstime`).
 fn postgres_cpu_seconds(postmaster: i32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{postmaster}/stat")).unwrap_or_default();
+    tree_cpu_seconds(postmaster) + stat_cpu_seconds(&postmaster.to_string(), true)
+}
+
+/// CPU seconds from `/proc/<pid>/stat` (`pid` may be `self`): the process's own (`utime + stime`),
+/// or with `children` those of the children it waited for (`cutime + cstime`).
+fn stat_cpu_seconds(pid: &str, children: bool) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let fields: Vec<&str> = stat
         .rsplit(')')
         .next()
         .unwrap_or("")
         .split_whitespace()
         .collect();
-    let exited: f64 = fields.get(13).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + fields.get(14).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    tree_cpu_seconds(postmaster) + exited / 100.0
+    let first = if children { 13 } else { 11 };
+    let ticks: f64 = (first..first + 2)
+        .map(|i| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        })
+        .sum();
+    ticks / 100.0
 }
 
 fn peer_cpu_since(before: &[(&'static str, f64)]) -> String {
@@ -132,15 +145,7 @@ fn peer_cpu_since(before: &[(&'static str, f64)]) -> String {
 }
 
 fn process_stats(pid: i32) -> ProcessStats {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let ticks: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    let cpu_seconds = stat_cpu_seconds(&pid.to_string(), false);
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let hwm_kb: f64 = status
         .lines()
@@ -162,7 +167,7 @@ fn process_stats(pid: i32) -> ProcessStats {
         })
         .sum();
     ProcessStats {
-        cpu_seconds: ticks / 100.0,
+        cpu_seconds,
         peak_rss_mb: hwm_kb / 1024.0,
         open_seconds: 0.0,
         peers_cpu: String::new(),
@@ -1219,16 +1224,7 @@ struct Latency {
 
 /// CPU seconds this process's waited-for children used so far (`cutime + cstime`).
 fn children_cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let ticks: f64 = fields.get(13).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + fields.get(14).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    ticks / 100.0
+    stat_cpu_seconds("self", true)
 }
 
 /// `pg_recvlogical` reading `slot` (created with `plugin`) up to `end` into /dev/null: (seconds,
