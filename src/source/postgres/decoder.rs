@@ -53,6 +53,10 @@ pub struct Decoder {
     /// Relation id -> its layout if it is an outbox table, `None` for any other table.
     relations: HashMap<u32, Option<Table>>,
     in_txn: bool,
+    /// The open transaction's final LSN (its Begin carries it).
+    txn_final_lsn: Option<u64>,
+    /// `txn_final_lsn` as text, made for the transaction's first outbox row (most transactions
+    /// have none).
     txn_origin: Option<Arc<str>>,
     /// The open transaction's commit time (its Begin carries it), ms since the Unix epoch.
     txn_committed_ms: Option<i64>,
@@ -85,6 +89,7 @@ impl Decoder {
             prefixes: prefixes.into_iter().collect(),
             relations: HashMap::new(),
             in_txn: false,
+            txn_final_lsn: None,
             txn_origin: None,
             txn_committed_ms: None,
             txn_rows: 0,
@@ -135,7 +140,8 @@ impl Decoder {
             } => {
                 self.in_txn = true;
                 self.txn_rows = 0;
-                self.txn_origin = Some(lsn_to_string(final_lsn).into());
+                self.txn_final_lsn = Some(final_lsn);
+                self.txn_origin = None;
                 self.txn_committed_ms =
                     pgoutput::pg_time_to_unix_micros(commit_time_us).map(|us| us / 1000);
             }
@@ -327,8 +333,9 @@ impl Decoder {
     }
 
     fn origin(&mut self) -> Arc<str> {
+        let lsn = self.txn_final_lsn.unwrap_or(self.last);
         self.txn_origin
-            .get_or_insert_with(|| lsn_to_string(self.last).into())
+            .get_or_insert_with(|| lsn_to_string(lsn).into())
             .clone()
     }
 
@@ -346,6 +353,7 @@ impl Decoder {
         out.push_back(Change::closing(boundary, self.txn_rows > 0));
         self.in_txn = false;
         self.txn_rows = 0;
+        self.txn_final_lsn = None;
         self.txn_origin = None;
     }
 }
