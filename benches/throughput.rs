@@ -490,6 +490,7 @@ fn main() {
 
     if let Some(binary) = args.peer.as_ref().filter(|_| args.wants("peer")) {
         rows.extend(peer_section(&db, binary, n, record_bytes));
+        rows.extend(peer_postgres_section(binary, n, record_bytes));
     }
 
     let mut pg_latency_rows = Vec::new();
@@ -564,18 +565,40 @@ fn main() {
         ratio("drain10", "raw-broker"),
         ratio("drain10", "relay"),
     );
-    for (size, drain, td, po, base) in [
-        (1, "pg-drain1", "pg-raw1", "pg-rawpo1", "pg-base1"),
-        (10, "pg-drain", "pg-raw-source", "pg-rawpo10", "pg-base10"),
-        (100, "pg-drain100", "pg-raw100", "pg-rawpo100", "pg-base100"),
+    for (size, drain, td, po, pu, base) in [
+        (
+            1,
+            "pg-drain1",
+            "pg-raw1",
+            "pg-rawpo1",
+            "pg-rawpu1",
+            "pg-base1",
+        ),
+        (
+            10,
+            "pg-drain",
+            "pg-raw-source",
+            "pg-rawpo10",
+            "pg-rawpu10",
+            "pg-base10",
+        ),
+        (
+            100,
+            "pg-drain100",
+            "pg-raw100",
+            "pg-rawpo100",
+            "pg-rawpu100",
+            "pg-base100",
+        ),
     ] {
         if rate(drain).is_none() {
             continue;
         }
         println!(
-            "ratios (Postgres, {size}-row transactions): outboxd / pg_recvlogical test_decoding = {}, / pg_recvlogical pgoutput = {}; baseline build: {} and {}",
+            "ratios (Postgres, {size}-row transactions): outboxd / pg_recvlogical test_decoding = {}, / pg_recvlogical pgoutput = {} (over a Unix socket: {}); baseline build: {} and {}",
             ratio(drain, td),
             ratio(drain, po),
+            ratio(drain, pu),
             ratio(base, td),
             ratio(base, po),
         );
@@ -585,6 +608,12 @@ fn main() {
             "ratios (MariaDB, DeltaForge's outbox shape, 10-row transactions): outboxd / DeltaForge = {}, outboxd / raw source = {}",
             ratio("peer-outboxd", "peer-deltaforge"),
             ratio("peer-outboxd", "raw-source"),
+        );
+    }
+    if rate("peer-pg-deltaforge").is_some() {
+        println!(
+            "ratios (Postgres, table-less outbox, 10-message transactions): outboxd / DeltaForge = {}",
+            ratio("peer-pg-outboxd", "peer-pg-deltaforge"),
         );
     }
     if rate("eos").is_some() {
@@ -1229,7 +1258,13 @@ fn children_cpu_seconds() -> f64 {
 
 /// `pg_recvlogical` reading `slot` (created with `plugin`) up to `end` into /dev/null: (seconds,
 /// its CPU seconds).
-fn pg_recvlogical(pg: &Postgres, slot: &str, plugin: &str, end: &str) -> (f64, (f64, String)) {
+fn pg_recvlogical(
+    pg: &Postgres,
+    slot: &str,
+    plugin: &str,
+    unix: bool,
+    end: &str,
+) -> (f64, (f64, String)) {
     let cpu_before = children_cpu_seconds();
     let start = Instant::now();
     let mut command = Command::new(format!("{}/pg_recvlogical", rig::postgres::BIN));
@@ -1245,9 +1280,16 @@ fn pg_recvlogical(pg: &Postgres, slot: &str, plugin: &str, end: &str) -> (f64, (
             "-f",
             "/dev/null",
         ])
-        .arg("-h")
-        .arg(pg.dir())
-        .args(["-p", &pg.port.to_string(), "--endpos", end, "--no-loop"]);
+        .args(["--endpos", end, "--no-loop"])
+        .arg("-p")
+        .arg(pg.port.to_string())
+        .arg("-h");
+    // TCP on loopback, as outboxd reads, unless asked for the Unix socket.
+    if unix {
+        command.arg(pg.dir());
+    } else {
+        command.arg("127.0.0.1");
+    }
     if plugin == "pgoutput" {
         command.args(["-o", "proto_version=1", "-o", "publication_names=rawpub"]);
     }
@@ -1352,13 +1394,21 @@ fn postgres_section(
     for (per_txn, key) in [(1u64, "pg-drain1"), (10, "pg-drain"), (100, "pg-drain100")] {
         // pg_recvlogical reads exactly this load's WAL, once per repeat (a slot of its own each
         // time), with test_decoding (text) and with pgoutput (what outboxd reads).
-        let raw_slots: Vec<(String, String)> = (0..REPEATS)
+        // The third reads pgoutput over a Unix socket, as a client on the database's host could
+        // (outboxd reads over TCP, like the other two).
+        let raw_slots: Vec<(String, String, bool)> = (0..REPEATS)
             .flat_map(|rep| {
-                [("td", "test_decoding"), ("po", "pgoutput")]
-                    .map(|(tag, plugin)| (format!("raw{tag}{per_txn}r{rep}"), plugin.to_string()))
+                [
+                    ("td", "test_decoding", false),
+                    ("po", "pgoutput", false),
+                    ("pu", "pgoutput", true),
+                ]
+                .map(|(tag, plugin, unix)| {
+                    (format!("raw{tag}{per_txn}r{rep}"), plugin.to_string(), unix)
+                })
             })
             .collect();
-        for (slot, plugin) in &raw_slots {
+        for (slot, plugin, _) in &raw_slots {
             pg.sql(
                 "app",
                 &format!("SELECT pg_create_logical_replication_slot('{slot}', '{plugin}');"),
@@ -1421,7 +1471,7 @@ fn postgres_section(
         // Interleaved: baseline, this build, the raw readers, baseline, ...
         let mut runs: Vec<(f64, ProcessStats)> = Vec::new();
         let mut base_runs: Vec<(f64, ProcessStats)> = Vec::new();
-        let mut raw_runs: [Vec<(f64, (f64, String))>; 2] = [Vec::new(), Vec::new()];
+        let mut raw_runs: [Vec<(f64, (f64, String))>; 3] = Default::default();
         for rep in 0..REPEATS {
             if let Some((_, pipeline)) = base_pipelines.get_mut(rep) {
                 let target = acked() + n;
@@ -1441,11 +1491,11 @@ fn postgres_section(
                 "outboxd to drain the Postgres backlog",
                 |_| acked() >= target,
             ));
-            for (i, (slot, plugin)) in raw_slots[rep * 2..rep * 2 + 2].iter().enumerate() {
-                raw_runs[i].push(pg_recvlogical(&pg, slot, plugin, &raw_end));
+            for (i, (slot, plugin, unix)) in raw_slots[rep * 3..rep * 3 + 3].iter().enumerate() {
+                raw_runs[i].push(pg_recvlogical(&pg, slot, plugin, *unix, &raw_end));
             }
         }
-        for (slot, _) in &raw_slots {
+        for (slot, _, _) in &raw_slots {
             pg.sql(
                 "app",
                 &format!("SELECT pg_drop_replication_slot('{slot}');"),
@@ -1455,16 +1505,23 @@ fn postgres_section(
             let (seconds, (cpu, peers), spread) = median(runs, n);
             let (plugin, note) = match i {
                 0 => ("test_decoding", "decodes every row to text"),
-                _ => ("pgoutput", "the stream outboxd reads"),
+                1 => ("pgoutput", "the stream outboxd reads"),
+                _ => (
+                    "pgoutput over a Unix socket",
+                    "the same stream, cheaper to send and read",
+                ),
             };
             rows.push(Row {
                 key: match (i, per_txn) {
                     (0, 1) => "pg-raw1",
                     (0, 10) => "pg-raw-source",
                     (0, _) => "pg-raw100",
-                    (_, 1) => "pg-rawpo1",
-                    (_, 10) => "pg-rawpo10",
-                    (_, _) => "pg-rawpo100",
+                    (1, 1) => "pg-rawpo1",
+                    (1, 10) => "pg-rawpo10",
+                    (1, _) => "pg-rawpo100",
+                    (_, 1) => "pg-rawpu1",
+                    (_, 10) => "pg-rawpu10",
+                    (_, _) => "pg-rawpu100",
                 },
                 what: format!(
                     "raw source: pg_recvlogical ({plugin}), same WAL ({per_txn}-row transactions)"
@@ -1761,27 +1818,23 @@ const PEER_TABLE: &str = "CREATE TABLE app.df_outbox (
 struct DeltaForge {
     binary: std::path::PathBuf,
     dir: std::path::PathBuf,
+    /// Its REST API, which also serves `/metrics` (95b4d93 accepts `--metrics-addr` but ignores it:
+    /// its Prometheus listener is fixed at `0.0.0.0:9000`).
     api_port: u16,
-    metrics_port: u16,
     child: Option<std::process::Child>,
 }
 
 impl DeltaForge {
-    /// A pipeline named `peer` reading `app.df_outbox` with DeltaForge's outbox processor into
-    /// `outbox.event.<aggregate_type>`, with the settings of its own backlog-drain benchmark
+    /// A pipeline named `peer` reading `source` (the YAML under `spec.source`) with DeltaForge's
+    /// outbox processor into `outbox.event.<aggregate_type>`, with the settings of its own backlog-drain benchmark
     /// (`crates/chaos/src/scenarios/backlog_drain.rs`: batches of up to 4000 events or 100 ms,
     /// 4 in flight, checkpoints only after the sink's acks, schema sensing off, `linger.ms` 0);
     /// its Kafka sink is idempotent with acks=all by itself.
-    fn new(binary: &std::path::Path, db: &MariaDb, bootstrap: &str) -> DeltaForge {
+    fn new(binary: &std::path::Path, source: &str, bootstrap: &str) -> DeltaForge {
         let dir =
             std::env::temp_dir().join(format!("outboxd-bench-deltaforge-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("storage")).unwrap();
-        let dsn = format!(
-            "mysql://cdc:{}@127.0.0.1:{}/app",
-            rig::mariadb::CDC_PASSWORD,
-            db.port
-        );
         std::fs::write(
             dir.join("pipeline.yaml"),
             format!(
@@ -1792,13 +1845,7 @@ metadata:
   tenant: bench
 spec:
   source:
-    type: mysql
-    config:
-      id: peer-mysql
-      dsn: "{dsn}"
-      tables: ["app.df_outbox"]
-      outbox:
-        tables: ["app.df_outbox"]
+{source}
   processors:
     - type: outbox
       topic: "outbox.event.${{aggregate_type}}"
@@ -1829,9 +1876,29 @@ spec:
             binary: binary.to_path_buf(),
             dir,
             api_port: rig::free_port(),
-            metrics_port: rig::free_port(),
             child: None,
         }
+    }
+
+    /// Starts it and waits until its Kafka sink delivered `n` events: (seconds, its stats).
+    fn timed_drain(&mut self, n: u64) -> (f64, ProcessStats) {
+        let peers_before = peer_cpu();
+        let start = Instant::now();
+        self.start();
+        let pid = self.pid();
+        let mut stats = process_stats(pid);
+        wait_until(
+            "DeltaForge to drain the backlog",
+            Duration::from_secs(1800),
+            || {
+                stats = process_stats(pid);
+                self.delivered() >= n
+            },
+        );
+        let seconds = start.elapsed().as_secs_f64();
+        stats.peers_cpu = peer_cpu_since(&peers_before);
+        self.stop();
+        (seconds, stats)
     }
 
     fn start(&mut self) {
@@ -1840,10 +1907,6 @@ spec:
             .arg("--config")
             .arg(self.dir.join("pipeline.yaml"))
             .args(["--api-addr", &format!("127.0.0.1:{}", self.api_port)])
-            .args([
-                "--metrics-addr",
-                &format!("127.0.0.1:{}", self.metrics_port),
-            ])
             .arg("--storage-path")
             .arg(self.dir.join("storage/deltaforge.db"))
             .env("RUST_LOG", "warn")
@@ -1864,7 +1927,7 @@ spec:
             let log = std::fs::read_to_string(self.dir.join("deltaforge.log")).unwrap_or_default();
             panic!("DeltaForge exited early with {status}:\n{log}");
         }
-        let (_, body) = rig::http_get(self.metrics_port, "/metrics");
+        let (_, body) = rig::http_get(self.api_port, "/metrics");
         body.lines()
             .filter(|l| l.starts_with("deltaforge_sink_events_total"))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -1938,30 +2001,42 @@ fn peer_section(db: &MariaDb, binary: &std::path::Path, n: u64, record_bytes: u6
             )
         })
     };
-    let mut peer = DeltaForge::new(binary, db, &broker.bootstrap());
+    // A first run without a checkpoint hangs on MariaDB before it reads the binlog (95b4d93:
+    // `resolve_binlog_tail` awaits `pool.disconnect()` while it still holds a pooled connection,
+    // on the `SHOW MASTER STATUS` fallback), so the pipeline starts with an initial snapshot,
+    // which records its binlog position with code of its own.
+    let source = format!(
+        r#"    type: mysql
+    config:
+      id: peer-mysql
+      dsn: "mysql://cdc:{}@127.0.0.1:{}/app"
+      tables: ["app.df_outbox"]
+      outbox:
+        tables: ["app.df_outbox"]
+      snapshot:
+        mode: initial"#,
+        rig::mariadb::CDC_PASSWORD,
+        db.port
+    );
+    let mut peer = DeltaForge::new(binary, &source, &broker.bootstrap());
     peer.start();
-    // A row delivered and checkpointed fixes where its restarts resume. It starts reading at the
-    // binlog's end once connected, so a row written before that is never read: one more row
-    // each second until one arrives.
+    // A row delivered and checkpointed fixes where its restarts resume. Rows the snapshot reads
+    // write no checkpoint: one more row each second until a binlog row has.
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut warm_up = 10 * n;
-    while peer.delivered() < 1 {
+    while !peer.has_checkpoint() {
         if Instant::now() > deadline {
             let log = std::fs::read_to_string(peer.dir.join("deltaforge.log")).unwrap_or_default();
-            panic!("DeltaForge delivered nothing within 120 s; its log:\n{log}");
+            panic!("DeltaForge wrote no checkpoint within 120 s; its log:\n{log}");
         }
+        peer.delivered(); // panics with its log if it exited
         db.sql_socket(&insert(warm_up, warm_up + 1));
         warm_up += 1;
         let wrote = Instant::now();
-        while peer.delivered() < 1 && wrote.elapsed() < Duration::from_secs(1) {
+        while !peer.has_checkpoint() && wrote.elapsed() < Duration::from_secs(1) {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-    wait_until(
-        "DeltaForge to write a checkpoint",
-        Duration::from_secs(60),
-        || peer.has_checkpoint(),
-    );
     peer.stop();
     peer.save_storage();
     let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "")
@@ -1983,30 +2058,143 @@ fn peer_section(db: &MariaDb, binary: &std::path::Path, n: u64, record_bytes: u6
             at_gtid(&target),
         ));
         peer.restore_storage();
-        let peers_before = peer_cpu();
-        let start = Instant::now();
-        peer.start();
-        let pid = peer.pid();
-        let mut stats = process_stats(pid);
-        wait_until(
-            "DeltaForge to drain the backlog",
-            Duration::from_secs(1800),
-            || {
-                stats = process_stats(pid);
-                peer.delivered() >= n
-            },
-        );
-        let seconds = start.elapsed().as_secs_f64();
-        stats.peers_cpu = peer_cpu_since(&peers_before);
-        peer.stop();
-        theirs.push((seconds, stats));
+        theirs.push(peer.timed_drain(n));
     }
     *PEERS.lock().unwrap() = saved_peers;
+    peer_rows(
+        [
+            ("peer-outboxd", "outboxd, MariaDB backlog drain of DeltaForge's outbox shape (all VARCHAR), 10-row transactions", ours),
+            ("peer-deltaforge", "DeltaForge 95b4d93 (peer), the same backlog, broker and start", theirs),
+        ],
+        n,
+        record_bytes,
+    )
+}
+
+/// The peer on Postgres. DeltaForge's Postgres outbox reads only `pg_logical_emit_message`
+/// messages (table inserts pass as plain change events), so both drain one table-less outbox: `n`
+/// messages with the prefix `outbox`, ten per transaction, each a JSON object with DeltaForge's
+/// outbox fields (outboxd reads them with `source.message_prefixes`). A slot only moves forward, so
+/// every run has a slot of its own made before the load (and outboxd a pipeline of its own), and
+/// both start at their slot; interleaved run by run, on a fresh broker.
+fn peer_postgres_section(binary: &std::path::Path, n: u64, record_bytes: u64) -> Vec<Row> {
+    let pg = Postgres::start(&["max_replication_slots = 20", "max_wal_senders = 20"]);
+    pg.sql("postgres", "CREATE DATABASE app;");
+    let postmaster = pg.postmaster_pid().expect("postmaster.pid").as_raw();
+    let broker = Broker::start();
+    create_topic(&broker.bootstrap(), TOPIC, 6);
+    let saved_peers = std::mem::replace(
+        &mut *PEERS.lock().unwrap(),
+        vec![("Postgres", postmaster), ("broker", broker.pid())],
+    );
+    // outboxd's publication needs a table (with the routed columns: its checks look); the
+    // messages need none (DeltaForge's publication is empty).
+    pg.sql(
+        "app",
+        "CREATE ROLE cdc WITH LOGIN REPLICATION;
+         CREATE TABLE public.outbox (id uuid PRIMARY KEY, aggregate_type text, aggregate_id text, event_type text, payload jsonb);
+         ALTER TABLE public.outbox OWNER TO cdc; GRANT CREATE ON DATABASE app TO cdc;
+         CREATE PUBLICATION df_pub;",
+    );
+    let pipelines: Vec<Outboxd> = (0..REPEATS)
+        .map(|rep| {
+            let name = format!("pgpeer{rep}");
+            let body = format!(
+                "[source]\nkind = \"postgres\"\nurl = \"{}\"\ntables = [\"public.outbox\"]\n\
+                 slot = \"{name}\"\npublication = \"{name}\"\nmessage_prefixes = [\"outbox\"]\n\
+                 heartbeat_interval_ms = 1000\n[kafka]\nbrokers = \"{}\"\n[http]\nlisten = \"\"\n\
+                 [route]\nby = \"aggregate_type\"\nkey = \"aggregate_id\"\nid = \"id\"\n",
+                pg.url("cdc", "app"),
+                broker.bootstrap()
+            );
+            let mut pipeline = Outboxd::new(&name, &body);
+            pipeline.start();
+            pipeline.stop();
+            pipeline
+        })
+        .collect();
+    let slots: Vec<String> = (0..REPEATS).map(|rep| format!("dfpeer{rep}")).collect();
+    for slot in &slots {
+        pg.sql(
+            "app",
+            &format!("SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');"),
+        );
+    }
+    let mut script = String::new();
+    for first in (0..n).step_by(10) {
+        let messages: Vec<String> = (first..(first + 10).min(n))
+            .map(|k| {
+                format!(
+                    "('{{\"id\":\"{}\",\"aggregate_type\":\"order\",\"aggregate_id\":\"key-{}\",\"event_type\":\"Created\",\"payload\":{}}}')",
+                    uuid_of(k),
+                    k % KEYS,
+                    payload(k, 0)
+                )
+            })
+            .collect();
+        script.push_str(&format!(
+            "SELECT count(pg_logical_emit_message(true, 'outbox', m)) FROM (VALUES {}) AS t(m);\n",
+            messages.join(",")
+        ));
+    }
+    pg.sql("app", &script);
+    let probe: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()
+        .unwrap();
+    let acked = || -> u64 {
+        (0..6)
+            .map(|p| {
+                probe
+                    .fetch_watermarks(TOPIC, p, Duration::from_secs(5))
+                    .map(|w| w.1)
+                    .unwrap_or(0) as u64
+            })
+            .sum()
+    };
+    let dsn = pg.url("cdc", "app").replace("cdc@", "cdc:cdc@");
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for (mut pipeline, slot) in pipelines.into_iter().zip(&slots) {
+        let target = acked() + n;
+        ours.push(timed_run(
+            &mut pipeline,
+            "outboxd to drain the table-less Postgres backlog",
+            |_| acked() >= target,
+        ));
+        let source = format!(
+            r#"    type: postgres
+    config:
+      id: peer-pg
+      dsn: "{dsn}"
+      slot: {slot}
+      publication: df_pub
+      tables: []
+      outbox:
+        prefixes: ["outbox"]"#
+        );
+        let mut peer = DeltaForge::new(binary, &source, &broker.bootstrap());
+        theirs.push(peer.timed_drain(n));
+    }
+    *PEERS.lock().unwrap() = saved_peers;
+    peer_rows(
+        [
+            ("peer-pg-outboxd", "outboxd, Postgres table-less outbox (pg_logical_emit_message) drain, 10-message transactions", ours),
+            ("peer-pg-deltaforge", "DeltaForge 95b4d93 (peer), the same messages, broker and start", theirs),
+        ],
+        n,
+        record_bytes,
+    )
+}
+
+/// The peer table's rows: (key, what, runs) for outboxd and DeltaForge.
+fn peer_rows(
+    runs: [(&'static str, &str, Vec<(f64, ProcessStats)>); 2],
+    n: u64,
+    record_bytes: u64,
+) -> Vec<Row> {
     let mut rows = Vec::new();
-    for (key, what, runs) in [
-        ("peer-outboxd", "outboxd, MariaDB backlog drain of DeltaForge's outbox shape (all VARCHAR), 10-row transactions", ours),
-        ("peer-deltaforge", "DeltaForge 95b4d93 (peer), the same backlog, broker and start", theirs),
-    ] {
+    for (key, what, runs) in runs {
         let (seconds, stats, spread) = median(runs, n);
         rows.push(Row {
             key,
