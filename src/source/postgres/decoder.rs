@@ -467,6 +467,36 @@ mod tests {
     }
 
     #[test]
+    fn each_transaction_gives_its_rows_and_messages_its_own_origin() {
+        let mut d = decoder();
+        let mut out = VecDeque::new();
+        d.on_frame(xlog(&begin(0x100)), &mut out).unwrap();
+        d.on_frame(xlog(RELATION_OUTBOX), &mut out).unwrap();
+        d.on_frame(xlog(INSERT_OUTBOX), &mut out).unwrap();
+        d.on_frame(xlog(&message(true, 0xF0, "outbox", b"{}")), &mut out)
+            .unwrap();
+        d.on_frame(xlog(&commit(0x100, 0x130)), &mut out).unwrap();
+        // A transaction without outbox rows, then one with a message only.
+        d.on_frame(xlog(&begin(0x200)), &mut out).unwrap();
+        d.on_frame(xlog(&commit(0x200, 0x230)), &mut out).unwrap();
+        d.on_frame(xlog(&begin(0x300)), &mut out).unwrap();
+        d.on_frame(xlog(&message(true, 0x2F0, "outbox", b"{}")), &mut out)
+            .unwrap();
+        d.on_frame(xlog(&commit(0x300, 0x330)), &mut out).unwrap();
+        // A message of its own, outside any transaction: its own LSN.
+        d.on_frame(xlog(&message(false, 0x400, "outbox", b"{}")), &mut out)
+            .unwrap();
+        let origins: Vec<String> = out
+            .iter()
+            .filter_map(|c| match c {
+                Change::Row(row) => Some(row.origin.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(origins, ["0/100", "0/100", "0/300", "0/400"]);
+    }
+
+    #[test]
     fn other_tables_and_unknown_prefixes_are_skipped_and_keepalives_move_the_boundary() {
         let mut d = Decoder::new(0, ["public.other".to_string()], Vec::<String>::new());
         let mut out = VecDeque::new();
