@@ -1344,7 +1344,7 @@ fn postgres_section(
     latency: bool,
     baseline: Option<&(std::path::PathBuf, String)>,
 ) -> (Vec<Row>, Vec<Latency>) {
-    // Per size: up to 3 + 3 pipelines' slots and 6 raw readers' slots.
+    // Per size: up to 3 + 3 pipelines' slots and 9 raw readers' slots.
     let pg = Postgres::start(&["max_replication_slots = 20", "max_wal_senders = 20"]);
     pg.sql("postgres", "CREATE DATABASE app;");
     let postmaster = pg.postmaster_pid().expect("postmaster.pid").as_raw();
@@ -1880,8 +1880,9 @@ spec:
         }
     }
 
-    /// Starts it and waits until its Kafka sink delivered `n` events: (seconds, its stats).
-    fn timed_drain(&mut self, n: u64) -> (f64, ProcessStats) {
+    /// Starts it and waits until its Kafka sink delivered `n` events and `arrived` (the records
+    /// are in the topic outboxd writes to, as the broker says): (seconds, its stats).
+    fn timed_drain(&mut self, n: u64, mut arrived: impl FnMut() -> bool) -> (f64, ProcessStats) {
         let peers_before = peer_cpu();
         let start = Instant::now();
         self.start();
@@ -1892,7 +1893,7 @@ spec:
             Duration::from_secs(1800),
             || {
                 stats = process_stats(pid);
-                self.delivered() >= n
+                self.delivered() >= n && arrived()
             },
         );
         let seconds = start.elapsed().as_secs_f64();
@@ -1940,14 +1941,24 @@ spec:
         status == 200 && body.trim() != "[]"
     }
 
-    /// SIGTERM, then waits for the exit.
+    /// SIGTERM, then waits for the exit (SIGKILL after 30 s: a stop that hangs must not keep
+    /// the servers running).
     fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(child.id() as i32),
                 nix::sys::signal::Signal::SIGTERM,
             );
-            let _ = child.wait();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while child.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    eprintln!("DeltaForge did not stop within 30 s of SIGTERM; killing it");
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
     }
 
@@ -2019,6 +2030,7 @@ fn peer_section(db: &MariaDb, binary: &std::path::Path, n: u64, record_bytes: u6
         db.port
     );
     let mut peer = DeltaForge::new(binary, &source, &broker.bootstrap());
+    let probe = topic_probe(&broker);
     peer.start();
     // A row delivered and checkpointed fixes where its restarts resume. Rows the snapshot reads
     // write no checkpoint: one more row each second until a binlog row has.
@@ -2058,7 +2070,8 @@ fn peer_section(db: &MariaDb, binary: &std::path::Path, n: u64, record_bytes: u6
             at_gtid(&target),
         ));
         peer.restore_storage();
-        theirs.push(peer.timed_drain(n));
+        let target = topic_end(&probe, TOPIC) + n;
+        theirs.push(peer.timed_drain(n, || topic_end(&probe, TOPIC) >= target));
     }
     *PEERS.lock().unwrap() = saved_peers;
     peer_rows(
@@ -2138,20 +2151,8 @@ fn peer_postgres_section(binary: &std::path::Path, n: u64, record_bytes: u64) ->
         ));
     }
     pg.sql("app", &script);
-    let probe: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .create()
-        .unwrap();
-    let acked = || -> u64 {
-        (0..6)
-            .map(|p| {
-                probe
-                    .fetch_watermarks(TOPIC, p, Duration::from_secs(5))
-                    .map(|w| w.1)
-                    .unwrap_or(0) as u64
-            })
-            .sum()
-    };
+    let probe = topic_probe(&broker);
+    let acked = || topic_end(&probe, TOPIC);
     let dsn = pg.url("cdc", "app").replace("cdc@", "cdc:cdc@");
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
@@ -2174,7 +2175,8 @@ fn peer_postgres_section(binary: &std::path::Path, n: u64, record_bytes: u64) ->
         prefixes: ["outbox"]"#
         );
         let mut peer = DeltaForge::new(binary, &source, &broker.bootstrap());
-        theirs.push(peer.timed_drain(n));
+        let target = acked() + n;
+        theirs.push(peer.timed_drain(n, || acked() >= target));
     }
     *PEERS.lock().unwrap() = saved_peers;
     peer_rows(
@@ -2187,12 +2189,32 @@ fn peer_postgres_section(binary: &std::path::Path, n: u64, record_bytes: u64) ->
     )
 }
 
-/// The peer table's rows: (key, what, runs) for outboxd and DeltaForge.
-fn peer_rows(
-    runs: [(&'static str, &str, Vec<(f64, ProcessStats)>); 2],
-    n: u64,
-    record_bytes: u64,
-) -> Vec<Row> {
+/// A consumer that asks `broker` for watermarks.
+fn topic_probe(broker: &Broker) -> BaseConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()
+        .unwrap()
+}
+
+/// Records in `topic` (6 partitions): the sum of its high watermarks. Panics when the broker does
+/// not answer (a guess of 0 could end a drain early).
+fn topic_end(probe: &BaseConsumer, topic: &str) -> u64 {
+    (0..6)
+        .map(|p| {
+            probe
+                .fetch_watermarks(topic, p, Duration::from_secs(5))
+                .unwrap_or_else(|e| panic!("the watermarks of {topic}/{p}: {e}"))
+                .1 as u64
+        })
+        .sum()
+}
+
+/// One tool's timed runs in a peer comparison: (row key, what, runs).
+type PeerRuns<'a> = (&'static str, &'a str, Vec<(f64, ProcessStats)>);
+
+/// The peer table's rows, for outboxd and DeltaForge.
+fn peer_rows(runs: [PeerRuns<'_>; 2], n: u64, record_bytes: u64) -> Vec<Row> {
     let mut rows = Vec::new();
     for (key, what, runs) in runs {
         let (seconds, stats, spread) = median(runs, n);
