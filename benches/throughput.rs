@@ -1374,20 +1374,8 @@ fn postgres_section(
     let mut outboxd = Outboxd::new("pgbench", &body);
     outboxd.start();
     outboxd.stop();
-    let probe: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .create()
-        .unwrap();
-    let acked = || -> u64 {
-        (0..6)
-            .map(|p| {
-                probe
-                    .fetch_watermarks(topic, p, Duration::from_secs(5))
-                    .map(|w| w.1)
-                    .unwrap_or(0) as u64
-            })
-            .sum()
-    };
+    let probe = topic_probe(&broker);
+    let acked = || topic_end(&probe, topic);
     let mut rows = Vec::new();
     let mut loaded = 0;
     pg.sql("app", "CREATE PUBLICATION rawpub FOR TABLE public.outbox;");
