@@ -17,6 +17,7 @@ pub mod pipeline;
 pub mod preflight;
 pub mod retention;
 pub mod route;
+pub mod runtime;
 pub mod schema;
 pub mod secrets;
 pub mod sink;

@@ -217,13 +217,6 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, Error> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::config(format!("cannot start the async runtime: {e}")))
-}
-
 /// A watch channel that turns true on SIGINT/SIGTERM.
 fn shutdown_signal() -> tokio::sync::watch::Receiver<bool> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -264,7 +257,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
     match cli.command {
         Command::Schema { .. } | Command::Completions { .. } => unreachable!("handled above"),
         Command::Run { skip_checks } => {
-            let runtime = runtime()?;
+            let runtime = outboxd::runtime::build()?;
             let result = runtime.block_on(async {
             if !skip_checks {
                 let report = outboxd::check::run(&config).await;
@@ -299,7 +292,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             runtime.shutdown_timeout(std::time::Duration::from_secs(1));
             result
         }
-        Command::Check => runtime()?.block_on(async {
+        Command::Check => outboxd::runtime::build()?.block_on(async {
             let report = outboxd::check::run(&config).await;
             for item in &report.items {
                 println!("{}", outboxd::secrets::scrub(&item.to_string()));
@@ -338,7 +331,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 eprintln!("{rows} outbox row(s)");
                 return Ok(ExitCode::SUCCESS);
             }
-            runtime()?.block_on(async {
+            outboxd::runtime::build()?.block_on(async {
                 let count = outboxd::pipeline::replay_files(
                     &config,
                     binlog_file,
@@ -358,20 +351,20 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             let to = to
                 .map(|t| outboxd::source::parse_position(config.source.kind(), &t))
                 .transpose()?;
-            runtime()?.block_on(async {
+            outboxd::runtime::build()?.block_on(async {
                 let count =
                     outboxd::pipeline::replay(&config, from, to, shutdown_signal()).await?;
                 println!("replayed {count} record(s)");
                 Ok(ExitCode::SUCCESS)
             })
         }
-        Command::Snapshot { predicate } => runtime()?.block_on(async {
+        Command::Snapshot { predicate } => outboxd::runtime::build()?.block_on(async {
             let count =
                 outboxd::pipeline::snapshot(&config, predicate, shutdown_signal()).await?;
             println!("sent {count} record(s)");
             Ok(ExitCode::SUCCESS)
         }),
-        Command::Prune { older_than, wait } => runtime()?.block_on(async {
+        Command::Prune { older_than, wait } => outboxd::runtime::build()?.block_on(async {
             let mut settings = config.prune.clone().unwrap_or_default();
             if let Some(older_than) = older_than {
                 humantime::parse_duration(older_than.trim()).map_err(|e| {

@@ -176,12 +176,13 @@ impl Store {
     }
 
     /// [`Store::load`] from async code: a Kafka store's read blocks for a network round trip (or
-    /// its timeout), so on the multi-threaded runtime it tells the scheduler to move other tasks
-    /// off this worker meanwhile.
+    /// its timeout), a file store's for the disk (a stalled network mount: indefinitely), so on the
+    /// multi-threaded runtime it tells the scheduler to move other tasks off this worker meanwhile
+    /// (the runtime has one worker: see [`crate::runtime`]).
     pub fn load_from_async(&self) -> Result<Option<Checkpoint>> {
         let multi_thread = tokio::runtime::Handle::try_current()
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        if multi_thread && self.kafka.is_some() {
+        if multi_thread {
             tokio::task::block_in_place(|| self.load())
         } else {
             self.load()

@@ -256,6 +256,10 @@ impl MysqlSource {
             if let Some(change) = self.buffer.pop_front() {
                 return Ok(change);
             }
+            // The events of a compressed transaction payload come from memory, not the socket, so
+            // nothing else would make this loop give the worker back: a large transaction on other
+            // tables would hold every task (HTTP, signals, lease renewal) until its end.
+            tokio::task::coop::consume_budget().await;
             let event = match tokio::time::timeout(self.read_timeout, self.stream.next()).await {
                 Err(_) => {
                     return Err(Error::source(format!(
