@@ -12,7 +12,9 @@
 //! the walsender sends every message in a segment of its own, so a caught-up reader wakes often,
 //! and every switch took CPU the walsender needed on the same cores. Measured side by side in one
 //! run (BENCHMARKS.md, "One worker thread"): Postgres 1-row transactions 22k → 32k events/s with
-//! context switches 91 → 38 per 100 rows, 100-row 57k → 85k; MariaDB unchanged or faster.
+//! context switches 91 → 38 per 100 rows, 100-row 57k → 85k, 10-row unchanged (59k → 57k); MariaDB
+//! within noise (10-row 0.83 against 0.81 of `mariadb-binlog` there, 0.73 against 0.76 in another
+//! run). Against the build before it, in one run: Postgres 28k → 37k, 42k → 70k, 72k → 95k.
 //!
 //! The price: a synchronous stretch on the worker stalls every task (the HTTP endpoints, signal
 //! handling, the Postgres status updates, the lease renewal). So the sources give the worker back
