@@ -17,9 +17,11 @@
 //! run). Against the build before it, in one run: Postgres 28k → 37k, 42k → 70k, 72k → 95k.
 //!
 //! The price: a synchronous stretch on the worker stalls every task (the HTTP endpoints, signal
-//! handling, the Postgres status updates, the lease renewal). So the sources give the worker back
-//! between events (tokio's cooperative budget), and file reads that may block (checkpoints) run
-//! off it. `TOKIO_WORKER_THREADS` (tokio's own variable) sets another count.
+//! handling, the Postgres status updates, the lease renewal). So the live sources give the worker
+//! back between events (tokio's cooperative budget: the Postgres source through its socket reads,
+//! the MySQL source per event, since a compressed payload's events come from memory), and the
+//! prune task reads checkpoints off it. Not yet: a file replay decodes on the worker (README,
+//! "Not yet"). `TOKIO_WORKER_THREADS` (tokio's own variable) sets another count.
 
 use crate::error::{Error, Result};
 
