@@ -19,4 +19,8 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends fonts-dejavu-core >/dev/null
 fi
+# The broker is Apache Kafka with the JVM options of Kafka's own start script (the test rig gives its
+# brokers a small heap and a quick-starting JIT instead).
+export KAFKA_HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xmx1G -Xms1G}"
+export KAFKA_JVM_PERFORMANCE_OPTS="${KAFKA_JVM_PERFORMANCE_OPTS:--server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -XX:MaxInlineLevel=15}"
 cargo bench --locked --bench throughput -- "$@"

@@ -1,7 +1,7 @@
 //! outboxd side by side with the machine's raw limits and with a polling relay, in one run.
 //!
 //! `cargo bench --bench throughput [-- --quick]` (or `./benches/run.sh [--quick]`): starts a private
-//! MariaDB and the nisshi broker like the tests do, then measures, for the same rows:
+//! MariaDB and Apache Kafka like the tests do (with Kafka's own JVM defaults), then measures, for the same rows:
 //! - outboxd draining a preloaded backlog (transactions of 1, 10 and 100 rows): events/s, MB/s, CPU
 //!   seconds and peak RSS of the outboxd process (release build, acks=all, real checkpoint writes);
 //! - the raw source limit: `mariadb-binlog --read-from-remote-server` reading the same binlog;
@@ -14,7 +14,7 @@
 //! - the nearest peer, DeltaForge (`--peer deltaforge=PATH`), and outboxd draining one MariaDB
 //!   backlog in DeltaForge's outbox shape, interleaved run by run;
 //! - exactly-once beside at-least-once (`--only eos`): both with the Kafka checkpoint store, draining
-//!   the same backlog to noida-db (a broker with transactions), interleaved run by run.
+//!   the same backlog to Apache Kafka, interleaved run by run.
 //!
 //! It prints a Markdown table for BENCHMARKS.md. Numbers are not asserted anywhere.
 
@@ -618,7 +618,7 @@ fn main() {
     }
     if rate("eos").is_some() {
         println!(
-            "ratios (MariaDB, 10-row transactions, Kafka checkpoint, noida-db): exactly-once / at-least-once = {} (default interval), {} (1 s)",
+            "ratios (MariaDB, 10-row transactions, Kafka checkpoint, Apache Kafka): exactly-once / at-least-once = {} (default interval), {} (1 s)",
             ratio("eos", "eos-alo"),
             ratio("eos-1s", "eos-alo"),
         );
@@ -727,10 +727,10 @@ impl Drop for CheckpointTail {
 }
 
 /// Exactly-once beside at-least-once: two pipelines with the Kafka checkpoint store drain the same
-/// backlog of `n` rows (10-row transactions, ids from `from`) to a fresh noida-db, interleaved run
+/// backlog of `n` rows (10-row transactions, ids from `from`) to a fresh Apache Kafka, interleaved run
 /// by run, each from the same start.
 fn exactly_once_section(db: &MariaDb, from: u64, n: u64, record_bytes: u64) -> Vec<Row> {
-    let broker = Broker::start_noida();
+    let broker = Broker::start();
     create_topic(&broker.bootstrap(), TOPIC, 6);
     let tail = CheckpointTail::start(&broker.bootstrap());
     let mut pipelines: Vec<(Outboxd, &'static str, &'static str)> = [
@@ -779,7 +779,7 @@ fn exactly_once_section(db: &MariaDb, from: u64, n: u64, record_bytes: u64) -> V
                 tail.gtid(&name).as_deref() == Some(target.as_str())
             });
             run.1.peers_cpu = format!(
-                "noida-db {:.1}",
+                "Apache Kafka {:.1}",
                 process_stats(broker.pid()).cpu_seconds - broker_before
             );
             runs[i].push(run);
@@ -798,7 +798,7 @@ fn exactly_once_section(db: &MariaDb, from: u64, n: u64, record_bytes: u64) -> V
             Row {
                 key,
                 what: format!(
-                    "outboxd {mode}, Kafka checkpoint, noida-db, MariaDB backlog drain, 10-row transactions"
+                    "outboxd {mode}, Kafka checkpoint, Apache Kafka, MariaDB backlog drain, 10-row transactions"
                 ),
                 events: n,
                 seconds,

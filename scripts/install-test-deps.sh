@@ -2,16 +2,15 @@
 # Installs what outboxd's tests and quickstart need and a fresh machine lacks. Idempotent.
 #  - Debian packages: MariaDB server/client (the live binlog source), PostgreSQL 15 server/client (the
 #    logical-replication source; the tests run private servers, the package's own service is not needed),
-#    build deps of librdkafka, stunnel4 (a TLS terminator for the Kafka-over-TLS test).
-#  - The nisshi Kafka-protocol broker (a Rust broker, in memory), built once into a cache dir outside
-#    the repo (about 10 minutes on 2 cores the first time; skipped when present).
-#  - noida-db, a Kafka-protocol broker with transactions (a prebuilt binary in a PyPI wheel), for the
-#    Kafka checkpoint store and standby tests.
+#    build deps of librdkafka, a Java runtime and Maven (Apache Kafka).
+#  - Apache Kafka (KRaft), assembled once from its released jars on Maven Central into a cache dir
+#    outside the repo by scripts/apache-kafka.sh (Java 17+ and Maven: installed from Debian when
+#    missing); every test that produces to Kafka starts a private one.
 set -euo pipefail
 
 # --quickstart: only what deploy/quickstart.sh needs (MariaDB and the build tools); no PostgreSQL, no
-# TLS terminator, no test broker build (the quickstart installs a prebuilt broker from PyPI).
-# --broker: only the test broker (the quickstart's fallback when PyPI is out of reach).
+# Apache Kafka (the quickstart installs a prebuilt broker from PyPI).
+# --broker: only Apache Kafka (the quickstart's fallback when PyPI is out of reach).
 QUICKSTART=0
 BROKER_ONLY=0
 if [ "${1:-}" = "--quickstart" ]; then QUICKSTART=1; fi
@@ -32,11 +31,13 @@ command -v mariadb >/dev/null 2>&1 || packages+=(mariadb-client)
 command -v mariadb-install-db >/dev/null 2>&1 || packages+=(mariadb-server)
 if [ "$QUICKSTART" = 0 ]; then
   [ -x /usr/lib/postgresql/15/bin/initdb ] || packages+=(postgresql-15 postgresql-client-15)
-  # The TLS terminator in front of the broker in tests/tls.rs.
-  command -v stunnel >/dev/null 2>&1 || packages+=(stunnel4)
 fi
-# noida-db (the quickstart's broker, and the tests' transactional one) comes from PyPI into a
-# virtualenv.
+if [ "$QUICKSTART" = 0 ]; then
+  # Apache Kafka runs on Java 17+ and is assembled by Maven.
+  command -v java >/dev/null 2>&1 || packages+=(openjdk-17-jre-headless)
+  command -v mvn >/dev/null 2>&1 || packages+=(maven)
+fi
+# noida-db (the quickstart's broker) comes from PyPI into a virtualenv.
 command -v python3 >/dev/null 2>&1 || packages+=(python3)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || packages+=(python3-venv)
 command -v pkg-config >/dev/null 2>&1 || packages+=(pkg-config)
@@ -45,7 +46,11 @@ command -v cc >/dev/null 2>&1 || packages+=(gcc g++)
 dpkg -s libssl-dev >/dev/null 2>&1 || packages+=(libssl-dev)
 dpkg -s zlib1g-dev >/dev/null 2>&1 || packages+=(zlib1g-dev)
 
-if [ "$BROKER_ONLY" = 1 ]; then packages=(); fi
+if [ "$BROKER_ONLY" = 1 ]; then
+  packages=()
+  command -v java >/dev/null 2>&1 || packages+=(openjdk-17-jre-headless)
+  command -v mvn >/dev/null 2>&1 || packages+=(maven)
+fi
 if [ "${#packages[@]}" -gt 0 ] && [ "$SUDO" = missing-sudo ]; then
   echo "install-test-deps: these Debian packages are missing: ${packages[*]}" >&2
   echo "install-test-deps: run as root (or install sudo): apt-get install ${packages[*]}" >&2
@@ -83,26 +88,6 @@ if [ "$BROKER_ONLY" = 0 ] && [ ! -x "$PROMTOOL" ] && [ ! -e "$PROMTOOL.unavailab
   rm -rf "$tmp"
 fi
 
-# noida-db: the server binary out of its wheel (run directly; its Python wrapper is not needed).
-NOIDA_DIR="$HOME/.cache/outboxd-test/noida-db-0.2.3"
-if [ "$BROKER_ONLY" = 0 ] && [ ! -x "$NOIDA_DIR/noida-db" ]; then
-  echo "install-test-deps: installing noida-db 0.2.3 from PyPI into $NOIDA_DIR"
-  rm -rf "$NOIDA_DIR/venv"
-  mkdir -p "$NOIDA_DIR"
-  python3 -m venv "$NOIDA_DIR/venv"
-  "$NOIDA_DIR/venv/bin/pip" install --quiet --disable-pip-version-check --only-binary=:all: \
-    --timeout 30 --retries 3 "noida-db==0.2.3"
-  cp "$("$NOIDA_DIR/venv/bin/python" -c 'import importlib.resources as r; print(r.files("noida_db") / "noida-db")')" \
-    "$NOIDA_DIR/noida-db.tmp"
-  chmod +x "$NOIDA_DIR/noida-db.tmp"
-  mv "$NOIDA_DIR/noida-db.tmp" "$NOIDA_DIR/noida-db"
-fi
-
-BROKER_ROOT="${OUTBOXD_BROKER_ROOT:-$HOME/.cache/outboxd-test/nisshi-0.8.1}"
-if [ ! -x "$BROKER_ROOT/bin/nisshi" ]; then
-  echo "install-test-deps: building the nisshi 0.8.1 test broker into $BROKER_ROOT (one time, ~10 min)"
-  # --ignore-rust-version: a dependency declares rustc 1.96; it builds and runs on 1.95.
-  cargo install nisshi --version 0.8.1 --locked --ignore-rust-version \
-    --no-default-features --features dynostore,libsql --root "$BROKER_ROOT" -j 2
-fi
-echo "install-test-deps: ready (broker: $BROKER_ROOT/bin/nisshi)"
+# Apache Kafka: the jars from Maven Central and a formatted log directory, once (about 10 s).
+KAFKA_HOME=$("$(dirname "$0")/apache-kafka.sh" install)
+echo "install-test-deps: ready (Apache Kafka: $KAFKA_HOME)"

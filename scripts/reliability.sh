@@ -15,7 +15,7 @@ fi
 {
   echo "# Reliability"
   echo
-  echo "Every scenario ran against real servers (private MariaDB 10.11 / PostgreSQL 15, the nisshi broker)"
+  echo "Every scenario ran against real servers (private MariaDB 10.11 / PostgreSQL 15, Apache Kafka 4.3)"
   echo "on $(nproc) cores, $(date -u +%Y-%m-%d). Reproduce with \`./scripts/reliability.sh\`."
   echo "\"Recovery\" is seconds from the end of the fault (or the restart) until every row had been"
   echo "consumed back, and includes about 4 s of the test consumer's polling."

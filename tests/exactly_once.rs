@@ -1,6 +1,6 @@
 //! Exactly-once delivery (`kafka.exactly_once`): records and the checkpoint of their end commit in
 //! one Kafka transaction, so a `read_committed` consumer sees each row once across kill -9s, a
-//! frozen broker and a failover. On noida-db (a Kafka-protocol broker with transactions).
+//! frozen broker and a failover. On Apache Kafka.
 
 use std::time::Duration;
 
@@ -23,19 +23,19 @@ const CHECKPOINT: &str = "store = \"kafka\"\ntakeover_timeout_ms = 1500\n";
 /// The `[kafka]` keys: exactly-once, and a window small enough that kills land mid-transaction.
 const EXACTLY_ONCE: &str = "exactly_once = true\nmax_in_flight = 1000";
 
-fn noida_with_topics() -> Broker {
-    let broker = Broker::start_noida();
+fn broker_with_topics() -> Broker {
+    let broker = Broker::start();
     for topic in TOPICS {
         create_topic(&broker.bootstrap(), topic, 3);
     }
     broker
 }
 
-/// A MariaDB with the outbox schema, and noida-db with the event topics.
-fn mariadb_and_noida() -> (MariaDb, Broker) {
+/// A MariaDB with the outbox schema, and Apache Kafka with the event topics.
+fn mariadb_and_broker() -> (MariaDb, Broker) {
     let db = MariaDb::start(&[]);
     db.sql_socket(SCHEMA);
-    (db, noida_with_topics())
+    (db, broker_with_topics())
 }
 
 /// Both event topics as a consumer with `isolation` sees them, read until `done` holds (or
@@ -108,7 +108,7 @@ fn mariadb_outboxd(db: &MariaDb, broker: &Broker, name: &str, kafka: &str, http:
 /// a read_committed consumer sees each row exactly once.
 #[test]
 fn exactly_once_on_mariadb_survives_ten_kill_9s_and_a_frozen_broker() {
-    let (db, broker) = mariadb_and_noida();
+    let (db, broker) = mariadb_and_broker();
     let port = free_port();
     let mut outboxd = mariadb_outboxd(
         &db,
@@ -178,7 +178,7 @@ fn exactly_once_on_postgres_survives_ten_kill_9s_and_a_frozen_broker() {
     let pg = Postgres::start(&[]);
     pg.sql("postgres", "CREATE DATABASE app;");
     pg.sql("app", PG_SCHEMA);
-    let broker = noida_with_topics();
+    let broker = broker_with_topics();
     let body = format!(
         "[source]\nkind = \"postgres\"\nurl = \"{}\"\ntables = [\"public.outbox\"]\nslot = \"outboxd_eos\"\n\
          publication = \"outboxd_eos\"\nheartbeat_interval_ms = 1000\n\
@@ -226,7 +226,7 @@ fn exactly_once_on_postgres_survives_ten_kill_9s_and_a_frozen_broker() {
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
 fn a_crash_before_the_commit_hides_the_transaction_and_the_restart_sends_it_once() {
     use outboxd::fault::BEFORE_TRANSACTION_COMMIT;
-    let (db, broker) = mariadb_and_noida();
+    let (db, broker) = mariadb_and_broker();
     let mut outboxd = mariadb_outboxd(
         &db,
         &broker,
@@ -275,7 +275,7 @@ fn a_crash_before_the_commit_hides_the_transaction_and_the_restart_sends_it_once
 /// read_committed consumer sees each row once.
 #[test]
 fn exactly_once_holds_across_a_failover_to_a_standby() {
-    let (db, broker) = mariadb_and_noida();
+    let (db, broker) = mariadb_and_broker();
     let (a_port, b_port) = (free_port(), free_port());
     let mut a = mariadb_outboxd(
         &db,
@@ -318,7 +318,7 @@ fn exactly_once_holds_across_a_failover_to_a_standby() {
 #[test]
 fn a_frozen_leader_cannot_commit_over_a_checkpoint_set_meanwhile() {
     use nix::sys::signal::{kill, Signal};
-    let (db, broker) = mariadb_and_noida();
+    let (db, broker) = mariadb_and_broker();
     // 100 records commit a transaction; fewer wait 20 s. Slow heartbeats: the woken leader must
     // not find its source silent and drop the session (which aborts) before it can commit.
     let body = config_body(
@@ -388,7 +388,7 @@ fn a_frozen_leader_cannot_commit_over_a_checkpoint_set_meanwhile() {
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
 fn a_restart_waits_for_another_pipelines_open_transaction_on_the_checkpoint_topic() {
     use outboxd::fault::BEFORE_TRANSACTION_COMMIT;
-    let (db, broker) = mariadb_and_noida();
+    let (db, broker) = mariadb_and_broker();
     for topic in ["y.order", "y.customer"] {
         create_topic(&broker.bootstrap(), topic, 3);
     }
@@ -426,7 +426,7 @@ fn a_restart_waits_for_another_pipelines_open_transaction_on_the_checkpoint_topi
 /// (the commit's own failure, "abort and retry", must not turn it into a reconnect loop).
 #[test]
 fn a_record_the_broker_refuses_stops_with_the_remedy_instead_of_looping() {
-    let (db, broker) = mariadb_and_noida();
+    let (db, broker) = mariadb_and_broker();
     let mut outboxd = mariadb_outboxd(
         &db,
         &broker,

@@ -1,6 +1,6 @@
 //! Checkpoints in Kafka (`checkpoint.store = "kafka"`) and several instances of one pipeline, one
-//! leading, the others standing by. On noida-db: a Kafka-protocol broker with transactions (the
-//! checkpoint writer is transactional, which is what fences an old leader).
+//! leading, the others standing by. On Apache Kafka (the checkpoint writer is transactional, which
+//! is what fences an old leader).
 
 use std::time::{Duration, Instant};
 
@@ -8,6 +8,7 @@ use nix::sys::signal::{kill, Signal};
 
 use crate::operate::output;
 use crate::rig::broker::Broker;
+use crate::rig::certs::{Ca, VALID};
 use crate::rig::kafka::consume_using;
 use crate::rig::mariadb::MariaDb;
 use crate::rig::outboxd::Outboxd;
@@ -22,12 +23,12 @@ struct KafkaEnv {
     instances: Vec<(Outboxd, u16)>,
 }
 
-/// MariaDB, noida-db and `count` instances of pipeline `name` sharing a Kafka checkpoint, each
+/// MariaDB, Apache Kafka and `count` instances of pipeline `name` sharing a Kafka checkpoint, each
 /// with its own HTTP port (`checkpoint` holds more keys of that section).
 fn kafka_env(name: &str, count: usize, checkpoint: &str) -> KafkaEnv {
     let db = MariaDb::start(&[]);
     db.sql_socket(SCHEMA);
-    let broker = Broker::start_noida();
+    let broker = Broker::start();
     for topic in ["outbox.event.order", "outbox.event.customer"] {
         create_topic(&broker.bootstrap(), topic, 3);
     }
@@ -383,13 +384,38 @@ fn a_checkpoint_topic_that_could_lose_the_checkpoint_is_refused_by_name() {
 }
 
 #[test]
-fn a_broker_without_transactions_stops_the_kafka_store_with_the_reason() {
-    // nisshi, the default test broker, has no transactions: nothing can fence an old leader there.
+fn the_kafka_store_without_a_grant_on_its_transactional_id_stops_with_the_grant_to_give() {
+    // Apache Kafka always has transactions; what users meet instead is a principal without the
+    // grant on the checkpoint writer's transactional id. Everything else is granted here.
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "outboxd test CA", "ca");
+    let server = ca.server(dir.path(), "server", &["127.0.0.1"], VALID);
+    let broker = Broker::start_sasl(&server);
+    broker.add_scram_user("outboxd", "scram-secret");
+    for (kind, name) in [("--topic", "*"), ("--group", "*")] {
+        broker.acl(&[
+            "--add",
+            "--allow-principal",
+            "User:outboxd",
+            "--operation",
+            "All",
+            kind,
+            name,
+        ]);
+    }
     let db = MariaDb::start(&[]);
     db.sql_socket(SCHEMA);
-    let broker = Broker::start();
-    let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
-    let outboxd = Outboxd::with_checkpoint("notxn", &body, "store = \"kafka\"");
+    let body = format!(
+        "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.outbox\"]\nserver_id = 99\n\
+         [kafka]\nbrokers = \"{}\"\nproperties = {{ \"security.protocol\" = \"SASL_SSL\", \
+         \"sasl.mechanism\" = \"SCRAM-SHA-512\", \"sasl.username\" = \"outboxd\", \
+         \"sasl.password\" = \"scram-secret\", \"ssl.ca.location\" = \"{}\" }}\n\
+         [http]\nlisten = \"\"\n",
+        db.cdc_url(),
+        broker.tls_bootstrap(),
+        ca.pem.display()
+    );
+    let outboxd = Outboxd::with_checkpoint("nogrant", &body, "store = \"kafka\"");
     let mut child = outboxd
         .command(&["run"])
         .stdout(std::process::Stdio::piped())
@@ -406,7 +432,9 @@ fn a_broker_without_transactions_stops_the_kafka_store_with_the_reason() {
     assert!(!status.unwrap().success(), "{text}");
     assert!(
         text.contains("cannot become the checkpoint writer")
-            && text.contains("checkpoint.store = \"file\""),
+            && text.contains("Transactional Id authorization failed")
+            && text.contains("grant outboxd's principal WRITE and DESCRIBE on the transactional id outboxd.nogrant.checkpoint"),
         "{text}"
     );
+    assert!(!text.contains("scram-secret"), "{text}");
 }

@@ -1,126 +1,199 @@
-//! The Kafka-protocol brokers of the tests, on free loopback ports: nisshi (in memory, the default)
-//! and noida-db (transactions, for the Kafka checkpoint store and exactly-once).
+//! Apache Kafka, the broker users run: one KRaft node (broker and controller) per test, on free
+//! loopback ports, in a temp dir, started through `scripts/apache-kafka.sh run` (which owns its
+//! configuration and formats its log directory) and killed on drop, also on panic.
+//!
+//! Each test gets a private broker rather than one per binary: the tests use Debezium's default
+//! topic names (`outbox.event.<type>`), freeze the broker, and read topics from the beginning, so
+//! sharing would need every topic and pipeline renamed; a broker starts in about 2.5 s here.
 
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::{free_port, wait_until};
+use super::certs::Issued;
+use super::{file_contains, free_port, wait_until};
 
 pub struct Broker {
+    /// The PLAINTEXT listener.
     pub port: u16,
+    /// The SSL listener, when the broker has one ([`Broker::start_tls`]).
+    pub tls_port: Option<u16>,
     child: Child,
-    _log: tempfile::NamedTempFile,
-    /// noida-db's data directory (fresh per broker).
-    _data: Option<tempfile::TempDir>,
+    _dir: tempfile::TempDir,
 }
 
-/// Where `install-test-deps.sh` puts noida-db's server binary; `OUTBOXD_TEST_NOIDA` overrides.
-pub fn noida_binary() -> PathBuf {
-    if let Ok(path) = std::env::var("OUTBOXD_TEST_NOIDA") {
-        return PathBuf::from(path);
-    }
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    PathBuf::from(home).join(".cache/outboxd-test/noida-db-0.2.3/noida-db")
+/// The script that assembles and starts Apache Kafka (the one the benchmark and users call too).
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/apache-kafka.sh")
 }
 
-/// Where `.ci/run` installs the broker; `OUTBOXD_TEST_BROKER` overrides.
-pub fn broker_binary() -> PathBuf {
-    if let Ok(path) = std::env::var("OUTBOXD_TEST_BROKER") {
-        return PathBuf::from(path);
-    }
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    PathBuf::from(home).join(".cache/outboxd-test/nisshi-0.8.1/bin/nisshi")
+/// Where the assembled Apache Kafka lives (its `lib/` holds the Java tools too).
+pub fn kafka_home() -> PathBuf {
+    let out = Command::new(script())
+        .arg("install")
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("scripts/apache-kafka.sh install");
+    assert!(
+        out.status.success(),
+        "scripts/apache-kafka.sh install failed"
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
 impl Broker {
     pub fn start() -> Broker {
-        Broker::start_advertising(None)
+        Broker::launch(None)
     }
 
-    /// A broker that tells clients to reach it at `advertised` (a TLS terminator's port in front of
-    /// it) instead of its own port.
-    pub fn start_advertising(advertised: Option<u16>) -> Broker {
-        let bin = broker_binary();
-        assert!(
-            bin.exists(),
-            "test broker not found at {}: run ./scripts/test.sh (it installs it) or set OUTBOXD_TEST_BROKER",
-            bin.display()
-        );
-        let port = free_port();
-        let url = format!("tcp://127.0.0.1:{port}");
-        let advertised_url = format!("tcp://127.0.0.1:{}", advertised.unwrap_or(port));
-        let log = tempfile::NamedTempFile::new().unwrap();
-        let child = Command::new(bin)
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &advertised_url,
-            ])
-            .args([
-                "--storage-engine",
-                "memory://nisshi/",
-                "--group-initial-rebalance-delay",
-                "0s",
-            ])
-            .stdout(Stdio::null())
-            .stderr(log.reopen().unwrap())
-            .spawn()
-            .expect("start the broker");
-        wait_until("the broker to listen", Duration::from_secs(30), || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-        Broker {
-            port,
-            child,
-            _log: log,
-            _data: None,
-        }
+    /// A broker with an SSL listener too (its own, not a terminator in front of it), presenting
+    /// `server` (PEM certificate and PKCS#8 key). [`Broker::tls_bootstrap`] is its address.
+    pub fn start_tls(server: &Issued) -> Broker {
+        Broker::launch(Some(("SSL", server, String::new())))
     }
 
-    /// noida-db: a Kafka-protocol broker with transactions (keep its data small: it holds
-    /// everything in memory and ignores fetch.max.bytes).
-    pub fn start_noida() -> Broker {
-        let bin = noida_binary();
-        assert!(
-            bin.exists(),
-            "noida-db not found at {}: run ./scripts/test.sh (it installs it) or set OUTBOXD_TEST_NOIDA",
-            bin.display()
-        );
+    /// A broker whose second listener is SASL_SSL with SCRAM-SHA-512 (users: [`Broker::add_scram_user`])
+    /// and the StandardAuthorizer: a client there gets what ACLs grant it ([`Broker::acl`]), nothing
+    /// by default. The PLAINTEXT listener stays for the rig's own clients (User:ANONYMOUS, a super
+    /// user) and the broker's traffic to itself.
+    pub fn start_sasl(server: &Issued) -> Broker {
+        Broker::launch(Some((
+            "SASL_SSL",
+            server,
+            "listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-512\n\
+             listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=\
+             org.apache.kafka.common.security.scram.ScramLoginModule required;\n\
+             authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer\n\
+             super.users=User:ANONYMOUS\n"
+                .to_string(),
+        )))
+    }
+
+    /// `secure`: the second listener's protocol, its certificate, and more properties.
+    fn launch(secure: Option<(&str, &Issued, String)>) -> Broker {
         let port = free_port();
-        let data = tempfile::Builder::new()
-            .prefix("outboxd-noida-")
+        let controller = free_port();
+        let dir = tempfile::Builder::new()
+            .prefix("outboxd-kafka-")
             .tempdir()
             .unwrap();
-        let log = tempfile::NamedTempFile::new().unwrap();
-        let child = Command::new(bin)
-            .args([
-                "start",
-                "--host",
-                "127.0.0.1",
-                "--only",
-                "kafka",
-                "--kafka-port",
-            ])
-            .arg(port.to_string())
-            .arg("--data-dir")
-            .arg(data.path())
-            .stdout(log.reopen().unwrap())
-            .stderr(log.reopen().unwrap())
+        let mut listeners = format!("PLAINTEXT://127.0.0.1:{port}");
+        let mut protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT".to_string();
+        let mut extra = String::new();
+        let mut tls_port = None;
+        if let Some((protocol, server, more)) = secure {
+            let secure_port = free_port();
+            tls_port = Some(secure_port);
+            listeners.push_str(&format!(",{protocol}://127.0.0.1:{secure_port}"));
+            protocols.push_str(&format!(",{protocol}:{protocol}"));
+            // Kafka reads a PEM keystore as one file: the key, then the certificate chain.
+            let keystore = dir.path().join("keystore.pem");
+            let pem = [
+                std::fs::read_to_string(&server.key).unwrap(),
+                std::fs::read_to_string(&server.cert).unwrap(),
+            ]
+            .concat();
+            std::fs::write(&keystore, pem).unwrap();
+            let name = protocol.to_ascii_lowercase();
+            extra = format!(
+                "listener.name.{name}.ssl.keystore.type=PEM\n\
+                 listener.name.{name}.ssl.keystore.location={}\n{more}",
+                keystore.display()
+            );
+        }
+        let properties = dir.path().join("extra.properties");
+        std::fs::write(
+            &properties,
+            format!(
+                "listeners={listeners},CONTROLLER://127.0.0.1:{controller}\n\
+                 advertised.listeners={listeners}\n\
+                 listener.security.protocol.map={protocols}\n\
+                 inter.broker.listener.name=PLAINTEXT\n{extra}"
+            ),
+        )
+        .unwrap();
+        let broker_dir = dir.path().join("broker");
+        let mut command = Command::new(script());
+        command
+            .arg("run")
+            .arg(&broker_dir)
+            .args([port.to_string(), controller.to_string()])
+            .arg(&properties)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        // A test broker holds little: a small heap and a JIT that starts fast. The benchmark sets
+        // Kafka's own defaults instead (benches/run.sh).
+        if std::env::var_os("KAFKA_HEAP_OPTS").is_none() {
+            command.env("KAFKA_HEAP_OPTS", "-Xms64m -Xmx512m");
+        }
+        if std::env::var_os("KAFKA_JVM_PERFORMANCE_OPTS").is_none() {
+            command.env(
+                "KAFKA_JVM_PERFORMANCE_OPTS",
+                "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData",
+            );
+        }
+        let mut child = command
             .spawn()
-            .expect("start noida-db");
-        wait_until("noida-db to listen", Duration::from_secs(30), || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
+            .expect("start Apache Kafka through scripts/apache-kafka.sh");
+        let log = broker_dir.join("server.log");
+        wait_until("Apache Kafka to start", Duration::from_secs(90), || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "Apache Kafka exited ({status}) before it served (was it assembled? \
+                     ./scripts/test.sh installs it): {}",
+                    tail(&broker_dir)
+                );
+            }
+            file_contains(&log, "Kafka Server started")
+                && TcpStream::connect(("127.0.0.1", port)).is_ok()
         });
         Broker {
             port,
+            tls_port,
             child,
-            _log: log,
-            _data: Some(data),
+            _dir: dir,
         }
+    }
+
+    /// Creates (or changes) SCRAM-SHA-512 credentials for `user` (through Kafka's own ConfigCommand).
+    pub fn add_scram_user(&self, user: &str, password: &str) {
+        self.tool(
+            "kafka.admin.ConfigCommand",
+            &[
+                "--alter",
+                "--entity-type",
+                "users",
+                "--entity-name",
+                user,
+                "--add-config",
+                &format!("SCRAM-SHA-512=[iterations=4096,password={password}]"),
+            ],
+        );
+    }
+
+    /// Kafka's own AclCommand with `args` (e.g. `--add --allow-principal User:x --operation Write
+    /// --topic t`).
+    pub fn acl(&self, args: &[&str]) {
+        self.tool("org.apache.kafka.tools.AclCommand", args);
+    }
+
+    /// Runs one of Kafka's command-line tools against the PLAINTEXT listener.
+    fn tool(&self, class: &str, args: &[&str]) {
+        let out = Command::new("java")
+            .args(["-XX:TieredStopAtLevel=1", "-cp"])
+            .arg(kafka_home().join("lib/*"))
+            .arg(class)
+            .args(["--bootstrap-server", &self.bootstrap()])
+            .args(args)
+            .output()
+            .expect("java");
+        assert!(
+            out.status.success(),
+            "{class} {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// The broker process (signals; CPU accounting in the benchmark).
@@ -129,7 +202,7 @@ impl Broker {
     }
 
     /// SIGSTOP: the broker keeps its sockets but answers nothing (an outage as clients see it,
-    /// without losing the records it holds in memory).
+    /// without losing the records it holds).
     pub fn freeze(&self) {
         let pid = nix::unistd::Pid::from_raw(self.pid());
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
@@ -143,6 +216,25 @@ impl Broker {
     pub fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
+
+    /// The SSL listener's address (panics on a broker without one).
+    pub fn tls_bootstrap(&self) -> String {
+        format!(
+            "127.0.0.1:{}",
+            self.tls_port.expect("a broker started with TLS")
+        )
+    }
+}
+
+fn tail(broker_dir: &Path) -> String {
+    let mut text = String::new();
+    for file in ["stdout.log", "server.log"] {
+        let content = std::fs::read_to_string(broker_dir.join(file)).unwrap_or_default();
+        let lines: Vec<&str> = content.lines().collect();
+        text.push_str(&lines[lines.len().saturating_sub(20)..].join("\n"));
+        text.push('\n');
+    }
+    text
 }
 
 impl Drop for Broker {

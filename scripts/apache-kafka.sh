@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Apache Kafka (KRaft, one node that is broker and controller) for the tests, the benchmark and anyone
+# who wants a throwaway broker on loopback. Assembled from the released jars on Maven Central
+# (scripts/apache-kafka/pom.xml pins the version); Java 17+ and Maven run it, outboxd never does.
+#
+#   apache-kafka.sh install                      assemble the jars into the cache (idempotent); prints the home
+#   apache-kafka.sh run DIR PORT CPORT [PROPS]   a fresh broker in DIR, in the foreground (exec: the caller's
+#                                                child is the JVM, so it can signal it); PROPS: a file of
+#                                                extra server.properties lines (listeners, SASL, ACLs)
+#   apache-kafka.sh start DIR PORT CPORT         the same in the background; waits until it serves, prints its pid
+#
+# PORT is the PLAINTEXT client listener, CPORT the controller's; both on 127.0.0.1. The broker logs to
+# DIR/server.log and is ready when that file says "Kafka Server started". JVM options follow Kafka's own
+# start script: KAFKA_HEAP_OPTS (default -Xmx1G -Xms1G) and KAFKA_JVM_PERFORMANCE_OPTS (default G1 as
+# kafka-run-class.sh sets it); the test rig passes smaller ones.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+POM="$HERE/apache-kafka/pom.xml"
+VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$POM")
+CACHE="${OUTBOXD_TEST_CACHE:-$HOME/.cache/outboxd-test}"
+KAFKA_HOME="$CACHE/kafka-$VERSION"
+
+die() { echo "apache-kafka: $*" >&2; exit 1; }
+
+install() {
+  if [ -e "$KAFKA_HOME/lib/.complete" ] && [ -e "$KAFKA_HOME/template/meta.properties" ]; then
+    echo "$KAFKA_HOME"; return
+  fi
+  command -v java >/dev/null 2>&1 || die "java (17 or newer) is missing: apt-get install openjdk-17-jre-headless"
+  command -v mvn >/dev/null 2>&1 || die "mvn is missing: apt-get install maven"
+  echo "apache-kafka: assembling Apache Kafka $VERSION from Maven Central into $KAFKA_HOME" >&2
+  rm -rf "$KAFKA_HOME.tmp"
+  mkdir -p "$KAFKA_HOME.tmp"
+  mvn -q -B -f "$POM" dependency:copy-dependencies -DoutputDirectory="$KAFKA_HOME.tmp/lib" >&2 \
+    || die "Maven could not fetch Apache Kafka $VERSION (is Maven Central reachable?)"
+  touch "$KAFKA_HOME.tmp/lib/.complete"
+  # One formatted log directory, copied for every broker: formatting starts a JVM of its own (about
+  # a second of CPU). Formatted for a static quorum (controller.quorum.voters), it holds no port.
+  mkdir -p "$KAFKA_HOME.tmp/template"
+  cat > "$KAFKA_HOME.tmp/format.properties" <<EOF
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:1
+listeners=PLAINTEXT://127.0.0.1:2,CONTROLLER://127.0.0.1:1
+controller.listener.names=CONTROLLER
+log.dirs=$KAFKA_HOME.tmp/template
+EOF
+  java -cp "$KAFKA_HOME.tmp/lib/*" kafka.tools.StorageTool format -t "$(java -cp "$KAFKA_HOME.tmp/lib/*" \
+    kafka.tools.StorageTool random-uuid 2>/dev/null)" -c "$KAFKA_HOME.tmp/format.properties" >/dev/null 2>&1 \
+    || die "formatting a log directory failed"
+  rm -rf "$KAFKA_HOME"
+  mv "$KAFKA_HOME.tmp" "$KAFKA_HOME"
+  echo "$KAFKA_HOME"
+}
+
+configure() {
+  local dir=$1 port=$2 cport=$3 extra=${4:-}
+  [ -e "$KAFKA_HOME/lib/.complete" ] || die "Apache Kafka $VERSION is not assembled: run $0 install"
+  mkdir -p "$dir"
+  rm -rf "$dir/data"
+  cp -r "$KAFKA_HOME/template" "$dir/data"
+  {
+    echo "process.roles=broker,controller"
+    echo "node.id=1"
+    echo "controller.quorum.voters=1@127.0.0.1:$cport"
+    echo "controller.listener.names=CONTROLLER"
+    echo "log.dirs=$dir/data"
+    # One node: every internal topic has one replica.
+    echo "offsets.topic.replication.factor=1"
+    echo "offsets.topic.num.partitions=1"
+    echo "transaction.state.log.replication.factor=1"
+    echo "transaction.state.log.min.isr=1"
+    echo "transaction.state.log.num.partitions=1"
+    echo "share.coordinator.state.topic.replication.factor=1"
+    echo "share.coordinator.state.topic.min.isr=1"
+    echo "group.initial.rebalance.delay.ms=0"
+    if [ -n "$extra" ]; then
+      cat "$extra"
+    else
+      echo "listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport"
+      echo "advertised.listeners=PLAINTEXT://127.0.0.1:$port"
+      echo "inter.broker.listener.name=PLAINTEXT"
+      echo "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    fi
+  } > "$dir/server.properties"
+  cat > "$dir/log4j2.properties" <<EOF
+status = error
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = $dir/server.log
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.file.ref = file
+EOF
+}
+
+java_command() {
+  local dir=$1
+  # shellcheck disable=SC2206
+  local heap=(${KAFKA_HEAP_OPTS:--Xmx1G -Xms1G})
+  # shellcheck disable=SC2206
+  local perf=(${KAFKA_JVM_PERFORMANCE_OPTS:--server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+    -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -XX:MaxInlineLevel=15})
+  JAVA_CMD=(java "${heap[@]}" "${perf[@]}" -Djava.awt.headless=true
+    "-Dlog4j2.configurationFile=$dir/log4j2.properties" -cp "$KAFKA_HOME/lib/*"
+    kafka.Kafka "$dir/server.properties")
+}
+
+case "${1:-}" in
+  install)
+    install
+    ;;
+  run)
+    [ $# -ge 4 ] || die "usage: $0 run DIR PORT CONTROLLER_PORT [EXTRA_PROPERTIES_FILE]"
+    configure "$2" "$3" "$4" "${5:-}"
+    java_command "$2"
+    exec "${JAVA_CMD[@]}" > "$2/stdout.log" 2>&1
+    ;;
+  start)
+    [ $# -eq 4 ] || die "usage: $0 start DIR PORT CONTROLLER_PORT"
+    configure "$2" "$3" "$4"
+    java_command "$2"
+    "${JAVA_CMD[@]}" > "$2/stdout.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 1200); do
+      if grep -q "Kafka Server started" "$2/server.log" 2>/dev/null; then echo "$pid"; exit 0; fi
+      kill -0 "$pid" 2>/dev/null || { tail -20 "$2/server.log" "$2/stdout.log" >&2; die "the broker exited"; }
+      sleep 0.05
+    done
+    kill "$pid"; die "the broker did not start within 60 s (see $2/server.log)"
+    ;;
+  *)
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac
