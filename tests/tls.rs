@@ -11,8 +11,8 @@ use crate::rig::certs::{Ca, Issued, EXPIRED, VALID};
 use crate::rig::mariadb::CDC_PASSWORD;
 use crate::rig::scenario::{consume_events, insert_rows, SCHEMA};
 use crate::rig::{
-    consume, consume_using, create_topic, create_topic_using, free_port, wait_until, Broker,
-    MariaDb, Outboxd, Postgres,
+    consume, consume_using, create_topic, create_topic_using, wait_until, Broker, MariaDb, Outboxd,
+    Postgres,
 };
 
 /// `outboxd ARGS`, bounded: (success, stdout + stderr). A run that does not exit in 60 s is killed
@@ -494,55 +494,11 @@ fn postgres_certificate_problems_each_fail_check_and_run_with_their_own_message(
     );
 }
 
-/// stunnel in server mode: TLS on `accept`, plain text to the broker on `connect`.
-struct Stunnel {
-    child: std::process::Child,
-    _dir: tempfile::TempDir,
-}
-
-impl Stunnel {
-    fn start(accept: u16, connect: u16, server: &Issued) -> Stunnel {
-        let dir = tempfile::Builder::new()
-            .prefix("outboxd-stunnel-")
-            .tempdir()
-            .unwrap();
-        let conf = dir.path().join("stunnel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "foreground = yes\npid =\n[kafka]\naccept = 127.0.0.1:{accept}\nconnect = 127.0.0.1:{connect}\ncert = {}\nkey = {}\n",
-                server.cert.display(),
-                server.key.display()
-            ),
-        )
-        .unwrap();
-        let child = std::process::Command::new("stunnel")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("stunnel (apt-get install stunnel4; scripts/install-test-deps.sh does it)");
-        wait_until("stunnel to listen", Duration::from_secs(30), || {
-            std::net::TcpStream::connect(("127.0.0.1", accept)).is_ok()
-        });
-        Stunnel { child, _dir: dir }
-    }
-}
-
-impl Drop for Stunnel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn kafka_reached_only_through_tls_works_with_the_right_ca_and_fails_clearly_with_a_wrong_one() {
     let c = certs();
-    let tls_port = free_port();
-    let broker = Broker::start_advertising(Some(tls_port));
-    let _stunnel = Stunnel::start(tls_port, broker.port, &c.server);
-    let bootstrap = format!("127.0.0.1:{tls_port}");
+    let broker = Broker::start_tls(&c.server);
+    let bootstrap = broker.tls_bootstrap();
     let ca = c.ca.pem.display().to_string();
     let client = [
         ("bootstrap.servers", bootstrap.as_str()),
@@ -650,5 +606,102 @@ fn a_server_without_tls_is_used_in_plain_text_under_prefer_and_refused_under_req
                 "{kind} require: {command}: {text}"
             );
         }
+    }
+}
+
+#[test]
+fn kafka_whose_certificate_names_another_host_is_refused_by_check_and_run() {
+    let c = certs();
+    let dir = tempfile::Builder::new()
+        .prefix("outboxd-certs-")
+        .tempdir()
+        .unwrap();
+    // Signed by the CA outboxd trusts, but for a name that is not the broker's address.
+    let elsewhere =
+        c.ca.server(dir.path(), "elsewhere", &["elsewhere.invalid"], VALID);
+    let broker = Broker::start_tls(&elsewhere);
+    let bootstrap = broker.tls_bootstrap();
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let outboxd = Outboxd::new(
+        "tls-kafka-name",
+        &format!(
+            "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.outbox\"]\nserver_id = 99\n\
+             [kafka]\nbrokers = \"{bootstrap}\"\nproperties = {{ \"security.protocol\" = \"SSL\", \"ssl.ca.location\" = \"{}\" }}\n\
+             [http]\nlisten = \"\"\n",
+            db.cdc_url(),
+            c.ca.pem.display()
+        ),
+    );
+    for command in ["check", "run"] {
+        let (ok, text) = output(&outboxd, &[command]);
+        assert!(!ok, "{command}: {text}");
+        assert!(
+            text.contains(&format!("TLS to {bootstrap} failed"))
+                && text.contains("the brokers' names match their certificates"),
+            "{command}: {text}"
+        );
+    }
+}
+
+const SASL_PASSWORD: &str = "scram-Pl4nted-s3cret";
+
+#[test]
+fn kafka_over_sasl_ssl_with_scram_sha_512_delivers_and_a_wrong_password_is_refused_without_printing_it(
+) {
+    let c = certs();
+    let broker = Broker::start_sasl(&c.server);
+    broker.add_scram_user("outboxd", SASL_PASSWORD);
+    for topic in ["outbox.event.order", "outbox.event.customer"] {
+        create_topic(&broker.bootstrap(), topic, 3);
+        // WRITE implies DESCRIBE: all the event topics need (README "To Kafka").
+        broker.acl(&[
+            "--add",
+            "--allow-principal",
+            "User:outboxd",
+            "--operation",
+            "Write",
+            "--topic",
+            topic,
+        ]);
+    }
+    let bootstrap = broker.tls_bootstrap();
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let config = |password: &str| {
+        format!(
+            "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.outbox\"]\nserver_id = 99\n\
+             [kafka]\nbrokers = \"{bootstrap}\"\nproperties = {{ \"security.protocol\" = \"SASL_SSL\", \
+             \"sasl.mechanism\" = \"SCRAM-SHA-512\", \"sasl.username\" = \"outboxd\", \
+             \"sasl.password\" = \"{password}\", \"ssl.ca.location\" = \"{}\" }}\n\
+             [http]\nlisten = \"\"\n",
+            db.cdc_url(),
+            c.ca.pem.display()
+        )
+    };
+    let mut outboxd = Outboxd::new("sasl-kafka", &config(SASL_PASSWORD));
+    let (ok, text) = output(&outboxd, &["check"]);
+    assert!(ok, "{text}");
+    assert!(!text.contains(SASL_PASSWORD), "{text}");
+    outboxd.start();
+    insert_rows(&db, 0, 20, 2);
+    // Read back as the rig (PLAINTEXT, a super user): 13 order and 7 customer events.
+    assert_eq!(consume_events(&broker.bootstrap(), 20).len(), 20);
+    outboxd.stop();
+    assert!(!outboxd.log().contains(SASL_PASSWORD));
+
+    let wrong = "wrong-Pl4nted-s3cret";
+    outboxd.rewrite_config(&config(wrong));
+    for command in ["check", "run"] {
+        let (ok, text) = output(&outboxd, &[command]);
+        assert!(!ok, "{command}: {text}");
+        assert!(
+            text.contains("SASL authentication") && text.contains(&bootstrap),
+            "{command}: {text}"
+        );
+        assert!(
+            !text.contains(wrong) && !text.contains(SASL_PASSWORD),
+            "{command}: {text}"
+        );
     }
 }

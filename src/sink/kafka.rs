@@ -746,7 +746,14 @@ pub async fn preflight(config: &KafkaConfig) -> Vec<Item> {
         Err((e, heard)) => {
             let detail = heard.map(|h| format!(" ({h})")).unwrap_or_default();
             let tls = tls_failure(&detail);
-            items.push(if tls {
+            items.push(if sasl_failure(&detail) {
+                // Wrong credentials or mechanism: retrying the same login cannot succeed.
+                Item::fail(
+                    "kafka",
+                    format!("SASL authentication to {} failed: {e}{detail}", config.brokers),
+                    "check sasl.mechanism, sasl.username and sasl.password (or OUTBOXD_KAFKA__PROPERTIES__SASL.PASSWORD), and that the user exists on the brokers for that mechanism",
+                )
+            } else if tls {
                 // A certificate or TLS setting is wrong: waiting will not cure it.
                 Item::fail(
                     "kafka",
@@ -819,6 +826,12 @@ fn tls_item(config: &KafkaConfig) -> Item {
 
 /// Whether librdkafka's explanation is a TLS failure (a definite one: a certificate, a CA, a
 /// listener that does not speak TLS), not a broker that is down.
+/// A login the brokers refused: librdkafka's "SASL authentication error: …" (wrong password,
+/// unknown user, a mechanism the listener does not enable).
+fn sasl_failure(detail: &str) -> bool {
+    detail.contains("SASL authentication error")
+}
+
 fn tls_failure(detail: &str) -> bool {
     // librdkafka words a disconnect during the handshake as "SSL handshake failed: Disconnected …
     // (connecting to a PLAINTEXT broker listener?)": a broker that is down, most likely.
