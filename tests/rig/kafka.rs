@@ -144,6 +144,37 @@ pub fn consume_using(
     out
 }
 
+/// Produces `(key, value)` pairs to `topic` with Kafka's own Java producer (the console producer of
+/// the assembled Apache Kafka: kafka-clients' default partitioner, string serializers). Keys and
+/// values must hold no tab or newline.
+pub fn java_produce(bootstrap: &str, topic: &str, records: &[(String, String)]) {
+    use std::io::Write;
+    let lib = super::broker::kafka_home().join("lib/*");
+    let mut child = std::process::Command::new("java")
+        .args(["-XX:TieredStopAtLevel=1", "-cp"])
+        .arg(lib)
+        .args([
+            "org.apache.kafka.tools.ConsoleProducer",
+            "--bootstrap-server",
+        ])
+        .args([bootstrap, "--topic", topic])
+        .args(["--reader-property", "parse.key=true"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("java (the console producer)");
+    let mut stdin = child.stdin.take().unwrap();
+    for (key, value) in records {
+        assert!(!format!("{key}{value}").contains(['\t', '\n']));
+        writeln!(stdin, "{key}\t{value}").unwrap();
+    }
+    drop(stdin);
+    assert!(
+        child.wait().unwrap().success(),
+        "the console producer failed"
+    );
+}
+
 /// Kafka's Java `Utils.murmur2` (the default partitioner's hash), written from its definition for
 /// the tests to judge partitions by; checked against the Java client's own test vectors.
 pub fn java_murmur2(data: &[u8]) -> i32 {
