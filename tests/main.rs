@@ -9,6 +9,7 @@ mod deploy_files;
 mod exactly_once;
 mod failpoints;
 mod faults;
+mod kafka_acl;
 mod mysql_pipeline;
 mod operate;
 mod partitioning;

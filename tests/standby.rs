@@ -407,13 +407,9 @@ fn the_kafka_store_without_a_grant_on_its_transactional_id_stops_with_the_grant_
     db.sql_socket(SCHEMA);
     let body = format!(
         "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.outbox\"]\nserver_id = 99\n\
-         [kafka]\nbrokers = \"{}\"\nproperties = {{ \"security.protocol\" = \"SASL_SSL\", \
-         \"sasl.mechanism\" = \"SCRAM-SHA-512\", \"sasl.username\" = \"outboxd\", \
-         \"sasl.password\" = \"scram-secret\", \"ssl.ca.location\" = \"{}\" }}\n\
-         [http]\nlisten = \"\"\n",
+         [kafka]\n{}[http]\nlisten = \"\"\n",
         db.cdc_url(),
-        broker.tls_bootstrap(),
-        ca.pem.display()
+        broker.sasl_client("outboxd", "scram-secret", &ca.pem)
     );
     let outboxd = Outboxd::with_checkpoint("nogrant", &body, "store = \"kafka\"");
     let mut child = outboxd

@@ -671,12 +671,9 @@ fn kafka_over_sasl_ssl_with_scram_sha_512_delivers_and_a_wrong_password_is_refus
     let config = |password: &str| {
         format!(
             "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.outbox\"]\nserver_id = 99\n\
-             [kafka]\nbrokers = \"{bootstrap}\"\nproperties = {{ \"security.protocol\" = \"SASL_SSL\", \
-             \"sasl.mechanism\" = \"SCRAM-SHA-512\", \"sasl.username\" = \"outboxd\", \
-             \"sasl.password\" = \"{password}\", \"ssl.ca.location\" = \"{}\" }}\n\
-             [http]\nlisten = \"\"\n",
+             [kafka]\n{}[http]\nlisten = \"\"\n",
             db.cdc_url(),
-            c.ca.pem.display()
+            broker.sasl_client("outboxd", password, &c.ca.pem)
         )
     };
     let mut outboxd = Outboxd::new("sasl-kafka", &config(SASL_PASSWORD));

@@ -142,23 +142,69 @@ impl KafkaStore {
     }
 
     /// Whether the topic exists (after creating it, with `create`); an error when it has more
-    /// than one partition or a policy that deletes records.
+    /// than one partition or a policy that deletes records. CreateTopics is sent only for a topic
+    /// the brokers do not know: under ACLs it needs CREATE even for an existing topic.
     fn ensure_topic(&self, create: bool) -> Result<bool> {
         let admin: AdminClient<DefaultClientContext> = self
             .base
             .create()
             .map_err(|e| unreachable(&self.topic, &e))?;
+        let mut partitions = self.partitions()?;
+        if partitions == 0 {
+            if !create {
+                return Ok(false);
+            }
+            self.create_topic(&admin)?;
+            // A new topic reaches the metadata of every broker a moment after it is created.
+            let deadline = Instant::now() + TIMEOUT;
+            while partitions == 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+                partitions = self.partitions()?;
+            }
+        }
+        if partitions != 1 {
+            return Err(Error::config(format!(
+                "checkpoint topic {} has {partitions} partitions; outboxd needs exactly one (a pipeline's checkpoints and lead are read in the order they were written)",
+                self.topic
+            ))
+            .remedy("set checkpoint.topic to a new name (outboxd creates it), or recreate this one with --partitions 1 --config cleanup.policy=compact"));
+        }
+        self.check_policy(&admin)?;
+        Ok(true)
+    }
+
+    /// The topic's partition count as the brokers tell it (0: no such topic).
+    fn partitions(&self) -> Result<usize> {
+        let consumer = self.consumer()?;
+        let metadata = consumer
+            .fetch_metadata(Some(&self.topic), TIMEOUT)
+            .map_err(|e| unreachable(&self.topic, &e))?;
+        let Some(topic) = metadata.topics().iter().find(|t| t.name() == self.topic) else {
+            return Ok(0);
+        };
+        match topic.error().map(RDKafkaErrorCode::from) {
+            Some(RDKafkaErrorCode::TopicAuthorizationFailed) => Err(Error::checkpoint(format!(
+                "the brokers refuse to describe the checkpoint topic {}: {}",
+                self.topic,
+                RDKafkaErrorCode::TopicAuthorizationFailed
+            ))
+            .remedy(format!(
+                "grant outboxd's principal READ and WRITE on topic {} (README \"Running more than one instance\")",
+                self.topic
+            ))),
+            _ => Ok(topic.partitions().len()),
+        }
+    }
+
+    /// CreateTopics for the checkpoint topic: one partition, compacted.
+    fn create_topic(&self, admin: &AdminClient<DefaultClientContext>) -> Result<()> {
         let topic = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(-1))
             .set("cleanup.policy", "compact");
-        let created = if create {
-            wait(admin.create_topics(
-                [&topic],
-                &AdminOptions::new().operation_timeout(Some(TIMEOUT)),
-            ))
-            .map_err(|e| unreachable(&self.topic, &e))?
-        } else {
-            Vec::new()
-        };
+        let created = wait(admin.create_topics(
+            [&topic],
+            &AdminOptions::new().operation_timeout(Some(TIMEOUT)),
+        ))
+        .map_err(|e| unreachable(&self.topic, &e))?;
         for result in created {
             match result {
                 Ok(topic) => tracing::info!(topic, "created the checkpoint topic (compacted, one partition)"),
@@ -173,28 +219,7 @@ impl KafkaStore {
                 }
             }
         }
-        let consumer = self.consumer()?;
-        let metadata = consumer
-            .fetch_metadata(Some(&self.topic), TIMEOUT)
-            .map_err(|e| unreachable(&self.topic, &e))?;
-        let partitions = metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == self.topic)
-            .map(|t| t.partitions().len())
-            .unwrap_or(0);
-        if partitions == 0 && !create {
-            return Ok(false);
-        }
-        if partitions != 1 {
-            return Err(Error::config(format!(
-                "checkpoint topic {} has {partitions} partitions; outboxd needs exactly one (a pipeline's checkpoints and lead are read in the order they were written)",
-                self.topic
-            ))
-            .remedy("set checkpoint.topic to a new name (outboxd creates it), or recreate this one with --partitions 1 --config cleanup.policy=compact"));
-        }
-        self.check_policy(&admin)?;
-        Ok(true)
+        Ok(())
     }
 
     /// A topic that deletes old records would lose a quiet pipeline's checkpoint (and the next
@@ -295,6 +320,7 @@ impl KafkaStore {
                         );
                     }
                 }
+                Some(Err(e)) if group_lookup_error(&e) => {}
                 Some(Err(e)) => return Err(unreachable(&self.topic, &e)),
                 None if Instant::now() > deadline => {
                     return Err(Error::checkpoint(format!(
@@ -617,11 +643,22 @@ impl rdkafka::ClientContext for QuietContext {
         if matches!(error, KafkaError::PartitionEOF(_)) {
             return;
         }
+        if group_lookup_error(&error) {
+            tracing::debug!(%error, reason, "checkpoint topic client (its group is never joined)");
+            return;
+        }
         tracing::warn!(%error, reason, "checkpoint topic client");
     }
 }
 
 impl rdkafka::consumer::ConsumerContext for QuietContext {}
+
+/// The readers name a consumer group (librdkafka's `assign` needs one) but never join it or commit
+/// to it, yet librdkafka looks its coordinator up: without DESCRIBE on the group that lookup fails,
+/// and the failure says nothing about the reads, which need no grant on the group.
+fn group_lookup_error(e: &KafkaError) -> bool {
+    e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed)
+}
 
 /// Errors of `init_transactions` that no retry cures: no grant, or no transactions at all.
 fn refused_for_good(e: &KafkaError) -> bool {

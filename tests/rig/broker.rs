@@ -172,6 +172,18 @@ impl Broker {
         );
     }
 
+    /// The `[kafka]` keys of a client that logs in on the SASL_SSL listener as `user` with SCRAM-SHA-512,
+    /// trusting `ca`.
+    pub fn sasl_client(&self, user: &str, password: &str, ca: &Path) -> String {
+        format!(
+            "brokers = \"{}\"\nproperties = {{ \"security.protocol\" = \"SASL_SSL\", \
+             \"sasl.mechanism\" = \"SCRAM-SHA-512\", \"sasl.username\" = \"{user}\", \
+             \"sasl.password\" = \"{password}\", \"ssl.ca.location\" = \"{}\" }}\n",
+            self.tls_bootstrap(),
+            ca.display()
+        )
+    }
+
     /// Kafka's own AclCommand with `args` (e.g. `--add --allow-principal User:x --operation Write
     /// --topic t`).
     pub fn acl(&self, args: &[&str]) {
