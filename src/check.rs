@@ -106,6 +106,12 @@ pub async fn run(config: &Config) -> Report {
     if let Some(prune) = &config.prune {
         items.extend(crate::retention::preflight(prune, &config.source).await);
     }
-    items.extend(crate::sink::kafka::preflight(&config.kafka).await);
+    let route = config.route.clone();
+    let wanted = crate::sink::kafka::Wanted {
+        event_topic: Box::new(move |topic| route.may_name(topic)),
+        checkpoint_topic: (config.checkpoint.store == crate::config::StoreKind::Kafka)
+            .then(|| config.checkpoint.topic.clone()),
+    };
+    items.extend(crate::sink::kafka::preflight(&config.kafka, wanted).await);
     Report { items }
 }

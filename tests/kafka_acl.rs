@@ -7,9 +7,10 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
+use crate::operate::output;
 use crate::rig::certs::{Ca, VALID};
 use crate::rig::scenario::{consume_events, insert_rows, LIMIT, SCHEMA};
-use crate::rig::{create_topic, create_topic_with, Broker, MariaDb, Outboxd};
+use crate::rig::{create_topic, create_topic_with, wait_until, Broker, MariaDb, Outboxd};
 
 const USER: &str = "outboxd";
 const PASSWORD: &str = "acl-Pl4nted-s3cret";
@@ -27,6 +28,21 @@ fn sasl_broker() -> (Broker, Ca, tempfile::TempDir) {
         create_topic(&broker.bootstrap(), topic, 3);
     }
     (broker, ca, dir)
+}
+
+/// Waits until `check` passes: the authorizer applies a grant a moment after AclCommand returns.
+fn until_check_passes(outboxd: &Outboxd) {
+    let mut text = String::new();
+    wait_until(
+        "check to pass once the grants apply",
+        Duration::from_secs(30),
+        || {
+            let (ok, out) = output(outboxd, &["check"]);
+            text = out;
+            ok
+        },
+    );
+    assert!(!text.contains(PASSWORD), "{text}");
 }
 
 fn grant_write(broker: &Broker, topic: &str) {
@@ -73,6 +89,7 @@ fn a_topic_without_a_write_grant_stops_run_naming_the_grant_and_nothing_is_dead_
             broker.sasl_client(USER, PASSWORD, &ca.pem)
         ),
     );
+    until_check_passes(&outboxd);
     outboxd.start();
     // Rows 0..20: every third is a customer event, and outbox.event.customer is not granted.
     insert_rows(&db, 0, 20, 2);
@@ -141,8 +158,7 @@ fn the_kafka_checkpoint_store_runs_with_exactly_the_grants_the_readme_lists() {
         ),
         "store = \"kafka\"",
     );
-    let (ok, text) = crate::operate::output(&outboxd, &["check"]);
-    assert!(ok, "{text}");
+    until_check_passes(&outboxd);
     outboxd.start();
     insert_rows(&db, 0, 20, 2);
     assert_eq!(
@@ -152,7 +168,111 @@ fn the_kafka_checkpoint_store_runs_with_exactly_the_grants_the_readme_lists() {
         outboxd.log()
     );
     outboxd.stop();
-    let (ok, text) = crate::operate::output(&outboxd, &["checkpoint", "show"]);
+    let (ok, text) = output(&outboxd, &["checkpoint", "show"]);
     assert!(ok && text.contains("gtid"), "{text}");
     assert!(!outboxd.log().contains(PASSWORD));
+}
+
+/// Kafka's AclCommand adding or removing (`--add` / `--remove --force`) one grant for [`USER`].
+fn acl(broker: &Broker, change: &[&str], operation: &str, resource: &[&str]) {
+    let principal = format!("User:{USER}");
+    let mut args: Vec<&str> = change.to_vec();
+    args.extend(["--allow-principal", &principal, "--operation", operation]);
+    args.extend(resource);
+    broker.acl(&args);
+}
+
+#[test]
+fn check_names_each_missing_grant_and_run_refuses_to_start() {
+    let (broker, ca, _dir) = sasl_broker();
+    create_topic_with(
+        &broker.bootstrap(),
+        "outboxd.checkpoints",
+        1,
+        &[("cleanup.policy", "compact")],
+    );
+    // Everything README lists, and DESCRIBE on the customer topic besides (a principal that may
+    // see a topic without writing to it: the case check can tell).
+    let grants: [(&str, &[&str]); 6] = [
+        ("Write", &["--topic", "outbox.event.order"]),
+        ("Write", &["--topic", "outbox.event.customer"]),
+        ("Write", &["--topic", DLQ]),
+        ("Read", &["--topic", "outboxd.checkpoints"]),
+        ("Write", &["--topic", "outboxd.checkpoints"]),
+        (
+            "Write",
+            &["--transactional-id", "outboxd.acl-check.checkpoint"],
+        ),
+    ];
+    for (operation, resource) in grants {
+        acl(&broker, &["--add"], operation, resource);
+    }
+    acl(
+        &broker,
+        &["--add"],
+        "Describe",
+        &["--topic", "outbox.event.customer"],
+    );
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let outboxd = Outboxd::with_checkpoint(
+        "acl-check",
+        &format!(
+            "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.outbox\"]\nserver_id = 99\n\
+             [kafka]\n{}dead_letter_topic = \"{DLQ}\"\n[http]\nlisten = \"\"\n",
+            db.cdc_url(),
+            broker.sasl_client(USER, PASSWORD, &ca.pem)
+        ),
+        "store = \"kafka\"",
+    );
+    until_check_passes(&outboxd);
+    let (ok, text) = output(&outboxd, &["check"]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains(
+            "PASS  kafka: the brokers grant outboxd's principal what it needs on 4 topic(s)"
+        ),
+        "{text}"
+    );
+    for (operation, resource, says) in [
+        (
+            grants[1].0,
+            grants[1].1,
+            "lacks WRITE on event topic outbox.event.customer",
+        ),
+        (
+            grants[2].0,
+            grants[2].1,
+            "lacks WRITE on the dead-letter topic outboxd.dlq (it may not even describe it)",
+        ),
+        (
+            grants[3].0,
+            grants[3].1,
+            "lacks READ on the checkpoint topic outboxd.checkpoints",
+        ),
+        (
+            grants[4].0,
+            grants[4].1,
+            "lacks WRITE on the checkpoint topic outboxd.checkpoints",
+        ),
+    ] {
+        acl(&broker, &["--remove", "--force"], operation, resource);
+        // The authorizer applies a change a moment after the command returns.
+        let mut text = String::new();
+        wait_until(says, Duration::from_secs(30), || {
+            text = output(&outboxd, &["check"]).1;
+            text.contains(says)
+        });
+        assert!(
+            text.contains("fix: grant it: kafka-acls.sh --add"),
+            "{text}"
+        );
+        let (ok, run) = output(&outboxd, &["run"]);
+        assert!(!ok && run.contains(says), "run: {run}");
+        assert!(!run.contains(PASSWORD) && !text.contains(PASSWORD));
+        acl(&broker, &["--add"], operation, resource);
+        wait_until("the grant to be back", Duration::from_secs(30), || {
+            output(&outboxd, &["check"]).0
+        });
+    }
 }

@@ -412,6 +412,10 @@ fn the_kafka_store_without_a_grant_on_its_transactional_id_stops_with_the_grant_
         broker.sasl_client("outboxd", "scram-secret", &ca.pem)
     );
     let outboxd = Outboxd::with_checkpoint("nogrant", &body, "store = \"kafka\"");
+    // check passes (it cannot ask about a transactional id) once the authorizer has the grants.
+    wait_until("check to pass", Duration::from_secs(30), || {
+        crate::operate::output(&outboxd, &["check"]).0
+    });
     let mut child = outboxd
         .command(&["run"])
         .stdout(std::process::Stdio::piped())

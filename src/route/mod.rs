@@ -125,6 +125,23 @@ pub enum Missing {
 }
 
 impl RouteConfig {
+    /// Whether `topic` (an existing one) is a topic this route can send events to: the template's
+    /// text around `${routedByValue}`, or the fixed topic. With `topic_regex` the replacement can
+    /// name anything, so no existing topic is claimed (their grants go unchecked).
+    pub fn may_name(&self, topic: &str) -> bool {
+        if self.topic_regex.is_some() {
+            return false;
+        }
+        match self.topic.split_once("${routedByValue}") {
+            Some((prefix, suffix)) => {
+                topic.len() > prefix.len() + suffix.len()
+                    && topic.starts_with(prefix)
+                    && topic.ends_with(suffix)
+            }
+            None => topic == self.topic,
+        }
+    }
+
     /// The columns the route reads from every row (for preflight's table check).
     pub fn columns(&self) -> Vec<String> {
         let mut wanted = vec![
@@ -656,6 +673,30 @@ mod tests {
             origin: "gtid:0-1-7".into(),
             committed_ms: Some(1_700_000_000_000),
         }
+    }
+
+    #[test]
+    fn may_name_claims_the_topics_around_the_routing_value_only() {
+        let route = RouteConfig::default();
+        assert!(route.may_name("outbox.event.order"));
+        assert!(!route.may_name("outbox.event."));
+        assert!(!route.may_name("outboxd.dlq"));
+        let fixed = RouteConfig {
+            topic: "events".into(),
+            ..RouteConfig::default()
+        };
+        assert!(fixed.may_name("events") && !fixed.may_name("events2"));
+        let suffixed = RouteConfig {
+            topic: "app.${routedByValue}.v1".into(),
+            ..RouteConfig::default()
+        };
+        assert!(suffixed.may_name("app.order.v1") && !suffixed.may_name("app.order.v2"));
+        let regex = RouteConfig {
+            topic_regex: Some("(.*)".into()),
+            topic: "$1".into(),
+            ..RouteConfig::default()
+        };
+        assert!(!regex.may_name("anything"));
     }
 
     fn debezium_row() -> Vec<(&'static str, Value)> {

@@ -32,6 +32,8 @@ use crate::preflight::Item;
 use crate::route::Record;
 use crate::sink::{Acks, Ticket};
 
+mod grants;
+
 /// How long a topic metadata request may take.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -690,86 +692,167 @@ impl KafkaSink {
 }
 
 /// Preflight: the brokers answer, and the dead-letter topic (if any) exists.
-pub async fn preflight(config: &KafkaConfig) -> Vec<Item> {
-    use rdkafka::producer::BaseProducer;
+/// What the preflight asks the brokers about besides reachability: the grants on the topics
+/// outboxd will use.
+pub struct Wanted {
+    /// Whether an existing topic is one the route can send events to.
+    pub event_topic: Box<dyn Fn(&str) -> bool + Send>,
+    /// The checkpoint topic, when checkpoints live in Kafka.
+    pub checkpoint_topic: Option<String>,
+}
+
+/// What a reachable cluster told the preflight.
+struct Reached {
+    brokers: usize,
+    topics: Vec<String>,
+    /// The topics asked about and the answers, or why asking failed.
+    grants: std::result::Result<(Vec<grants::Need>, grants::Answers), String>,
+}
+
+pub async fn preflight(config: &KafkaConfig, wanted: Wanted) -> Vec<Item> {
     let kafka = config.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        let mut client = ClientConfig::new();
-        for (k, v) in &kafka.properties {
-            client.set(k, v);
-        }
-        client.set("bootstrap.servers", &kafka.brokers);
-        let producer: BaseProducer<Heard> = client
-            .create_with_context(Heard::default())
-            .map_err(|e| (e.to_string(), None))?;
-        let metadata = producer
-            .client()
-            .fetch_metadata(None, Duration::from_secs(10))
-            .map_err(|e| {
-                // Error events reach the context through the queue poll serves.
-                producer.poll(Duration::from_millis(100));
-                (e.to_string(), producer.context().last())
-            })?;
-        let topics: Vec<String> = metadata
-            .topics()
-            .iter()
-            .map(|t| t.name().to_string())
-            .collect();
-        Ok::<_, (String, Option<String>)>((metadata.brokers().len(), topics))
-    })
-    .await
-    .unwrap_or_else(|e| Err((e.to_string(), None)));
-    let mut items = Vec::new();
+    let result = tokio::task::spawn_blocking(move || reach(&kafka, wanted))
+        .await
+        .unwrap_or_else(|e| Err((e.to_string(), None)));
     match result {
-        Ok((brokers, topics)) => {
+        Ok(reached) => reached_items(config, reached),
+        Err((e, heard)) => vec![unreached_item(config, e, heard)],
+    }
+}
+
+/// Connects as outboxd will (same properties), lists the topics and asks for the grants.
+fn reach(
+    kafka: &KafkaConfig,
+    wanted: Wanted,
+) -> std::result::Result<Reached, (String, Option<String>)> {
+    use rdkafka::producer::BaseProducer;
+    let mut client = ClientConfig::new();
+    for (k, v) in &kafka.properties {
+        client.set(k, v);
+    }
+    client.set("bootstrap.servers", &kafka.brokers);
+    let producer: BaseProducer<Heard> = client
+        .create_with_context(Heard::default())
+        .map_err(|e| (e.to_string(), None))?;
+    let metadata = producer
+        .client()
+        .fetch_metadata(None, Duration::from_secs(10))
+        .map_err(|e| {
+            // Error events reach the context through the queue poll serves.
+            producer.poll(Duration::from_millis(100));
+            (e.to_string(), producer.context().last())
+        })?;
+    let topics: Vec<String> = metadata
+        .topics()
+        .iter()
+        .map(|t| t.name().to_string())
+        .collect();
+    let named = |t: &str| {
+        Some(t) == kafka.dead_letter_topic.as_deref()
+            || Some(t) == wanted.checkpoint_topic.as_deref()
+    };
+    let mut needs: Vec<grants::Need> = topics
+        .iter()
+        .filter(|t| !t.starts_with("__") && !named(t) && (wanted.event_topic)(t))
+        .map(|t| grants::Need {
+            topic: t.clone(),
+            what: "event topic",
+            operations: &[grants::Operation::Write],
+        })
+        .collect();
+    if let Some(dlq) = &kafka.dead_letter_topic {
+        needs.push(grants::Need {
+            topic: dlq.clone(),
+            what: "the dead-letter topic",
+            operations: &[grants::Operation::Write],
+        });
+    }
+    if let Some(topic) = &wanted.checkpoint_topic {
+        needs.push(grants::Need {
+            topic: topic.clone(),
+            what: "the checkpoint topic",
+            operations: &[grants::Operation::Read, grants::Operation::Write],
+        });
+    }
+    let mut names: Vec<String> = needs.iter().map(|n| n.topic.clone()).collect();
+    names.dedup();
+    let grants = grants::describe(producer.client(), &names, METADATA_TIMEOUT)
+        .map(|answers| (needs, answers));
+    Ok(Reached {
+        brokers: metadata.brokers().len(),
+        topics,
+        grants,
+    })
+}
+
+fn reached_items(config: &KafkaConfig, reached: Reached) -> Vec<Item> {
+    let mut items = vec![
+        Item::pass(
+            "kafka",
+            format!(
+                "{} reachable ({} broker(s))",
+                config.brokers, reached.brokers
+            ),
+        ),
+        tls_item(config),
+    ];
+    let denied = |topic: &str| {
+        reached.grants.as_ref().is_ok_and(|(_, answers)| {
+            answers
+                .iter()
+                .any(|(t, a)| t == topic && *a == grants::Access::Denied)
+        })
+    };
+    if let Some(dlq) = &config.dead_letter_topic {
+        if reached.topics.iter().any(|t| t == dlq) {
             items.push(Item::pass(
                 "kafka",
-                format!("{} reachable ({brokers} broker(s))", config.brokers),
+                format!("dead-letter topic {dlq} exists"),
             ));
-            items.push(tls_item(config));
-            if let Some(dlq) = &config.dead_letter_topic {
-                if topics.iter().any(|t| t == dlq) {
-                    items.push(Item::pass(
-                        "kafka",
-                        format!("dead-letter topic {dlq} exists"),
-                    ));
-                } else {
-                    // A missing dead-letter topic turns the first unroutable row into a stop.
-                    items.push(Item::fail(
-                        "kafka",
-                        format!("dead-letter topic {dlq} does not exist"),
-                        format!("create {dlq} before starting outboxd (for example kafka-topics.sh --create --topic {dlq})"),
-                    ));
-                }
-            }
-        }
-        Err((e, heard)) => {
-            let detail = heard.map(|h| format!(" ({h})")).unwrap_or_default();
-            let tls = tls_failure(&detail);
-            items.push(if sasl_failure(&detail) {
-                // Wrong credentials or mechanism: retrying the same login cannot succeed.
-                Item::fail(
-                    "kafka",
-                    format!("SASL authentication to {} failed: {e}{detail}", config.brokers),
-                    "check sasl.mechanism, sasl.username and sasl.password (or OUTBOXD_KAFKA__PROPERTIES__SASL.PASSWORD), and that the user exists on the brokers for that mechanism",
-                )
-            } else if tls {
-                // A certificate or TLS setting is wrong: waiting will not cure it.
-                Item::fail(
-                    "kafka",
-                    format!("TLS to {} failed: {e}{detail}", config.brokers),
-                    "check ssl.ca.location (the CA that signed the brokers' certificates), ssl.certificate.location / ssl.key.location, and that the brokers' names match their certificates (README \"TLS\")",
-                )
-            } else {
-                Item::unreachable(
-                    "kafka",
-                    format!("{} did not answer: {e}{detail}", config.brokers),
-                    "check kafka.brokers and the security settings in kafka.properties",
-                )
-            });
+        } else if !denied(dlq) {
+            // A missing dead-letter topic turns the first unroutable row into a stop. (One outboxd
+            // may not describe gets the grant's line below instead.)
+            items.push(Item::fail(
+                "kafka",
+                format!("dead-letter topic {dlq} does not exist"),
+                format!("create {dlq} before starting outboxd (for example kafka-topics.sh --create --topic {dlq})"),
+            ));
         }
     }
+    match &reached.grants {
+        Ok((needs, answers)) => items.extend(grants::items(needs, answers)),
+        Err(e) => items.push(Item::warn(
+            "kafka",
+            format!("could not ask the brokers which grants outboxd's principal has: {e}"),
+            "nothing to do for check; run reports a missing grant when it meets it",
+        )),
+    }
     items
+}
+
+fn unreached_item(config: &KafkaConfig, e: String, heard: Option<String>) -> Item {
+    let detail = heard.map(|h| format!(" ({h})")).unwrap_or_default();
+    if sasl_failure(&detail) {
+        // Wrong credentials or mechanism: retrying the same login cannot succeed.
+        Item::fail(
+            "kafka",
+            format!("SASL authentication to {} failed: {e}{detail}", config.brokers),
+            "check sasl.mechanism, sasl.username and sasl.password (or OUTBOXD_KAFKA__PROPERTIES__SASL.PASSWORD), and that the user exists on the brokers for that mechanism",
+        )
+    } else if tls_failure(&detail) {
+        // A certificate or TLS setting is wrong: waiting will not cure it.
+        Item::fail(
+            "kafka",
+            format!("TLS to {} failed: {e}{detail}", config.brokers),
+            "check ssl.ca.location (the CA that signed the brokers' certificates), ssl.certificate.location / ssl.key.location, and that the brokers' names match their certificates (README \"TLS\")",
+        )
+    } else {
+        Item::unreachable(
+            "kafka",
+            format!("{} did not answer: {e}{detail}", config.brokers),
+            "check kafka.brokers and the security settings in kafka.properties",
+        )
+    }
 }
 
 /// The TLS line for the brokers: what the handshake that just succeeded verified.
