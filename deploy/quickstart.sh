@@ -63,7 +63,7 @@ cleanup() {
     wait "${PIDS[$i]}" 2>/dev/null || true
   done
   if [ "$status" -ne 0 ]; then
-    for log in "$WORK"/*.log "$WORK"/*.err; do
+    for log in "$WORK"/*.log "$WORK"/*.err "$WORK"/broker/server.log; do
       [ -f "$log" ] && { echo "--- $log" >&2; tail -n 20 "$log" >&2; }
     done
   fi

@@ -5,8 +5,9 @@
 #
 #   apache-kafka.sh install                      assemble the jars into the cache (idempotent); prints the home
 #   apache-kafka.sh run DIR PORT CPORT [PROPS]   a fresh broker in DIR, in the foreground (exec: the caller's
-#                                                child is the JVM, so it can signal it); PROPS: a file of
-#                                                extra server.properties lines (listeners, SASL, ACLs)
+#                                                child is the JVM, so it can signal it; the JVM's own output
+#                                                goes to the caller's); PROPS: a file of extra
+#                                                server.properties lines (listeners, SASL, ACLs)
 #   apache-kafka.sh start DIR PORT CPORT         the same in the background; waits until it serves, prints its pid
 #
 # PORT is the PLAINTEXT client listener, CPORT the controller's; both on 127.0.0.1. The broker logs to
@@ -26,12 +27,16 @@ install() {
   if [ -e "$KAFKA_HOME/lib/.complete" ] && [ -e "$KAFKA_HOME/template/meta.properties" ]; then
     echo "$KAFKA_HOME"; return
   fi
-  command -v java >/dev/null 2>&1 || die "java (17 or newer) is missing: apt-get install openjdk-17-jre-headless"
+  command -v java >/dev/null 2>&1 || die "java (17 or newer) is missing: apt-get install default-jre-headless"
+  local major
+  major=$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = //p')
+  [ "${major%%.*}" -ge 17 ] 2>/dev/null || die "Apache Kafka $VERSION needs Java 17 or newer; java here is ${major:-unknown}"
   command -v mvn >/dev/null 2>&1 || die "mvn is missing: apt-get install maven"
   echo "apache-kafka: assembling Apache Kafka $VERSION from Maven Central into $KAFKA_HOME" >&2
   rm -rf "$KAFKA_HOME.tmp"
   mkdir -p "$KAFKA_HOME.tmp"
-  mvn -q -B -f "$POM" dependency:copy-dependencies -DoutputDirectory="$KAFKA_HOME.tmp/lib" >&2 \
+  mvn -q -B -f "$POM" org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+    -DoutputDirectory="$KAFKA_HOME.tmp/lib" >&2 \
     || die "Maven could not fetch Apache Kafka $VERSION (is Maven Central reachable?)"
   touch "$KAFKA_HOME.tmp/lib/.complete"
   # One formatted log directory, copied for every broker: formatting starts a JVM of its own (about
@@ -46,8 +51,8 @@ controller.listener.names=CONTROLLER
 log.dirs=$KAFKA_HOME.tmp/template
 EOF
   java -cp "$KAFKA_HOME.tmp/lib/*" kafka.tools.StorageTool format -t "$(java -cp "$KAFKA_HOME.tmp/lib/*" \
-    kafka.tools.StorageTool random-uuid 2>/dev/null)" -c "$KAFKA_HOME.tmp/format.properties" >/dev/null 2>&1 \
-    || die "formatting a log directory failed"
+    kafka.tools.StorageTool random-uuid)" -c "$KAFKA_HOME.tmp/format.properties" >/dev/null \
+    || die "formatting a log directory failed (Kafka's message is above)"
   rm -rf "$KAFKA_HOME"
   mv "$KAFKA_HOME.tmp" "$KAFKA_HOME"
   echo "$KAFKA_HOME"
@@ -57,7 +62,7 @@ configure() {
   local dir=$1 port=$2 cport=$3 extra=${4:-}
   [ -e "$KAFKA_HOME/lib/.complete" ] || die "Apache Kafka $VERSION is not assembled: run $0 install"
   mkdir -p "$dir"
-  rm -rf "$dir/data"
+  rm -rf "$dir/data" "$dir/server.log"
   cp -r "$KAFKA_HOME/template" "$dir/data"
   {
     echo "process.roles=broker,controller"
@@ -115,7 +120,7 @@ case "${1:-}" in
     [ $# -ge 4 ] || die "usage: $0 run DIR PORT CONTROLLER_PORT [EXTRA_PROPERTIES_FILE]"
     configure "$2" "$3" "$4" "${5:-}"
     java_command "$2"
-    exec "${JAVA_CMD[@]}" > "$2/stdout.log" 2>&1
+    exec "${JAVA_CMD[@]}"
     ;;
   start)
     [ $# -eq 4 ] || die "usage: $0 start DIR PORT CONTROLLER_PORT"
@@ -123,8 +128,10 @@ case "${1:-}" in
     java_command "$2"
     "${JAVA_CMD[@]}" > "$2/stdout.log" 2>&1 &
     pid=$!
+    # Interrupted while waiting: the broker goes too.
+    trap 'kill "$pid" 2>/dev/null' INT TERM
     for _ in $(seq 1 1200); do
-      if grep -q "Kafka Server started" "$2/server.log" 2>/dev/null; then echo "$pid"; exit 0; fi
+      if grep -q "Kafka Server started" "$2/server.log" 2>/dev/null; then trap - INT TERM; echo "$pid"; exit 0; fi
       kill -0 "$pid" 2>/dev/null || { tail -20 "$2/server.log" "$2/stdout.log" >&2; die "the broker exited"; }
       sleep 0.05
     done

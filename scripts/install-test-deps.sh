@@ -34,7 +34,7 @@ if [ "$QUICKSTART" = 0 ]; then
 fi
 if [ "$QUICKSTART" = 0 ]; then
   # Apache Kafka runs on Java 17+ and is assembled by Maven.
-  command -v java >/dev/null 2>&1 || packages+=(openjdk-17-jre-headless)
+  command -v java >/dev/null 2>&1 || packages+=(default-jre-headless)
   command -v mvn >/dev/null 2>&1 || packages+=(maven)
 fi
 # noida-db (the quickstart's broker) comes from PyPI into a virtualenv.
@@ -48,7 +48,7 @@ dpkg -s zlib1g-dev >/dev/null 2>&1 || packages+=(zlib1g-dev)
 
 if [ "$BROKER_ONLY" = 1 ]; then
   packages=()
-  command -v java >/dev/null 2>&1 || packages+=(openjdk-17-jre-headless)
+  command -v java >/dev/null 2>&1 || packages+=(default-jre-headless)
   command -v mvn >/dev/null 2>&1 || packages+=(maven)
 fi
 if [ "${#packages[@]}" -gt 0 ] && [ "$SUDO" = missing-sudo ]; then

@@ -108,6 +108,7 @@ pub async fn run(config: &Config) -> Report {
     }
     let route = config.route.clone();
     let wanted = crate::sink::kafka::Wanted {
+        fixed_event_topic: route.fixed_topic().map(str::to_string),
         event_topic: Box::new(move |topic| route.may_name(topic)),
         checkpoint_topic: (config.checkpoint.store == crate::config::StoreKind::Kafka)
             .then(|| config.checkpoint.topic.clone()),

@@ -405,11 +405,10 @@ fn the_kafka_store_without_a_grant_on_its_transactional_id_stops_with_the_grant_
     }
     let db = MariaDb::start(&[]);
     db.sql_socket(SCHEMA);
-    let body = format!(
-        "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.outbox\"]\nserver_id = 99\n\
-         [kafka]\n{}[http]\nlisten = \"\"\n",
-        db.cdc_url(),
-        broker.sasl_client("outboxd", "scram-secret", &ca.pem)
+    let body = config_with_kafka(
+        &db.cdc_url(),
+        &broker.sasl_client("outboxd", "scram-secret", &ca.pem),
+        "",
     );
     let outboxd = Outboxd::with_checkpoint("nogrant", &body, "store = \"kafka\"");
     // check passes (it cannot ask about a transactional id) once the authorizer has the grants.

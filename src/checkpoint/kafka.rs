@@ -149,7 +149,8 @@ impl KafkaStore {
             .base
             .create()
             .map_err(|e| unreachable(&self.topic, &e))?;
-        let mut partitions = self.partitions()?;
+        let consumer = self.consumer()?;
+        let mut partitions = self.partitions(&consumer)?;
         if partitions == 0 {
             if !create {
                 return Ok(false);
@@ -157,9 +158,17 @@ impl KafkaStore {
             self.create_topic(&admin)?;
             // A new topic reaches the metadata of every broker a moment after it is created.
             let deadline = Instant::now() + TIMEOUT;
-            while partitions == 0 && Instant::now() < deadline {
+            while partitions == 0 {
+                if Instant::now() > deadline {
+                    return Err(Error::checkpoint(format!(
+                        "the checkpoint topic {} was created but the brokers list no partitions for it after {TIMEOUT:?}",
+                        self.topic
+                    ))
+                    .remedy("outboxd retries; check the brokers")
+                    .transient());
+                }
                 std::thread::sleep(Duration::from_millis(100));
-                partitions = self.partitions()?;
+                partitions = self.partitions(&consumer)?;
             }
         }
         if partitions != 1 {
@@ -174,8 +183,7 @@ impl KafkaStore {
     }
 
     /// The topic's partition count as the brokers tell it (0: no such topic).
-    fn partitions(&self) -> Result<usize> {
-        let consumer = self.consumer()?;
+    fn partitions(&self, consumer: &BaseConsumer<QuietContext>) -> Result<usize> {
         let metadata = consumer
             .fetch_metadata(Some(&self.topic), TIMEOUT)
             .map_err(|e| unreachable(&self.topic, &e))?;
@@ -192,6 +200,12 @@ impl KafkaStore {
                 "grant outboxd's principal READ and WRITE on topic {} (README \"Running more than one instance\")",
                 self.topic
             ))),
+            Some(RDKafkaErrorCode::InvalidTopic) => Err(Error::config(format!(
+                "the brokers refuse the checkpoint topic's name {:?}",
+                self.topic
+            ))
+            .remedy("set checkpoint.topic to a valid topic name (letters, digits, '.', '_' and '-', at most 249)")),
+            // Missing (no partitions), or a passing state such as a leader being elected.
             _ => Ok(topic.partitions().len()),
         }
     }

@@ -142,6 +142,12 @@ impl RouteConfig {
         }
     }
 
+    /// The one topic every event goes to, when the route names no other.
+    pub fn fixed_topic(&self) -> Option<&str> {
+        (self.topic_regex.is_none() && !self.topic.contains("${routedByValue}"))
+            .then_some(self.topic.as_str())
+    }
+
     /// The columns the route reads from every row (for preflight's table check).
     pub fn columns(&self) -> Vec<String> {
         let mut wanted = vec![
@@ -686,6 +692,10 @@ mod tests {
             ..RouteConfig::default()
         };
         assert!(fixed.may_name("events") && !fixed.may_name("events2"));
+        assert_eq!(
+            (fixed.fixed_topic(), route.fixed_topic()),
+            (Some("events"), None)
+        );
         let suffixed = RouteConfig {
             topic: "app.${routedByValue}.v1".into(),
             ..RouteConfig::default()

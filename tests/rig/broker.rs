@@ -70,8 +70,24 @@ impl Broker {
         )))
     }
 
-    /// `secure`: the second listener's protocol, its certificate, and more properties.
+    /// `secure`: the second listener's protocol, its certificate, and more properties. Ports are
+    /// picked free and the JVM binds them seconds later: one taken meanwhile gets new ports.
     fn launch(secure: Option<(&str, &Issued, String)>) -> Broker {
+        let mut attempt = 1;
+        loop {
+            match Broker::try_launch(secure.as_ref()) {
+                Ok(broker) => return broker,
+                Err(log) if attempt < 3 && log.contains("Address already in use") => attempt += 1,
+                Err(log) => panic!(
+                    "Apache Kafka exited before it served (was it assembled? ./scripts/test.sh \
+                     installs it):\n{log}"
+                ),
+            }
+        }
+    }
+
+    /// One start; the log's tail when the broker exits before it serves.
+    fn try_launch(secure: Option<&(&str, &Issued, String)>) -> Result<Broker, String> {
         let port = free_port();
         let controller = free_port();
         let dir = tempfile::Builder::new()
@@ -137,23 +153,24 @@ impl Broker {
             .spawn()
             .expect("start Apache Kafka through scripts/apache-kafka.sh");
         let log = broker_dir.join("server.log");
+        let mut exited = false;
         wait_until("Apache Kafka to start", Duration::from_secs(90), || {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!(
-                    "Apache Kafka exited ({status}) before it served (was it assembled? \
-                     ./scripts/test.sh installs it): {}",
-                    tail(&broker_dir)
-                );
-            }
-            file_contains(&log, "Kafka Server started")
-                && TcpStream::connect(("127.0.0.1", port)).is_ok()
+            exited = matches!(child.try_wait(), Ok(Some(_)));
+            exited
+                || (file_contains(&log, "Kafka Server started")
+                    && TcpStream::connect(("127.0.0.1", port)).is_ok())
         });
-        Broker {
+        if exited {
+            let content = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = content.lines().collect();
+            return Err(lines[lines.len().saturating_sub(30)..].join("\n"));
+        }
+        Ok(Broker {
             port,
             tls_port,
             child,
             _dir: dir,
-        }
+        })
     }
 
     /// Creates (or changes) SCRAM-SHA-512 credentials for `user` (through Kafka's own ConfigCommand).
@@ -236,17 +253,6 @@ impl Broker {
             self.tls_port.expect("a broker started with TLS")
         )
     }
-}
-
-fn tail(broker_dir: &Path) -> String {
-    let mut text = String::new();
-    for file in ["stdout.log", "server.log"] {
-        let content = std::fs::read_to_string(broker_dir.join(file)).unwrap_or_default();
-        let lines: Vec<&str> = content.lines().collect();
-        text.push_str(&lines[lines.len().saturating_sub(20)..].join("\n"));
-        text.push('\n');
-    }
-    text
 }
 
 impl Drop for Broker {

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
@@ -137,6 +138,18 @@ pub fn consume_using(
                     timestamp: m.timestamp().to_millis(),
                 });
             }
+            // A broker just thawed or restarted drops connections for a moment: librdkafka
+            // reconnects by itself, and the caller's count says whether everything arrived.
+            Some(Err(e))
+                if matches!(
+                    e.rdkafka_error_code(),
+                    Some(
+                        RDKafkaErrorCode::AllBrokersDown
+                            | RDKafkaErrorCode::BrokerTransportFailure
+                            | RDKafkaErrorCode::OperationTimedOut
+                            | RDKafkaErrorCode::RequestTimedOut
+                    )
+                ) => {}
             Some(Err(e)) => panic!("consumer error: {e}"),
             None => {}
         }

@@ -59,9 +59,18 @@ pub fn setup_with_http(name: &str, extra_config: &str, http_listen: &str) -> Env
 
 /// The `[source]`, `[kafka]` and `[http]` sections for a test pipeline (`extra_kafka` goes into `[kafka]`).
 pub fn config_body(url: &str, bootstrap: &str, extra_kafka: &str, http_listen: &str) -> String {
+    config_with_kafka(
+        url,
+        &format!("brokers = \"{bootstrap}\"\n{extra_kafka}"),
+        http_listen,
+    )
+}
+
+/// The same with the whole `[kafka]` section given (e.g. [`super::Broker::sasl_client`]'s keys).
+pub fn config_with_kafka(url: &str, kafka: &str, http_listen: &str) -> String {
     format!(
         "[source]\nkind = \"mysql\"\nurl = \"{url}\"\ntables = [\"app.outbox\"]\nserver_id = 99\nheartbeat_interval_ms = 1000\n\
-         [kafka]\nbrokers = \"{bootstrap}\"\n{extra_kafka}\n[http]\nlisten = \"{http_listen}\"\n"
+         [kafka]\n{kafka}\n[http]\nlisten = \"{http_listen}\"\n"
     )
 }
 

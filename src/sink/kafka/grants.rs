@@ -64,6 +64,9 @@ pub struct Need {
     pub topic: String,
     pub what: &'static str,
     pub operations: &'static [Operation],
+    /// Whether outboxd certainly uses it (the dead-letter and checkpoint topics, a fixed route
+    /// topic), rather than an existing topic the route's template could name.
+    pub certain: bool,
 }
 
 /// Asks the brokers, through `client`, what the principal may do on each of `topics`.
@@ -121,7 +124,28 @@ pub fn describe<C: ClientContext>(
     }
 }
 
-/// Copies the topics' answers out of a DescribeTopics result event.
+/// librdkafka's error codes read as plain integers: a broker may send a code the bindings' enum
+/// has no variant for, and reading one into that Rust enum would be undefined behaviour.
+mod raw {
+    use std::os::raw::c_int;
+
+    use super::rd;
+
+    extern "C" {
+        pub fn rd_kafka_event_error(rkev: *mut rd::rd_kafka_event_t) -> c_int;
+        pub fn rd_kafka_error_code(error: *const rd::rd_kafka_error_t) -> c_int;
+    }
+
+    pub const NO_ERROR: c_int = rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR as c_int;
+    pub const TOPIC_AUTHORIZATION_FAILED: c_int =
+        rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED as c_int;
+    pub const UNKNOWN_TOPIC_OR_PART: c_int =
+        rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART as c_int;
+}
+
+/// Copies the topics' answers out of a DescribeTopics result event. librdkafka places each answer
+/// at its topic's position and leaves NULL where a broker did not answer for a topic: those are
+/// skipped (and so reported as not verified).
 ///
 /// # Safety
 /// `event` must be a live event returned for a DescribeTopics request.
@@ -133,7 +157,7 @@ unsafe fn read_answer(event: *mut rd::rd_kafka_event_t) -> Result<Answers, Strin
             CStr::from_ptr(p).to_string_lossy().into_owned()
         }
     };
-    if rd::rd_kafka_event_error(event) != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+    if raw::rd_kafka_event_error(event) != raw::NO_ERROR {
         return Err(text(rd::rd_kafka_event_error_string(event)));
     }
     let result = rd::rd_kafka_event_DescribeTopics_result(event);
@@ -144,31 +168,39 @@ unsafe fn read_answer(event: *mut rd::rd_kafka_event_t) -> Result<Answers, Strin
     let descriptions = rd::rd_kafka_DescribeTopics_result_topics(result, &mut count);
     let mut out = Vec::with_capacity(count);
     for i in 0..count {
+        if descriptions.is_null() {
+            break;
+        }
         let description = *descriptions.add(i);
+        if description.is_null() {
+            continue;
+        }
         let name = text(rd::rd_kafka_TopicDescription_name(description));
         let error = rd::rd_kafka_TopicDescription_error(description);
         let code = if error.is_null() {
-            rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+            raw::NO_ERROR
         } else {
-            rd::rd_kafka_error_code(error)
+            raw::rd_kafka_error_code(error)
         };
         let access = match code {
-            rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => {
+            raw::NO_ERROR => {
                 let mut n = 0usize;
                 let operations =
                     rd::rd_kafka_TopicDescription_authorized_operations(description, &mut n);
                 if operations.is_null() || n == 0 {
                     Access::Unreported
                 } else {
+                    // librdkafka builds this array from known operations only (3..=12).
                     Access::Allowed(std::slice::from_raw_parts(operations, n).to_vec())
                 }
             }
-            rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED => Access::Denied,
-            rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART => Access::Missing,
-            other => {
+            raw::TOPIC_AUTHORIZATION_FAILED => Access::Denied,
+            raw::UNKNOWN_TOPIC_OR_PART => Access::Missing,
+            _ => {
                 return Err(format!(
-                    "describing topic {name}: {}",
-                    text(rd::rd_kafka_err2str(other))
+                    "describing topic {}: {}",
+                    name.escape_debug(),
+                    text(rd::rd_kafka_error_string(error))
                 ))
             }
         };
@@ -177,17 +209,21 @@ unsafe fn read_answer(event: *mut rd::rd_kafka_event_t) -> Result<Answers, Strin
     Ok(out)
 }
 
-/// One line per missing grant, and one line for what was verified. `Missing` topics are left to
-/// the caller (a missing dead-letter topic has a line of its own; a missing checkpoint topic is
-/// created by `run`).
+/// A FAIL line per topic outboxd certainly uses that lacks a grant (naming the operations and the
+/// command that gives them), one WARN for the existing topics the route could name that lack WRITE
+/// (they may be other pipelines' topics, which outboxd never sends to), and one line each for
+/// what was verified and what the brokers did not say. `Missing` topics are left to the caller (a
+/// missing dead-letter topic has a line of its own; `run` creates a missing checkpoint topic).
 pub fn items(needs: &[Need], answers: &[(String, Access)]) -> Vec<Item> {
     let mut items = Vec::new();
     let mut verified = 0;
     let mut unreported = 0;
+    let mut maybe_unwritable = Vec::new();
     for need in needs {
-        let Some((_, access)) = answers.iter().find(|(t, _)| *t == need.topic) else {
-            continue;
-        };
+        let access = answers
+            .iter()
+            .find(|(t, _)| *t == need.topic)
+            .map_or(&Access::Unreported, |(_, a)| a);
         let lacking: Vec<Operation> = match access {
             Access::Missing => continue,
             Access::Unreported => {
@@ -202,35 +238,45 @@ pub fn items(needs: &[Need], answers: &[(String, Access)]) -> Vec<Item> {
                 .filter(|o| !allowed.contains(&o.acl()))
                 .collect(),
         };
+        let topic = need.topic.escape_debug().to_string();
         if lacking.is_empty() {
             verified += 1;
-            continue;
-        }
-        let names: Vec<&str> = lacking.iter().map(|o| o.name()).collect();
-        let commands: Vec<String> = lacking
-            .iter()
-            .map(|o| {
+        } else if !need.certain {
+            maybe_unwritable.push(topic);
+        } else {
+            let names: Vec<&str> = lacking.iter().map(|o| o.name()).collect();
+            let commands: Vec<String> = lacking.iter().map(|o| grant_command(*o, &topic)).collect();
+            let hidden = if *access == Access::Denied {
+                " (it may not even describe it)"
+            } else {
+                ""
+            };
+            items.push(Item::fail(
+                "kafka",
                 format!(
-                    "kafka-acls.sh --add --allow-principal User:<outboxd's user> --operation {} --topic {}",
-                    o.name(),
-                    need.topic
-                )
-            })
-            .collect();
-        items.push(Item::fail(
+                    "outboxd's principal lacks {} on {} {topic}{hidden}",
+                    names.join(" and "),
+                    need.what,
+                ),
+                format!("grant it: {}", commands.join("; ")),
+            ));
+        }
+    }
+    if !maybe_unwritable.is_empty() {
+        let shown = maybe_unwritable.len().min(5);
+        let more = maybe_unwritable.len() - shown;
+        items.push(Item::warn(
             "kafka",
             format!(
-                "outboxd's principal lacks {} on {} {}{}",
-                names.join(" and "),
-                need.what,
-                need.topic,
-                if *access == Access::Denied {
-                    " (it may not even describe it)"
-                } else {
-                    ""
-                }
+                "outboxd's principal lacks WRITE on {} existing topic(s) the route could name: {}{}",
+                maybe_unwritable.len(),
+                maybe_unwritable[..shown].join(", "),
+                if more > 0 { format!(" and {more} more") } else { String::new() }
             ),
-            format!("grant it: {}", commands.join("; ")),
+            format!(
+                "if outboxd sends events there, grant it WRITE ({}); topics only other pipelines write need nothing",
+                grant_command(Operation::Write, &maybe_unwritable[0])
+            ),
         ));
     }
     if verified > 0 {
@@ -240,12 +286,20 @@ pub fn items(needs: &[Need], answers: &[(String, Access)]) -> Vec<Item> {
         ));
     }
     if unreported > 0 {
-        items.push(Item::pass(
+        items.push(Item::warn(
             "kafka",
-            format!("the brokers did not report grants on {unreported} topic(s): not verified"),
+            format!("the brokers did not report outboxd's grants on {unreported} topic(s)"),
+            "nothing to do if they have no ACLs; otherwise run reports a missing grant when it meets it",
         ));
     }
     items
+}
+
+fn grant_command(operation: Operation, topic: &str) -> String {
+    format!(
+        "kafka-acls.sh --add --allow-principal User:<outboxd's user> --operation {} --topic {topic}",
+        operation.name()
+    )
 }
 
 #[cfg(test)]
@@ -257,19 +311,25 @@ mod tests {
     fn need(topic: &str, operations: &'static [Operation]) -> Need {
         Need {
             topic: topic.into(),
-            what: "event topic",
+            what: "the dead-letter topic",
             operations,
+            certain: true,
         }
     }
 
     #[test]
-    fn each_missing_grant_is_one_fail_naming_it_and_the_rest_one_pass() {
+    fn each_topic_lacking_a_grant_is_one_fail_naming_it_and_the_rest_one_line_each() {
         let needs = [
             need("granted", &[Operation::Write]),
             need("read-only", &[Operation::Read, Operation::Write]),
             need("hidden", &[Operation::Write]),
             need("absent", &[Operation::Write]),
             need("not-told", &[Operation::Write]),
+            need("unanswered", &[Operation::Write]),
+            Need {
+                certain: false,
+                ..need("outbox.event.other\n", &[Operation::Write])
+            },
         ];
         let answers = vec![
             (
@@ -286,29 +346,38 @@ mod tests {
             ("hidden".to_string(), Access::Denied),
             ("absent".to_string(), Access::Missing),
             ("not-told".to_string(), Access::Unreported),
+            (
+                "outbox.event.other\n".to_string(),
+                Access::Allowed(vec![Acl::RD_KAFKA_ACL_OPERATION_DESCRIBE]),
+            ),
         ];
         let lines: Vec<(Status, String)> = items(&needs, &answers)
             .into_iter()
             .map(|i| (i.status, i.to_string()))
             .collect();
-        let fails: Vec<&String> = lines
-            .iter()
-            .filter(|(s, _)| *s == Status::Fail)
-            .map(|(_, l)| l)
-            .collect();
+        let with = |status: Status| -> Vec<&String> {
+            lines
+                .iter()
+                .filter(|(s, _)| *s == status)
+                .map(|(_, l)| l)
+                .collect()
+        };
+        let fails = with(Status::Fail);
         assert_eq!(fails.len(), 2, "{lines:?}");
         assert!(
-            fails[0].contains("lacks WRITE on event topic read-only")
-                && fails[0].contains("--operation WRITE --topic read-only")
+            fails[0].contains("lacks WRITE on the dead-letter topic read-only")
+                && fails[0].contains("--operation WRITE --topic read-only"),
+            "{lines:?}"
         );
-        assert!(
-            fails[1].contains("lacks WRITE on event topic hidden (it may not even describe it)")
-        );
-        assert!(lines
-            .iter()
-            .any(|(s, l)| *s == Status::Pass && l.contains("what it needs on 1 topic(s)")));
-        assert!(lines
-            .iter()
-            .any(|(s, l)| *s == Status::Pass && l.contains("did not report grants on 1 topic(s)")));
+        assert!(fails[1]
+            .contains("lacks WRITE on the dead-letter topic hidden (it may not even describe it)"));
+        let warns = with(Status::Warn);
+        assert_eq!(warns.len(), 2, "{lines:?}");
+        // A name from the brokers is printed escaped: it cannot start a line of its own.
+        assert!(warns[0].contains(
+            "lacks WRITE on 1 existing topic(s) the route could name: outbox.event.other\\n"
+        ));
+        assert!(warns[1].contains("did not report outboxd's grants on 2 topic(s)"));
+        assert!(with(Status::Pass)[0].contains("what it needs on 1 topic(s)"));
     }
 }

@@ -691,12 +691,13 @@ impl KafkaSink {
     }
 }
 
-/// Preflight: the brokers answer, and the dead-letter topic (if any) exists.
 /// What the preflight asks the brokers about besides reachability: the grants on the topics
 /// outboxd will use.
 pub struct Wanted {
     /// Whether an existing topic is one the route can send events to.
     pub event_topic: Box<dyn Fn(&str) -> bool + Send>,
+    /// The route's one topic, when it names no other (then outboxd certainly sends there).
+    pub fixed_event_topic: Option<String>,
     /// The checkpoint topic, when checkpoints live in Kafka.
     pub checkpoint_topic: Option<String>,
 }
@@ -709,6 +710,8 @@ struct Reached {
     grants: std::result::Result<(Vec<grants::Need>, grants::Answers), String>,
 }
 
+/// Preflight: the brokers answer (a refused login or TLS handshake is a FAIL, not a wait), the
+/// dead-letter topic (if any) exists, and outboxd's principal has the grants it needs.
 pub async fn preflight(config: &KafkaConfig, wanted: Wanted) -> Vec<Item> {
     let kafka = config.clone();
     let result = tokio::task::spawn_blocking(move || reach(&kafka, wanted))
@@ -751,20 +754,33 @@ fn reach(
         Some(t) == kafka.dead_letter_topic.as_deref()
             || Some(t) == wanted.checkpoint_topic.as_deref()
     };
+    // Topics starting with "_" are internal by convention (__consumer_offsets, _schemas).
     let mut needs: Vec<grants::Need> = topics
         .iter()
-        .filter(|t| !t.starts_with("__") && !named(t) && (wanted.event_topic)(t))
+        .filter(|t| !t.starts_with('_') && !named(t) && (wanted.event_topic)(t))
         .map(|t| grants::Need {
             topic: t.clone(),
             what: "event topic",
             operations: &[grants::Operation::Write],
+            certain: wanted.fixed_event_topic.as_ref() == Some(t),
         })
         .collect();
+    if let Some(fixed) = &wanted.fixed_event_topic {
+        if !topics.contains(fixed) && !named(fixed) {
+            needs.push(grants::Need {
+                topic: fixed.clone(),
+                what: "event topic",
+                operations: &[grants::Operation::Write],
+                certain: true,
+            });
+        }
+    }
     if let Some(dlq) = &kafka.dead_letter_topic {
         needs.push(grants::Need {
             topic: dlq.clone(),
             what: "the dead-letter topic",
             operations: &[grants::Operation::Write],
+            certain: true,
         });
     }
     if let Some(topic) = &wanted.checkpoint_topic {
@@ -772,9 +788,11 @@ fn reach(
             topic: topic.clone(),
             what: "the checkpoint topic",
             operations: &[grants::Operation::Read, grants::Operation::Write],
+            certain: true,
         });
     }
     let mut names: Vec<String> = needs.iter().map(|n| n.topic.clone()).collect();
+    names.sort();
     names.dedup();
     let grants = grants::describe(producer.client(), &names, METADATA_TIMEOUT)
         .map(|answers| (needs, answers));
@@ -907,14 +925,20 @@ fn tls_item(config: &KafkaConfig) -> Item {
     )
 }
 
-/// Whether librdkafka's explanation is a TLS failure (a definite one: a certificate, a CA, a
-/// listener that does not speak TLS), not a broker that is down.
-/// A login the brokers refused: librdkafka's "SASL authentication error: …" (wrong password,
-/// unknown user, a mechanism the listener does not enable).
+/// A login the brokers refused: wrong password or unknown user ("SASL authentication error: …",
+/// or "SASL authentication failure" on old brokers), a mechanism the listener does not enable
+/// ("… mechanism handshake failed"). Not a login cut short by the network ("SASL authentication
+/// error: SaslAuthenticateRequest failed: Local: Broker transport failure"): that is a broker
+/// that is down or restarting, worth waiting for.
 fn sasl_failure(detail: &str) -> bool {
-    detail.contains("SASL authentication error")
+    let cut_short = detail.contains("SaslAuthenticateRequest failed: Local:");
+    (detail.contains("SASL authentication error") && !cut_short)
+        || detail.contains("SASL authentication failure")
+        || detail.contains("mechanism handshake failed")
 }
 
+/// Whether librdkafka's explanation is a TLS failure (a definite one: a certificate, a CA, a
+/// listener that does not speak TLS), not a broker that is down.
 fn tls_failure(detail: &str) -> bool {
     // librdkafka words a disconnect during the handshake as "SSL handshake failed: Disconnected …
     // (connecting to a PLAINTEXT broker listener?)": a broker that is down, most likely.
