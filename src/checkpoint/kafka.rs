@@ -438,7 +438,7 @@ impl KafkaStore {
             if refused_for_good(&e) {
                 // Waiting cures neither a missing grant nor a broker without transactions.
                 error.remedy(format!(
-                    "grant outboxd's principal WRITE and DESCRIBE on the transactional id {id} (and IDEMPOTENT_WRITE on the cluster on old brokers); a broker without transactions cannot keep outboxd's checkpoint: use checkpoint.store = \"file\" there"
+                    "grant outboxd's principal WRITE and DESCRIBE on the transactional id {id} (and, on brokers older than Kafka 3.0, IDEMPOTENT_WRITE on the cluster); a broker without transactions cannot keep outboxd's checkpoint: use checkpoint.store = \"file\" there"
                 ))
             } else {
                 error

@@ -215,7 +215,7 @@ fn transaction_error(what: &str, transactional_id: &str, e: &KafkaError) -> Erro
     .caused_by(e.clone());
     match e.rdkafka_error_code() {
         Some(C::TransactionalIdAuthorizationFailed | C::ClusterAuthorizationFailed) => error.remedy(format!(
-            "grant outboxd's principal WRITE and DESCRIBE on the transactional id {transactional_id} (and IDEMPOTENT_WRITE on the cluster on old brokers), then restart"
+            "grant outboxd's principal WRITE and DESCRIBE on the transactional id {transactional_id} (and, on brokers older than Kafka 3.0, IDEMPOTENT_WRITE on the cluster), then restart"
         )),
         Some(C::UnsupportedVersion | C::UnsupportedForMessageFormat | C::UnsupportedFeature) => error.remedy(
             "these brokers do not support transactions: remove kafka.exactly_once (at-least-once delivery, every record carries its id header)",
@@ -242,7 +242,7 @@ fn delivery_error(e: &KafkaError, topic: &str) -> Error {
             "the broker refuses a record this large: raise the topic's max.message.bytes (and the broker's message.max.bytes) for {topic}, then restart; nothing was skipped"
         )),
         Some(C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed) => error.remedy(format!(
-            "grant the outboxd principal WRITE on topic {topic} (and IDEMPOTENT_WRITE on the cluster), then restart"
+            "grant the outboxd principal WRITE on topic {topic} (and, on brokers older than Kafka 3.0, IDEMPOTENT_WRITE on the cluster), then restart"
         )),
         Some(C::InvalidTopic | C::PolicyViolation) => error.remedy(format!(
             "the broker rejects topic {topic}: create it, or change route.topic"
