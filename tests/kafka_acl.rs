@@ -68,26 +68,28 @@ fn checkpoint_topic(broker: &Broker) {
     );
 }
 
-/// Pipeline `name` reading `db`, logged in to `broker` as [`USER`] (`kafka` holds more `[kafka]`
-/// keys), with the Kafka checkpoint store when `kafka_store`.
+/// A MariaDB with the outbox schema, and pipeline `name` reading it, logged in to `broker` as
+/// [`USER`] (`kafka` holds more `[kafka]` keys), with the Kafka checkpoint store when `kafka_store`.
 fn pipeline(
     name: &str,
-    db: &MariaDb,
     broker: &Broker,
     ca: &Ca,
     kafka: &str,
     kafka_store: bool,
-) -> Outboxd {
+) -> (MariaDb, Outboxd) {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
     let body = config_with_kafka(
         &db.cdc_url(),
         &format!("{}{kafka}", broker.sasl_client(USER, PASSWORD, &ca.pem)),
         "",
     );
-    if kafka_store {
+    let outboxd = if kafka_store {
         Outboxd::with_checkpoint(name, &body, "store = \"kafka\"")
     } else {
         Outboxd::new(name, &body)
-    }
+    };
+    (db, outboxd)
 }
 
 /// How many records `topic` holds (its partitions' high watermarks, read as the rig's super user).
@@ -111,11 +113,8 @@ fn a_topic_without_a_write_grant_stops_run_naming_the_grant_and_nothing_is_dead_
     let (broker, ca, _dir) = sasl_broker();
     grant_write(&broker, "outbox.event.order");
     grant_write(&broker, DLQ);
-    let db = MariaDb::start(&[]);
-    db.sql_socket(SCHEMA);
-    let mut outboxd = pipeline(
+    let (db, mut outboxd) = pipeline(
         "acl-topic",
-        &db,
         &broker,
         &ca,
         &format!("dead_letter_topic = \"{DLQ}\""),
@@ -171,11 +170,8 @@ fn the_kafka_checkpoint_store_runs_with_exactly_the_grants_the_readme_lists() {
         "Write",
         &["--transactional-id", "outboxd.acl-store.checkpoint"],
     );
-    let db = MariaDb::start(&[]);
-    db.sql_socket(SCHEMA);
-    let mut outboxd = pipeline(
+    let (db, mut outboxd) = pipeline(
         "acl-store",
-        &db,
         &broker,
         &ca,
         &format!("dead_letter_topic = \"{DLQ}\""),
@@ -239,11 +235,8 @@ fn check_names_each_missing_grant_and_run_refuses_to_start() {
         "Describe",
         &["--topic", "outbox.event.customer"],
     );
-    let db = MariaDb::start(&[]);
-    db.sql_socket(SCHEMA);
-    let outboxd = pipeline(
+    let (_db, outboxd) = pipeline(
         "acl-check",
-        &db,
         &broker,
         &ca,
         &format!("dead_letter_topic = \"{DLQ}\""),
