@@ -86,8 +86,9 @@ pub fn describe<C: ClientContext>(
     let rk = client.native_ptr();
     let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
     // SAFETY: every pointer passed is valid for the call (the names outlive the collection, which
-    // copies them); each handle created here is destroyed below, the event last, after everything
-    // read from it was copied.
+    // copies them); each handle created here is destroyed below, the event first but only after
+    // `read_answer` copied everything out of it. A result that arrives after the poll gave up is
+    // dropped by librdkafka with the destroyed queue.
     unsafe {
         let collection =
             rd::rd_kafka_TopicCollection_of_topic_names(pointers.as_mut_ptr(), pointers.len());
