@@ -804,8 +804,8 @@ fn exactly_once_section(db: &MariaDb, from: u64, n: u64, record_bytes: u64) -> V
                 seconds,
                 bytes: n * record_bytes,
                 extra: format!(
-                    "{spread}; {:.1} CPU s ({} CPU s), peak RSS {:.0} MB",
-                    stats.cpu_seconds, stats.peers_cpu, stats.peak_rss_mb
+                    "{spread}; {:.1} CPU s ({} CPU s), peak RSS {:.0} MB, open {:.2} s",
+                    stats.cpu_seconds, stats.peers_cpu, stats.peak_rss_mb, stats.open_seconds
                 ),
             }
         })

@@ -281,6 +281,10 @@ impl KafkaStore {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "true")
+            // A scan ends at an empty fetch (the end of the partition): a transactional topic
+            // ends with a commit marker, never delivered, so no record reaches `until` and every
+            // scan would otherwise wait out librdkafka's 500 ms for that fetch (twice per start).
+            .set("fetch.wait.max.ms", "10")
             .set("isolation.level", "read_committed");
         config
             .create_with_context(QuietContext)
@@ -654,7 +658,12 @@ pub struct QuietContext;
 
 impl rdkafka::ClientContext for QuietContext {
     fn error(&self, error: KafkaError, reason: &str) {
-        if matches!(error, KafkaError::PartitionEOF(_)) {
+        // librdkafka reports the end of a partition as an error event too, either as such or
+        // wrapped as a "global" error.
+        if matches!(
+            error,
+            KafkaError::PartitionEOF(_) | KafkaError::Global(RDKafkaErrorCode::PartitionEOF)
+        ) {
             return;
         }
         if group_lookup_error(&error) {
