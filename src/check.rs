@@ -113,6 +113,11 @@ pub async fn run(config: &Config) -> Report {
         checkpoint_topic: (config.checkpoint.store == crate::config::StoreKind::Kafka)
             .then(|| config.checkpoint.topic.clone()),
     };
-    items.extend(crate::sink::kafka::preflight(&config.kafka, wanted).await);
+    items.extend(match config.sink() {
+        crate::sink::SinkConfig::Kafka(kafka) => crate::sink::kafka::preflight(kafka, wanted).await,
+        crate::sink::SinkConfig::RabbitMq(rabbitmq) => {
+            crate::sink::rabbitmq::preflight(rabbitmq).await
+        }
+    });
     Report { items }
 }

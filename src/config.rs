@@ -6,7 +6,6 @@
 //! between levels: `OUTBOXD_KAFKA__BROKERS=…` sets `kafka.brokers`. A value that parses as a TOML
 //! literal (number, boolean, array, quoted string) is taken as such, anything else as a plain string.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -16,6 +15,9 @@ use crate::error::{Error, Result};
 pub use crate::retention::PruneConfig;
 pub use crate::route::RouteConfig;
 pub use crate::secrets::is_secret_key;
+pub use crate::sink::kafka::config::KafkaConfig;
+pub use crate::sink::rabbitmq::config::RabbitMqConfig;
+pub use crate::sink::{Delivery, SinkConfig};
 use crate::source::config::url_secrets;
 pub use crate::source::config::{
     redact_url, source_urls, MysqlOptions, PostgresOptions, SourceConfig, SourceDb, SourceKind,
@@ -34,7 +36,11 @@ pub struct Config {
     pub source: SourceConfig,
     #[serde(default)]
     pub route: RouteConfig,
-    pub kafka: KafkaConfig,
+    /// The sink: exactly one of these sections (see [`Config::sink`]).
+    #[serde(default)]
+    pub kafka: Option<KafkaConfig>,
+    #[serde(default)]
+    pub rabbitmq: Option<RabbitMqConfig>,
     #[serde(default)]
     pub checkpoint: CheckpointConfig,
     #[serde(default)]
@@ -42,93 +48,6 @@ pub struct Config {
     /// Deleting forwarded rows (`crate::retention`); absent: outboxd never deletes.
     #[serde(default)]
     pub prune: Option<PruneConfig>,
-}
-
-#[derive(Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KafkaConfig {
-    pub brokers: String,
-    #[serde(default)]
-    pub dead_letter_topic: Option<String>,
-    /// Records produced but not yet acknowledged; the source pauses when the window is full.
-    #[serde(default = "default_max_in_flight")]
-    pub max_in_flight: usize,
-    /// Bytes (keys, values, headers) produced but not yet acknowledged; the source pauses when they
-    /// would exceed it. With large payloads this, not `max_in_flight`, bounds memory.
-    #[serde(default = "default_max_in_flight_bytes")]
-    pub max_in_flight_bytes: u64,
-    /// On SIGTERM/SIGINT: how long, in all, outboxd waits for the open transaction and Kafka's acks
-    /// before it writes the final checkpoint and exits (keep it under the orchestrator's grace period).
-    #[serde(default = "default_drain_timeout_ms")]
-    pub drain_timeout_ms: u64,
-    /// Exactly-once delivery: records and the checkpoint of their end position are committed in one
-    /// Kafka transaction (needs `checkpoint.store = "kafka"`; consumers read with
-    /// `isolation.level=read_committed`).
-    #[serde(default)]
-    pub exactly_once: bool,
-    /// `exactly_once`: the longest a Kafka transaction stays open once it holds a change.
-    #[serde(default = "default_transaction_interval_ms")]
-    pub transaction_interval_ms: u64,
-    /// `exactly_once`: a Kafka transaction is committed at the first source transaction boundary
-    /// once it holds this many records.
-    #[serde(default = "default_transaction_max_records")]
-    pub transaction_max_records: u64,
-    /// `exactly_once`: likewise once it holds this many bytes (keys, values, headers).
-    #[serde(default = "default_transaction_max_bytes")]
-    pub transaction_max_bytes: u64,
-    /// Passed to librdkafka verbatim.
-    #[serde(default)]
-    pub properties: BTreeMap<String, String>,
-}
-
-impl std::fmt::Debug for KafkaConfig {
-    /// librdkafka properties may hold credentials (`sasl.password`, `ssl.key.password`, …).
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let properties: BTreeMap<&str, &str> = self
-            .properties
-            .iter()
-            .map(|(k, v)| {
-                let secret = is_secret_key(k) || k.contains("key");
-                (k.as_str(), if secret { "***" } else { v.as_str() })
-            })
-            .collect();
-        f.debug_struct("KafkaConfig")
-            .field("brokers", &self.brokers)
-            .field("dead_letter_topic", &self.dead_letter_topic)
-            .field("max_in_flight", &self.max_in_flight)
-            .field("max_in_flight_bytes", &self.max_in_flight_bytes)
-            .field("drain_timeout_ms", &self.drain_timeout_ms)
-            .field("exactly_once", &self.exactly_once)
-            .field("transaction_interval_ms", &self.transaction_interval_ms)
-            .field("transaction_max_records", &self.transaction_max_records)
-            .field("transaction_max_bytes", &self.transaction_max_bytes)
-            .field("properties", &properties)
-            .finish()
-    }
-}
-
-fn default_max_in_flight_bytes() -> u64 {
-    64 * 1024 * 1024
-}
-
-fn default_drain_timeout_ms() -> u64 {
-    30_000
-}
-
-fn default_transaction_interval_ms() -> u64 {
-    100
-}
-
-fn default_transaction_max_records() -> u64 {
-    200_000
-}
-
-fn default_transaction_max_bytes() -> u64 {
-    128 * 1024 * 1024
-}
-
-fn default_max_in_flight() -> usize {
-    10_000
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -218,8 +137,9 @@ impl Config {
                     "correct or remove that key (see the configuration reference in README.md)",
                 )
             })?;
-        config.kafka.properties =
-            lowercase_properties(std::mem::take(&mut config.kafka.properties))?;
+        if let Some(kafka) = config.kafka.as_mut() {
+            kafka.normalize()?;
+        }
         config.validate()?;
         // Now also what only the whole config knows (a password file's content).
         crate::secrets::register(config.secret_values());
@@ -264,143 +184,20 @@ impl Config {
                 );
             }
         }
-        if self.kafka.brokers.trim().is_empty() {
+        let sink = self.sink_section()?;
+        let refused = match sink {
+            SinkConfig::Kafka(kafka) => kafka.validate(self.checkpoint.store),
+            SinkConfig::RabbitMq(rabbitmq) => rabbitmq.validate(),
+        };
+        if let Err((key, why, fix)) = refused {
+            return bad(&key, why, &fix);
+        }
+        if self.checkpoint.store == StoreKind::Kafka && !matches!(sink, SinkConfig::Kafka(_)) {
             return bad(
-                "kafka.brokers",
-                "no broker listed".into(),
-                "set brokers = \"host:9092[,host2:9092]\"",
+                "checkpoint.store",
+                "the Kafka checkpoint store writes to the [kafka] section's brokers, and this pipeline has none".into(),
+                "use checkpoint.store = \"file\" (the default) with this sink",
             );
-        }
-        if self.kafka.max_in_flight == 0 || self.kafka.max_in_flight > 1_000_000 {
-            return bad(
-                "kafka.max_in_flight",
-                format!("{} is out of range", self.kafka.max_in_flight),
-                "use 1..=1000000 (default 10000)",
-            );
-        }
-        if self.kafka.max_in_flight_bytes < 1024 * 1024
-            || self.kafka.max_in_flight_bytes > u32::MAX as u64
-        {
-            return bad(
-                "kafka.max_in_flight_bytes",
-                format!("{} is out of range", self.kafka.max_in_flight_bytes),
-                "use 1 MiB ..= 4 GiB - 1 (default 64 MiB = 67108864)",
-            );
-        }
-        if self.kafka.drain_timeout_ms == 0 || self.kafka.drain_timeout_ms > 600_000 {
-            return bad(
-                "kafka.drain_timeout_ms",
-                format!("{} is out of range", self.kafka.drain_timeout_ms),
-                "use 1..=600000 milliseconds (default 30000), below the orchestrator's stop grace period",
-            );
-        }
-        if self.kafka.exactly_once && self.checkpoint.store != StoreKind::Kafka {
-            return bad(
-                "kafka.exactly_once",
-                "exactly-once commits the checkpoint in the same Kafka transaction as the records, so the checkpoint must live in Kafka".into(),
-                "set checkpoint.store = \"kafka\" (README \"Exactly-once delivery\"), or remove exactly_once",
-            );
-        }
-        if !(10..=600_000).contains(&self.kafka.transaction_interval_ms) {
-            return bad(
-                "kafka.transaction_interval_ms",
-                format!("{} is out of range", self.kafka.transaction_interval_ms),
-                "use 10..=600000 milliseconds (default 100), at most half of transaction.timeout.ms",
-            );
-        }
-        let transaction_timeout = self
-            .kafka
-            .properties
-            .get("transaction.timeout.ms")
-            .map(|v| v.trim().parse::<u64>());
-        match transaction_timeout.filter(|_| self.kafka.exactly_once) {
-            Some(Err(_)) => {
-                return bad(
-                    "kafka.properties.transaction.timeout.ms",
-                    "not a number of milliseconds".into(),
-                    "write a whole number of milliseconds, e.g. \"60000\"",
-                )
-            }
-            Some(Ok(timeout)) if self.kafka.transaction_interval_ms * 2 > timeout => {
-                return bad(
-                    "kafka.transaction_interval_ms",
-                    format!(
-                        "{} ms is more than half of transaction.timeout.ms ({timeout} ms): the brokers would abort transactions before they commit",
-                        self.kafka.transaction_interval_ms
-                    ),
-                    "lower kafka.transaction_interval_ms, or raise kafka.properties.\"transaction.timeout.ms\"",
-                )
-            }
-            None if self.kafka.exactly_once && self.kafka.transaction_interval_ms > 30_000 => {
-                return bad(
-                    "kafka.transaction_interval_ms",
-                    format!(
-                        "{} ms is more than half of transaction.timeout.ms (60000 ms, outboxd's default): the brokers would abort transactions before they commit",
-                        self.kafka.transaction_interval_ms
-                    ),
-                    "lower kafka.transaction_interval_ms, or raise kafka.properties.\"transaction.timeout.ms\"",
-                )
-            }
-            _ => {}
-        }
-        if self.kafka.transaction_max_records == 0 {
-            return bad(
-                "kafka.transaction_max_records",
-                "0 records would commit nothing".into(),
-                "use a positive number (default 200000)",
-            );
-        }
-        if self.kafka.transaction_max_bytes < 1024 {
-            return bad(
-                "kafka.transaction_max_bytes",
-                format!("{} is out of range", self.kafka.transaction_max_bytes),
-                "use at least 1024 bytes (default 134217728 = 128 MiB)",
-            );
-        }
-        for (key, value) in &self.kafka.properties {
-            let refuse = match key.as_str() {
-                "enable.idempotence" => value != "true",
-                "acks" | "request.required.acks" => value != "all" && value != "-1",
-                "bootstrap.servers" | "metadata.broker.list" => true,
-                "transactional.id" => true,
-                // Without success reports no ack ever arrives and the checkpoint never moves.
-                "delivery.report.only.error" => value != "false",
-                // Same key, same partition: per-key order depends on it.
-                "partitioner" => value.trim().eq_ignore_ascii_case("random"),
-                // outboxd enforces message.timeout.ms itself (librdkafka gets 0); the alias would
-                // race with that setting inside librdkafka.
-                "delivery.timeout.ms" => true,
-                "message.timeout.ms" => value.trim().parse::<u64>().is_err(),
-                _ => false,
-            };
-            if refuse && key == "delivery.timeout.ms" {
-                return bad(
-                    &format!("kafka.properties.{key}"),
-                    "delivery.timeout.ms is an alias of message.timeout.ms".into(),
-                    "set message.timeout.ms instead (outboxd's deadline for acknowledgements, in milliseconds)",
-                );
-            }
-            if refuse && key == "message.timeout.ms" {
-                return bad(
-                    &format!("kafka.properties.{key}"),
-                    format!("{value:?} is not a number of milliseconds"),
-                    "write a whole number of milliseconds, e.g. \"300000\" (0 waits forever)",
-                );
-            }
-            if refuse && key == "partitioner" {
-                return bad(
-                    &format!("kafka.properties.{key}"),
-                    "partitioner = random sends records of one key to different partitions, which breaks per-key order".into(),
-                    "remove it, or use a keyed partitioner (murmur2_random, consistent_random, fnv1a_random)",
-                );
-            }
-            if refuse {
-                return bad(
-                    &format!("kafka.properties.{key}"),
-                    format!("outboxd sets {key} itself (ordering and no-loss depend on it)"),
-                    "remove it; brokers go in kafka.brokers",
-                );
-            }
         }
         for header in self.route.headers.keys() {
             if header == crate::route::ID_HEADER || header.starts_with("outboxd.") {
@@ -408,15 +205,6 @@ impl Config {
                     &format!("route.headers.{header}"),
                     format!("outboxd writes the {header} header itself; a second one would confuse consumers"),
                     "to take the id from another column set route.id; pick another header name otherwise",
-                );
-            }
-        }
-        if let Some(t) = &self.kafka.dead_letter_topic {
-            if let Err(why) = crate::route::validate_topic_name(t) {
-                return bad(
-                    "kafka.dead_letter_topic",
-                    why,
-                    "use a valid Kafka topic name",
                 );
             }
         }
@@ -465,12 +253,53 @@ impl Config {
         if let Some(url) = self.prune.as_ref().and_then(|p| p.url.as_deref()) {
             secrets.extend(url_secrets(url));
         }
-        for (key, value) in &self.kafka.properties {
-            if is_secret_key(key) {
-                secrets.push(value.clone());
-            }
+        if let Some(kafka) = &self.kafka {
+            secrets.extend(kafka.secret_values());
+        }
+        if let Some(rabbitmq) = &self.rabbitmq {
+            secrets.extend(url_secrets(&rabbitmq.url));
         }
         secrets
+    }
+
+    /// The one sink section (validated: exactly one is present).
+    pub fn sink(&self) -> SinkConfig<'_> {
+        self.sink_section()
+            .expect("a validated config has exactly one sink section")
+    }
+
+    /// What every sink shares: the window, the drain deadline, the dead-letter destination.
+    pub fn delivery(&self) -> Delivery {
+        match self.sink() {
+            SinkConfig::Kafka(kafka) => kafka.delivery(),
+            SinkConfig::RabbitMq(rabbitmq) => rabbitmq.delivery(),
+        }
+    }
+
+    /// `[kafka]` when it is the sink (the Kafka checkpoint store and exactly-once need it).
+    pub fn kafka(&self) -> Option<&KafkaConfig> {
+        self.kafka.as_ref()
+    }
+
+    fn sink_section(&self) -> Result<SinkConfig<'_>> {
+        let present: Vec<SinkConfig<'_>> = [
+            self.kafka.as_ref().map(SinkConfig::Kafka),
+            self.rabbitmq.as_ref().map(SinkConfig::RabbitMq),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        match present.as_slice() {
+            [one] => Ok(*one),
+            [] => Err(Error::config("no sink section: outboxd has nowhere to send the rows")
+                .remedy("add one of [kafka] (brokers = \"host:9092\") or [rabbitmq] (url, exchange); README \"Configuration\"")),
+            many => Err(Error::config(format!(
+                "{} sink sections ({}): outboxd sends each pipeline to exactly one",
+                many.len(),
+                many.iter().map(|s| format!("[{}]", s.name())).collect::<Vec<_>>().join(", ")
+            ))
+            .remedy("keep one of them; run one outboxd per destination")),
+        }
     }
 
     /// Path of the live checkpoint file.
@@ -502,6 +331,12 @@ fn secrets_in(doc: &toml::Table) -> Vec<String> {
     {
         secrets.extend(url_secrets(url));
     }
+    if let Some(url) = section("rabbitmq")
+        .and_then(|p| p.get("url"))
+        .and_then(toml::Value::as_str)
+    {
+        secrets.extend(url_secrets(url));
+    }
     if let Some(properties) = section("kafka")
         .and_then(|k| k.get("properties"))
         .and_then(toml::Value::as_table)
@@ -515,28 +350,21 @@ fn secrets_in(doc: &toml::Table) -> Vec<String> {
     secrets
 }
 
-/// librdkafka's property names are lower case; `SASL.PASSWORD` (as an environment variable spells
-/// it) means `sasl.password`. Two spellings of one property are refused rather than one picked.
-fn lowercase_properties(properties: BTreeMap<String, String>) -> Result<BTreeMap<String, String>> {
-    let mut out = BTreeMap::new();
-    for (key, value) in properties {
-        let lower = key.to_ascii_lowercase();
-        if out.insert(lower.clone(), value).is_some() {
-            return Err(Error::config(format!(
-                "kafka.properties sets {lower} twice (in different letter cases)"
-            ))
-            .remedy("keep one of them (property names are case-insensitive)"));
-        }
-    }
-    Ok(out)
-}
-
 /// Top-level sections an `OUTBOXD_` variable may address; other `OUTBOXD_*` variables (a platform's
 /// service links, the test rig's own) are not configuration and are left alone.
-const TOP_LEVEL: [&str; 6] = ["name", "source", "route", "kafka", "checkpoint", "http"];
+const TOP_LEVEL: [&str; 7] = [
+    "name",
+    "source",
+    "route",
+    "kafka",
+    "rabbitmq",
+    "checkpoint",
+    "http",
+];
 /// Keys whose values are numbers, booleans or lists: their override is read as a TOML literal.
-const TYPED_KEYS: [&str; 11] = [
+const TYPED_KEYS: [&str; 12] = [
     "server_id",
+    "message_timeout_ms",
     "heartbeat_interval_ms",
     "max_in_flight",
     "max_in_flight_bytes",
@@ -728,9 +556,9 @@ listen = ""
             .to_string()
             .contains("source.tls"));
         assert_eq!(c.route.headers["eventType"], "type");
-        assert_eq!(c.kafka.properties["compression.type"], "zstd");
+        assert_eq!(c.kafka().unwrap().properties["compression.type"], "zstd");
         assert_eq!(
-            c.kafka.dead_letter_topic.as_deref(),
+            c.kafka().unwrap().dead_letter_topic.as_deref(),
             Some("outboxd.dlq.orders")
         );
         assert_eq!(c.http.listen, "");
@@ -798,9 +626,9 @@ listen = ""
             ],
         )
         .unwrap();
-        assert_eq!(c.kafka.brokers, "10.0.0.1:9092");
-        assert_eq!(c.kafka.max_in_flight, 7);
-        assert_eq!(c.kafka.dead_letter_topic.as_deref(), Some("dlq"));
+        assert_eq!(c.kafka().unwrap().brokers, "10.0.0.1:9092");
+        assert_eq!(c.kafka().unwrap().max_in_flight, 7);
+        assert_eq!(c.kafka().unwrap().dead_letter_topic.as_deref(), Some("dlq"));
         assert_eq!(c.source.tables, vec!["a.b", "c.d"]);
         assert_eq!(c.source.password().unwrap().as_deref(), Some("s3cr:et@"));
         assert_eq!(c.checkpoint.interval_ms, 9);
@@ -823,8 +651,8 @@ listen = ""
         )
         .unwrap();
         assert_eq!(c.source.password().unwrap().as_deref(), Some("123456"));
-        assert_eq!(c.kafka.properties["sasl.password"], "\"quoted\"");
-        assert_eq!(c.kafka.properties["linger.ms"], "5");
+        assert_eq!(c.kafka().unwrap().properties["sasl.password"], "\"quoted\"");
+        assert_eq!(c.kafka().unwrap().properties["linger.ms"], "5");
         assert_eq!(c.route.headers["eventType"], "type");
         assert_eq!(c.name, "007");
     }
@@ -943,10 +771,10 @@ listen = ""
         );
         let kafka = format!("{eos}[checkpoint]\nstore = \"kafka\"\n");
         let c = parse(&kafka, &[]).unwrap();
-        assert!(c.kafka.exactly_once);
-        assert_eq!(c.kafka.transaction_interval_ms, 100);
-        assert_eq!(c.kafka.transaction_max_records, 200_000);
-        assert_eq!(c.kafka.transaction_max_bytes, 128 * 1024 * 1024);
+        assert!(c.kafka().unwrap().exactly_once);
+        assert_eq!(c.kafka().unwrap().transaction_interval_ms, 100);
+        assert_eq!(c.kafka().unwrap().transaction_max_records, 200_000);
+        assert_eq!(c.kafka().unwrap().transaction_max_bytes, 128 * 1024 * 1024);
         for (extra, named) in [
             (
                 "transaction_interval_ms = 0\n",
@@ -1015,8 +843,11 @@ listen = ""
             &[("OUTBOXD_KAFKA__PROPERTIES__SASL.PASSWORD", "s3cret-value")],
         )
         .unwrap();
-        assert_eq!(c.kafka.properties["sasl.password"], "s3cret-value");
-        assert_eq!(c.kafka.properties["linger.ms"], "7");
+        assert_eq!(
+            c.kafka().unwrap().properties["sasl.password"],
+            "s3cret-value"
+        );
+        assert_eq!(c.kafka().unwrap().properties["linger.ms"], "7");
         assert!(c.secret_values().contains(&"s3cret-value".to_string()));
         // An upper-case spelling cannot slip past the properties outboxd owns.
         let err = parse(&format!("{MINIMAL}[kafka.properties]\nACKS = \"1\"\n"), &[]).unwrap_err();

@@ -206,8 +206,16 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(format: LogFormat) {
+    // lapin logs every message RabbitMQ returns, payload and all, and the closing of channels
+    // outboxd closes itself as errors: what matters reaches outboxd as results, and row data
+    // never belongs in a log.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,lapin=off"))
+        .add_directive(
+            "lapin::returned_messages=off"
+                .parse()
+                .expect("a valid log directive"),
+        );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(outboxd::secrets::stderr);

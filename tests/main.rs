@@ -15,6 +15,7 @@ mod operate;
 mod partitioning;
 mod postgres_pipeline;
 mod prune;
+mod rabbitmq;
 mod replicas;
 mod snapshot;
 mod standby;

@@ -70,13 +70,17 @@ impl KafkaStore {
     /// `create`, a missing topic is created; without (`check`, `checkpoint show`), it means
     /// "no checkpoint yet" and nothing is changed on the brokers.
     pub fn connect(config: &Config, name: &str, create: bool) -> Result<KafkaStore> {
+        let kafka = config.kafka().ok_or_else(|| {
+            Error::config("checkpoint.store = \"kafka\" needs the [kafka] section's brokers")
+                .remedy("use checkpoint.store = \"file\" with this sink")
+        })?;
         let mut base = ClientConfig::new();
-        for (key, value) in &config.kafka.properties {
+        for (key, value) in &kafka.properties {
             if is_connection_property(key) {
                 base.set(key, value);
             }
         }
-        base.set("bootstrap.servers", &config.kafka.brokers)
+        base.set("bootstrap.servers", &kafka.brokers)
             .set("client.id", format!("outboxd-{name}-checkpoint"));
         let mut store = KafkaStore {
             name: name.to_string(),

@@ -94,10 +94,12 @@ impl Store {
                     // Also when exactly_once is off now: a leader that ran with it may be frozen
                     // with a transaction open. Without it, a refusal (no grant) only warns.
                     match kafka.fence_records() {
-                        Err(e) if !config.kafka.exactly_once => tracing::warn!(
-                            error = %e,
-                            "could not fence the pipeline's record producer (only matters if it ran with kafka.exactly_once)"
-                        ),
+                        Err(e) if !config.kafka().is_some_and(|k| k.exactly_once) => {
+                            tracing::warn!(
+                                error = %e,
+                                "could not fence the pipeline's record producer (only matters if it ran with kafka.exactly_once)"
+                            )
+                        }
                         other => other?,
                     }
                 }

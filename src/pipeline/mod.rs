@@ -33,7 +33,6 @@ use crate::config::{Config, SourceDb, SourceKind};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::route::Router;
-use crate::sink::kafka::KafkaSink;
 use crate::source::snapshot::Plan;
 use crate::source::{Position, SourceIdentity};
 
@@ -340,10 +339,7 @@ async fn drive(
 ) -> Result<()> {
     let shared = Shared {
         store,
-        router: Router::new(
-            config.route.clone(),
-            KafkaSink::max_message_bytes(&config.kafka),
-        ),
+        router: Router::new(config.route.clone(), config.sink().max_message_bytes()),
         metrics,
         input,
         until,

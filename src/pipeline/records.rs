@@ -7,7 +7,8 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::route::{Record, Router, Unroutable};
-use crate::sink::kafka::{KafkaSink, TopicState};
+use crate::sink::kafka::TopicState;
+use crate::sink::Sink;
 use crate::source::Row;
 
 /// The record for `row` given what the router made of it (`routed`): the record, once its topic is
@@ -18,7 +19,7 @@ use crate::source::Row;
 pub(super) async fn resolve_record(
     config: &Config,
     router: &Router,
-    sink: &KafkaSink,
+    sink: &Sink,
     topics: &mut HashMap<String, TopicState>,
     metrics: &Metrics,
     row: &Row,
@@ -88,21 +89,22 @@ pub(super) async fn resolve_record(
 
 /// The dead-letter record for an unroutable row, or the error that stops the pipeline without one.
 fn dead_letter(config: &Config, router: &Router, row: &Row, why: &Unroutable) -> Result<Record> {
-    let Some(topic) = &config.kafka.dead_letter_topic else {
+    let section = config.sink().name();
+    let Some(topic) = &config.delivery().dead_letter_topic else {
         if why.reason == "unknown_topic" {
             return Err(Error::unroutable(format!(
                 "row of {} at {} cannot be delivered: {}",
                 row.table, row.origin, why.detail
             ))
-            .remedy("create the topic (or let the broker auto-create topics), or change route.topic; or set kafka.dead_letter_topic to park such rows and continue. Nothing was skipped: restart outboxd after the fix"));
+            .remedy(format!("create the topic (or let the broker auto-create topics), or change route.topic; or set {section}.dead_letter_topic to park such rows and continue. Nothing was skipped: restart outboxd after the fix")));
         }
         return Err(Error::unroutable(format!(
             "row of {} at {} cannot be routed ({}): {}",
             row.table, row.origin, why.reason, why.detail
         ))
-        .remedy(
-            "fix the row's producer, or set kafka.dead_letter_topic to park such rows and continue",
-        ));
+        .remedy(format!(
+            "fix the row's producer, or set {section}.dead_letter_topic to park such rows and continue"
+        )));
     };
     tracing::warn!(table = %row.table, position = %row.origin, reason = why.reason, detail = %why.detail, topic = %topic, "unroutable row sent to the dead-letter topic");
     Ok(router.dead_letter(row, why, topic))

@@ -35,6 +35,7 @@ use crate::error::{Error, Kind, Result};
 use crate::metrics::Metrics;
 use crate::route::Record;
 use crate::sink::kafka::KafkaSink;
+use crate::sink::Sink;
 use crate::source::{Boundary, Change, Position, Row, Source, SourceIdentity};
 
 /// How long a session that lost its source waits for the acks of what it already produced.
@@ -62,7 +63,7 @@ pub(super) struct Session<'a> {
     shared: &'a Shared,
     checkpointer: Arc<Checkpointer>,
     failure: Arc<Failure>,
-    sink: KafkaSink,
+    sink: Sink,
     changes: mpsc::Receiver<Vec<Queued>>,
     /// The rest of the batch being handled.
     pending: std::vec::IntoIter<Queued>,
@@ -113,17 +114,20 @@ impl<'a> Session<'a> {
         // Exactly-once needs the checkpoint in Kafka (the config insists; replays, whose progress
         // is a scratch file, send at least once).
         let transactional_id = match shared.store.kafka() {
-            Some(kafka) if config.kafka.exactly_once => Some(kafka.records_transactional_id()),
+            Some(kafka) if config.kafka().is_some_and(|k| k.exactly_once) => {
+                Some(kafka.records_transactional_id())
+            }
             _ => None,
         };
         // The producer is created first so that it gets ready while the source connects.
-        let sink = KafkaSink::new(
+        let sink = Sink::open(
             &config.name,
-            &config.kafka,
+            config.sink(),
             transactional_id.as_deref(),
             acks,
             shared.metrics.clone(),
-        )?;
+        )
+        .await?;
         let opened = async {
             if transactional_id.is_some() {
                 // Before the checkpoint is read: from here no earlier producer can commit.
@@ -146,7 +150,8 @@ impl<'a> Session<'a> {
             }
         };
         let metrics = &shared.metrics;
-        let watchdog = KafkaSink::delivery_timeout(&config.kafka).map(|limit| {
+        let delivery = config.delivery();
+        let watchdog = delivery.timeout.map(|limit| {
             tokio::spawn(watch_deliveries(
                 checkpointer.clone(),
                 failure.clone(),
@@ -157,7 +162,7 @@ impl<'a> Session<'a> {
         let (changes, reader) =
             reader::spawn(source, config.route.on_update_delete, metrics.clone());
         let (writer_stop, writer_stopped) = watch::channel(false);
-        let batch = transactional_id.map(|_| Batch::new(&config.kafka));
+        let batch = transactional_id.and(config.kafka()).map(Batch::new);
         let writer = batch.is_none().then(|| {
             tokio::spawn(write_checkpoints(
                 checkpointer.clone(),
@@ -167,7 +172,7 @@ impl<'a> Session<'a> {
                 writer_stopped,
             ))
         });
-        let drain_timeout = Duration::from_millis(config.kafka.drain_timeout_ms);
+        let drain_timeout = Duration::from_millis(delivery.drain_timeout_ms);
         Ok(Session {
             config,
             shared,
@@ -188,6 +193,14 @@ impl<'a> Session<'a> {
             drain_timeout,
             idle_deadline: tokio::time::Instant::now() + drain_timeout,
         })
+    }
+
+    /// How long the brokers let one Kafka transaction stay open (exactly-once sessions only).
+    fn transaction_timeout(&self) -> Duration {
+        self.config.kafka().map_or(
+            crate::sink::kafka::DEFAULT_TRANSACTION_TIMEOUT,
+            KafkaSink::transaction_timeout,
+        )
     }
 
     /// While stopping, no wait may outlast the drain deadline (a broker outage must not hold a
@@ -363,7 +376,7 @@ impl<'a> Session<'a> {
         let record = self.checkpointer.record(&end)?;
         // Bounded by what is left of the transaction's own timeout (past it the brokers abort it,
         // which the producer would report as a fence), and while stopping by the drain deadline.
-        let left = KafkaSink::transaction_timeout(&self.config.kafka).saturating_sub(
+        let left = self.transaction_timeout().saturating_sub(
             self.batch
                 .as_ref()
                 .and_then(|b| b.began())
@@ -412,7 +425,7 @@ impl<'a> Session<'a> {
         let Some(batch) = &self.batch else {
             return e;
         };
-        let limit = KafkaSink::transaction_timeout(&self.config.kafka);
+        let limit = self.transaction_timeout();
         let aged = batch.began().is_some_and(|b| b.elapsed() >= limit);
         if !e.is_superseded() || !aged {
             return e;
@@ -491,7 +504,9 @@ impl<'a> Session<'a> {
         let ticket = self.checkpointer.issue();
         match self.sink.send(room, &record, ticket).await {
             Ok(()) => None,
-            Err(e) => Some(Err(e)),
+            // A sink that reported a failure (a message refused for good) stops taking records:
+            // the failure, not the refusal of this send, says why the session ends.
+            Err(e) => Some(Err(self.failure.get().cloned().unwrap_or(e))),
         }
     }
 
@@ -751,7 +766,7 @@ async fn watch_deliveries(
                 metrics.delivery_error();
                 failure.fail(
                     Error::sink(format!(
-                        "a record has waited {age:?} for Kafka's acknowledgement ({} in flight; message.timeout.ms = {})",
+                        "a record has waited {age:?} for the broker's acknowledgement ({} in flight; the delivery timeout, kafka.properties.\"message.timeout.ms\" or rabbitmq.message_timeout_ms, is {} ms)",
                         tracker.in_flight(),
                         limit.as_millis()
                     ))

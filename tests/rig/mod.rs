@@ -3,6 +3,7 @@
 //! - [`MariaDb`]: `mariadb-install-db` + `mariadbd` with a ROW binlog.
 //! - [`Postgres`]: PostgreSQL 15 `initdb` + `pg_ctl` with `wal_level=logical` (run as the `postgres` OS user).
 //! - [`Broker`]: the nisshi Kafka-protocol broker, in memory (built by `.ci/run`; see README).
+//! - [`rabbitmq::RabbitMq`]: Debian's `rabbitmq-server`, one private node per test.
 //! - [`Outboxd`]: the real `outboxd` binary with a config written for the test.
 //! - [`consume`]: reads records back with a real rdkafka consumer.
 //!
@@ -14,6 +15,7 @@ pub mod kafka;
 pub mod mariadb;
 pub mod outboxd;
 pub mod postgres;
+pub mod rabbitmq;
 pub mod scenario;
 
 use std::net::TcpListener;

@@ -177,13 +177,20 @@ impl Outboxd {
 
     /// Waits for the running process to exit by itself (bounded), returning its status.
     pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
-        let mut status = None;
-        wait_until("outboxd to exit", limit, || {
-            status = self.child.as_mut().unwrap().try_wait().unwrap();
-            status.is_some()
-        });
-        self.child = None;
-        status.unwrap()
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.child = None;
+                return status;
+            }
+            if start.elapsed() > limit {
+                panic!(
+                    "outboxd did not exit within {limit:?}; its log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn log(&self) -> String {

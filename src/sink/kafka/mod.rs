@@ -25,13 +25,14 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::ClientContext;
 use tokio::sync::Semaphore;
 
-use crate::config::KafkaConfig;
+use self::config::KafkaConfig;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::preflight::Item;
 use crate::route::Record;
 use crate::sink::{Acks, Ticket};
 
+pub mod config;
 mod grants;
 
 /// How long a topic metadata request may take.

@@ -1,0 +1,119 @@
+//! `[rabbitmq]`: the RabbitMQ sink's keys, defaults and checks.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::sink::delivery::{self, Delivery, Refusal};
+use crate::source::config::redact_url;
+
+/// `[rabbitmq]` (AMQP 0.9.1).
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RabbitMqConfig {
+    /// `amqp://user:password@host:5672/vhost` or `amqps://…` (TLS, certificate verified).
+    pub url: String,
+    /// The exchange every record is published to; the routed topic is the routing key. It must
+    /// exist (outboxd declares nothing). `""` is the default exchange (routing key = queue name).
+    pub exchange: String,
+    /// `amqps://`: a PEM file of the CA(s) to trust instead of the system's.
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
+    #[serde(default = "delivery::default_max_in_flight")]
+    pub max_in_flight: usize,
+    #[serde(default = "delivery::default_max_in_flight_bytes")]
+    pub max_in_flight_bytes: u64,
+    #[serde(default = "delivery::default_drain_timeout_ms")]
+    pub drain_timeout_ms: u64,
+    /// Routing key (on `exchange`) for rows that cannot be delivered (returned as unroutable,
+    /// refused by the router); unset: outboxd stops naming the row.
+    #[serde(default)]
+    pub dead_letter_topic: Option<String>,
+    /// How long a message may wait for its publisher confirm before the session ends and resends
+    /// from the checkpoint (0 waits forever).
+    #[serde(default = "default_message_timeout_ms")]
+    pub message_timeout_ms: u64,
+}
+
+fn default_message_timeout_ms() -> u64 {
+    60_000
+}
+
+/// The largest message outboxd publishes unless the broker says less: RabbitMQ's own default
+/// `max_message_size` (128 MiB) is far above what a queue should hold; 16 MiB matches the outbox
+/// rows people write.
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+impl std::fmt::Debug for RabbitMqConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitMqConfig")
+            .field("url", &redact_url(&self.url))
+            .field("exchange", &self.exchange)
+            .field("ca_file", &self.ca_file)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("max_in_flight_bytes", &self.max_in_flight_bytes)
+            .field("drain_timeout_ms", &self.drain_timeout_ms)
+            .field("dead_letter_topic", &self.dead_letter_topic)
+            .field("message_timeout_ms", &self.message_timeout_ms)
+            .finish()
+    }
+}
+
+impl RabbitMqConfig {
+    pub fn delivery(&self) -> Delivery {
+        Delivery {
+            max_in_flight: self.max_in_flight,
+            max_in_flight_bytes: self.max_in_flight_bytes,
+            drain_timeout_ms: self.drain_timeout_ms,
+            dead_letter_topic: self.dead_letter_topic.clone(),
+            timeout: (self.message_timeout_ms > 0)
+                .then(|| Duration::from_millis(self.message_timeout_ms)),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), Refusal> {
+        let bad = |key: &str, why: String, fix: &str| {
+            Err((format!("rabbitmq.{key}"), why, fix.to_string()))
+        };
+        self.delivery().validate("rabbitmq")?;
+        match url::Url::parse(&self.url) {
+            Ok(url) if matches!(url.scheme(), "amqp" | "amqps") && url.host().is_some() => {}
+            Ok(_) | Err(_) => {
+                return bad(
+                    "url",
+                    format!("{} is not an amqp:// or amqps:// URL", redact_url(&self.url)),
+                    "write url = \"amqp://user:password@host:5672/vhost\" (amqps:// for TLS; %2f is the vhost /)",
+                )
+            }
+        }
+        if self.ca_file.is_some() && !self.url.starts_with("amqps://") {
+            return bad(
+                "ca_file",
+                "a CA file is only used with TLS".into(),
+                "use an amqps:// URL, or remove ca_file",
+            );
+        }
+        for (key, name) in [
+            ("exchange", Some(&self.exchange)),
+            ("dead_letter_topic", self.dead_letter_topic.as_ref()),
+        ] {
+            if let Some(name) = name {
+                if name.len() > 255 || name.chars().any(char::is_control) {
+                    return bad(
+                        key,
+                        format!("{name:?} is not a valid AMQP name"),
+                        "use at most 255 bytes without control characters",
+                    );
+                }
+            }
+        }
+        if self.dead_letter_topic.as_deref() == Some("") {
+            return bad(
+                "dead_letter_topic",
+                "an empty routing key".into(),
+                "name the routing key that reaches your dead-letter queue, or remove the key",
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,339 @@
+//! A private RabbitMQ (Debian's `rabbitmq-server`) on free loopback ports, and an AMQP client to
+//! declare, bind and read back with (lapin, the library the sink uses).
+//!
+//! The node is private: its own name, Mnesia and log directories and Erlang cookie (`HOME`) under a
+//! temp dir, and its own `epmd` on a free port, started here in the foreground (RabbitMQ would
+//! otherwise start a daemonised one that outlives the test). Both run in one process group, which
+//! [`RabbitMq::kill9`], [`RabbitMq::freeze`] and drop signal as a whole.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use lapin::options::{
+    BasicGetOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+use super::{free_port, wait_until, Consumed};
+
+pub struct RabbitMq {
+    dir: tempfile::TempDir,
+    pub port: u16,
+    user: String,
+    password: String,
+    epmd_port: u16,
+    dist_port: u16,
+    children: Vec<Child>,
+}
+
+/// A message read back from a queue.
+pub struct Got {
+    pub routing_key: String,
+    pub message_id: Option<String>,
+    pub delivery_mode: Option<u8>,
+    pub headers: BTreeMap<String, Option<Vec<u8>>>,
+    pub body: Vec<u8>,
+}
+
+impl Got {
+    /// As a Kafka record would read (routing key as topic, the `key` header as key), so that the
+    /// Kafka tests' checks apply.
+    pub fn as_consumed(&self, offset: i64) -> Consumed {
+        let mut headers = self.headers.clone();
+        let key = headers.remove("key").flatten();
+        Consumed {
+            topic: self.routing_key.clone(),
+            partition: 0,
+            offset,
+            key,
+            value: Some(self.body.clone()),
+            headers,
+            timestamp: None,
+        }
+    }
+
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .and_then(|v| v.as_ref())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+}
+
+impl RabbitMq {
+    pub fn start() -> RabbitMq {
+        Self::start_with_user("guest", "guest")
+    }
+
+    /// A node whose one user is `user`/`password` (administrator of vhost `/`).
+    pub fn start_with_user(user: &str, password: &str) -> RabbitMq {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rabbit = RabbitMq {
+            dir,
+            port: free_port(),
+            user: user.into(),
+            password: password.into(),
+            epmd_port: free_port(),
+            dist_port: free_port(),
+            children: Vec::new(),
+        };
+        std::fs::write(
+            rabbit.dir.path().join("rabbitmq.conf"),
+            format!(
+                "listeners.tcp.default = 127.0.0.1:{}\nloopback_users = none\ndefault_user = {}\ndefault_pass = {}\n",
+                rabbit.port, rabbit.user, rabbit.password
+            ),
+        )
+        .unwrap();
+        std::fs::write(rabbit.dir.path().join("enabled_plugins"), "[].\n").unwrap();
+        rabbit.boot();
+        rabbit
+    }
+
+    /// Starts epmd and the node (again, after [`RabbitMq::kill9`]: same node, same data).
+    pub fn boot(&mut self) {
+        let dir = self.dir.path();
+        let epmd = Command::new("epmd")
+            .args([
+                "-port",
+                &self.epmd_port.to_string(),
+                "-address",
+                "127.0.0.1",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("epmd runs (rabbitmq-server's Erlang; scripts/install-test-deps.sh)");
+        let group = epmd.id() as i32;
+        wait_until("epmd to listen", Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", self.epmd_port)).is_ok()
+        });
+        let log = std::fs::File::create(dir.join("server.out")).unwrap();
+        let server = Command::new("/usr/lib/rabbitmq/bin/rabbitmq-server")
+            .env("HOME", dir)
+            .env(
+                "RABBITMQ_NODENAME",
+                format!("outboxd{}@localhost", self.port),
+            )
+            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_NODE_PORT", self.port.to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+            .env("ERL_EPMD_PORT", self.epmd_port.to_string())
+            .env("ERL_EPMD_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", dir.join("log"))
+            .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
+            .env("RABBITMQ_CONF_ENV_FILE", dir.join("rabbitmq-env.conf"))
+            .env("RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS", "-start_epmd false")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .process_group(group)
+            .spawn()
+            .expect("rabbitmq-server runs (scripts/install-test-deps.sh installs it)");
+        self.children = vec![epmd, server];
+        wait_until(
+            "RabbitMQ to accept AMQP logins",
+            Duration::from_secs(90),
+            || {
+                block_on(async {
+                    let c =
+                        Connection::connect(&self.url(), ConnectionProperties::default()).await?;
+                    c.close(200, "ready".into()).await
+                })
+                .is_ok()
+            },
+        );
+    }
+
+    /// `amqp://user:password@127.0.0.1:PORT/%2f`.
+    pub fn url(&self) -> String {
+        format!(
+            "amqp://{}:{}@127.0.0.1:{}/%2f",
+            self.user, self.password, self.port
+        )
+    }
+
+    pub fn log(&self) -> String {
+        let mut text =
+            std::fs::read_to_string(self.dir.path().join("server.out")).unwrap_or_default();
+        if let Ok(entries) = std::fs::read_dir(self.dir.path().join("log")) {
+            for entry in entries.flatten() {
+                text.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+            }
+        }
+        text
+    }
+
+    fn group(&self) -> Option<Pid> {
+        self.children.first().map(|c| Pid::from_raw(c.id() as i32))
+    }
+
+    /// SIGKILL to the node and its epmd (messages it confirmed are on disk).
+    pub fn kill9(&mut self) {
+        if let Some(group) = self.group() {
+            let _ = killpg(group, Signal::SIGCONT);
+            let _ = killpg(group, Signal::SIGKILL);
+        }
+        for mut child in self.children.drain(..) {
+            let _ = child.wait();
+        }
+    }
+
+    pub fn freeze(&self) {
+        if let Some(group) = self.group() {
+            killpg(group, Signal::SIGSTOP).unwrap();
+        }
+    }
+
+    pub fn thaw(&self) {
+        if let Some(group) = self.group() {
+            let _ = killpg(group, Signal::SIGCONT);
+        }
+    }
+
+    async fn connect(&self) -> Connection {
+        Connection::connect(&self.url(), ConnectionProperties::default())
+            .await
+            .expect("connecting to the test RabbitMQ")
+    }
+
+    /// A durable topic exchange `exchange` and, per `(queue, binding key)`, a durable queue bound
+    /// to it.
+    pub fn declare(&self, exchange: &str, bindings: &[(&str, &str)]) {
+        block_on(async {
+            let connection = self.connect().await;
+            let channel = connection.create_channel().await.unwrap();
+            channel
+                .exchange_declare(
+                    exchange.into(),
+                    ExchangeKind::Topic,
+                    ExchangeDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            for (queue, key) in bindings {
+                channel
+                    .queue_declare(
+                        (*queue).into(),
+                        QueueDeclareOptions {
+                            durable: true,
+                            ..Default::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await
+                    .unwrap();
+                channel
+                    .queue_bind(
+                        (*queue).into(),
+                        exchange.into(),
+                        (*key).into(),
+                        QueueBindOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .unwrap();
+            }
+            connection.close(200, "declared".into()).await.unwrap();
+        });
+    }
+
+    /// Reads (and acknowledges) messages from `queue` until at least `expected` arrived and
+    /// nothing more came for 2 s (duplicates are read too), or `limit` passed.
+    pub fn read(&self, queue: &str, expected: usize, limit: Duration) -> Vec<Got> {
+        block_on(async {
+            let connection = self.connect().await;
+            let channel = connection.create_channel().await.unwrap();
+            let mut got = Vec::new();
+            let start = std::time::Instant::now();
+            let mut quiet_since = std::time::Instant::now();
+            loop {
+                let message = channel
+                    .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+                    .await
+                    .unwrap();
+                match message {
+                    Some(m) => {
+                        quiet_since = std::time::Instant::now();
+                        let delivery = m.delivery;
+                        let headers = delivery
+                            .properties
+                            .headers()
+                            .as_ref()
+                            .map(|t| {
+                                t.inner()
+                                    .iter()
+                                    .map(|(k, v)| (k.to_string(), header_bytes(v)))
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        got.push(Got {
+                            routing_key: delivery.routing_key.to_string(),
+                            message_id: delivery
+                                .properties
+                                .message_id()
+                                .as_ref()
+                                .map(|s| s.to_string()),
+                            delivery_mode: *delivery.properties.delivery_mode(),
+                            headers,
+                            body: delivery.data,
+                        });
+                    }
+                    None if got.len() >= expected
+                        && quiet_since.elapsed() > Duration::from_secs(2) =>
+                    {
+                        break
+                    }
+                    None if start.elapsed() > limit => break,
+                    None => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            }
+            let _ = connection.close(200, "read".into()).await;
+            got
+        })
+    }
+}
+
+fn header_bytes(value: &AMQPValue) -> Option<Vec<u8>> {
+    match value {
+        AMQPValue::Void => None,
+        AMQPValue::LongString(s) => Some(s.as_bytes().to_vec()),
+        AMQPValue::ByteArray(b) => Some(b.as_slice().to_vec()),
+        other => Some(format!("{other:?}").into_bytes()),
+    }
+}
+
+/// Runs `future` on a runtime of its own (the tests are synchronous).
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+impl Drop for RabbitMq {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// The rig's config for a MariaDB pipeline publishing to `rabbitmq` (`extra` goes into the
+/// `[rabbitmq]` section).
+pub fn config_with_rabbitmq(db_url: &str, rabbitmq: &str, extra: &str) -> String {
+    format!(
+        "[source]\nkind = \"mysql\"\nurl = \"{db_url}\"\ntables = [\"app.outbox\"]\nserver_id = 99\nheartbeat_interval_ms = 1000\n\
+         [rabbitmq]\nurl = \"{rabbitmq}\"\nexchange = \"outbox\"\n{extra}\n[http]\nlisten = \"\"\n"
+    )
+}
