@@ -362,8 +362,9 @@ const TOP_LEVEL: [&str; 7] = [
     "http",
 ];
 /// Keys whose values are numbers, booleans or lists: their override is read as a TOML literal.
-const TYPED_KEYS: [&str; 12] = [
+const TYPED_KEYS: [&str; 13] = [
     "server_id",
+    "max_message_bytes",
     "message_timeout_ms",
     "heartbeat_interval_ms",
     "max_in_flight",

@@ -298,3 +298,156 @@ fn a_frozen_rabbitmq_past_the_delivery_timeout_and_a_sigterm_while_it_is_frozen_
     );
     outboxd.stop();
 }
+
+#[test]
+fn amqps_verifies_the_brokers_certificate_against_the_ca_file_and_refuses_a_wrong_ca_or_host() {
+    use crate::rig::certs::{Ca, VALID};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "outboxd test CA", "ca");
+    let other_ca = Ca::new(dir.path(), "some other CA", "other-ca");
+    let server = ca.server(dir.path(), "server", &["127.0.0.1"], VALID);
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let rabbit = RabbitMq::start_tls(&ca.pem, &server);
+    rabbit.declare("outbox", &[("orders", "outbox.event.#")]);
+    let pipeline = |name: &str, url: &str, ca: &std::path::Path| {
+        Outboxd::new(
+            name,
+            &config_with_rabbitmq(
+                &db.cdc_url(),
+                url,
+                &format!("ca_file = \"{}\"", ca.display()),
+            ),
+        )
+    };
+    // The right CA: check passes, rows flow over TLS.
+    let mut outboxd = pipeline("rabbit-tls", &rabbit.tls_url("127.0.0.1"), &ca.pem);
+    let (ok, shown) = crate::tls::output(&outboxd, &["check"]);
+    assert!(
+        ok && shown.contains("PASS  rabbitmq: connected to amqps://"),
+        "{shown}"
+    );
+    outboxd.start();
+    insert_rows(&db, 0, 5, 1);
+    assert_eq!(rabbit.read("orders", 5, READ_LIMIT).len(), 5);
+    outboxd.stop();
+    // Another CA, and a host name the certificate does not carry: refused by check and by run
+    // (which exits: a certificate does not heal by retrying).
+    for (name, url, trusted) in [
+        ("rabbit-tls-ca", rabbit.tls_url("127.0.0.1"), &other_ca.pem),
+        ("rabbit-tls-host", rabbit.tls_url("localhost"), &ca.pem),
+    ] {
+        let outboxd = pipeline(name, &url, trusted);
+        let (ok, shown) = crate::tls::output(&outboxd, &["check"]);
+        assert!(
+            !ok && shown.contains("FAIL  rabbitmq: TLS to RabbitMQ"),
+            "{name}: {shown}"
+        );
+        let (ok, log) = crate::tls::output(&outboxd, &["run", "--skip-checks"]);
+        assert!(!ok && log.contains("TLS to RabbitMQ"), "{name}: {log}");
+    }
+}
+
+#[test]
+fn postgres_rows_reach_rabbitmq_in_key_order_across_kill_9s() {
+    use crate::postgres_pipeline::{insert_rows as pg_insert, pg_payload, SCHEMA as PG_SCHEMA};
+    use crate::rig::scenario::check_records_by;
+    let pg = crate::rig::Postgres::start(&[]);
+    pg.sql("postgres", "CREATE DATABASE app;");
+    pg.sql("app", PG_SCHEMA);
+    let rabbit = RabbitMq::start();
+    rabbit.declare(
+        "outbox",
+        &[
+            ("orders", "outbox.event.order"),
+            ("customers", "outbox.event.customer"),
+        ],
+    );
+    let body = format!(
+        "[source]\nkind = \"postgres\"\nurl = \"{}\"\ntables = [\"public.outbox\"]\nslot = \"outboxd_rabbit\"\n\
+         publication = \"outboxd_rabbit\"\nheartbeat_interval_ms = 1000\n\
+         [rabbitmq]\nurl = \"{}\"\nexchange = \"outbox\"\n[http]\nlisten = \"\"\n",
+        pg.url("cdc", "app"),
+        rabbit.url()
+    );
+    let mut outboxd = Outboxd::new("rabbit-pg", &body);
+    outboxd.start();
+    let total = 3_000u64;
+    std::thread::scope(|scope| {
+        // Fifty rows per client call, so that the kills land mid-stream.
+        scope.spawn(|| {
+            for from in (0..total).step_by(50) {
+                pg_insert(&pg, from, from + 50, 5);
+            }
+        });
+        kill_9_and_restart(&mut outboxd, 3);
+    });
+    let mut got = rabbit.read("orders", 2_000, READ_LIMIT);
+    got.extend(rabbit.read("customers", 1_000, READ_LIMIT));
+    let records = consumed(&got);
+    let duplicates = check_records_by(&records, 0..total, pg_payload);
+    println!(
+        "rabbitmq from postgres: {} messages for {total} rows after 3 kill -9: {duplicates} duplicates",
+        records.len()
+    );
+    check_per_key_order(&records);
+    outboxd.stop();
+}
+
+#[test]
+fn a_payload_over_the_message_size_is_dead_lettered_and_one_the_broker_refuses_stops_outboxd() {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let rabbit = RabbitMq::start_with_conf("max_message_size = 1048576\n");
+    rabbit.declare(
+        "outbox",
+        &[("orders", "outbox.event.#"), ("parked", "outboxd.dlq")],
+    );
+    let big = |n: u64| {
+        format!(
+            "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{:032x}'), 'order', 'key-1', 'Created', REPEAT('x', 1500000));",
+            n
+        )
+    };
+    // max_message_bytes matches the broker's max_message_size: the big row is parked, the rows
+    // around it flow.
+    let mut outboxd = Outboxd::new(
+        "rabbit-big",
+        &config_with_rabbitmq(
+            &db.cdc_url(),
+            &rabbit.url(),
+            "dead_letter_topic = \"outboxd.dlq\"\nmax_message_bytes = 1048576",
+        ),
+    );
+    outboxd.start();
+    insert_rows(&db, 0, 2, 1);
+    db.sql_socket(&big(2));
+    insert_rows(&db, 3, 5, 1);
+    let parked = rabbit.read("parked", 1, READ_LIMIT);
+    assert_eq!(parked.len(), 1, "{}", outboxd.log());
+    assert!(
+        parked[0]
+            .header("outboxd.error")
+            .unwrap()
+            .starts_with("too_large: "),
+        "{:?}",
+        parked[0].header("outboxd.error")
+    );
+    assert_eq!(rabbit.read("orders", 4, READ_LIMIT).len(), 4);
+    outboxd.stop();
+    // Without the limit the broker refuses the message (it closes the channel): outboxd stops
+    // naming the broker's setting instead of publishing it again and again.
+    let mut strict = Outboxd::new(
+        "rabbit-big-strict",
+        &config_with_rabbitmq(&db.cdc_url(), &rabbit.url(), ""),
+    );
+    strict.start();
+    db.sql_socket(&big(5));
+    let status = strict.wait_exit(Duration::from_secs(60));
+    assert!(!status.success());
+    assert!(
+        strict.log().contains("max_message_size"),
+        "{}",
+        strict.log()
+    );
+}

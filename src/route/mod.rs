@@ -526,7 +526,7 @@ impl Router {
             return Err(Unroutable {
                 reason: "too_large",
                 detail: format!(
-                    "record of {} bytes exceeds the producer's message.max.bytes ({})",
+                    "record of {} bytes exceeds the largest message outboxd sends ({}: kafka.properties \"message.max.bytes\", rabbitmq.max_message_bytes)",
                     record.size(),
                     self.max_message_bytes
                 ),

@@ -61,7 +61,7 @@ impl SinkConfig<'_> {
     pub fn max_message_bytes(&self) -> usize {
         match self {
             SinkConfig::Kafka(kafka) => KafkaSink::max_message_bytes(kafka),
-            SinkConfig::RabbitMq(_) => rabbitmq::config::MAX_MESSAGE_BYTES,
+            SinkConfig::RabbitMq(rabbitmq) => rabbitmq.max_message_bytes,
         }
     }
 }

@@ -28,6 +28,8 @@ pub struct RabbitMq {
     password: String,
     epmd_port: u16,
     dist_port: u16,
+    /// The TLS listener's port ([`RabbitMq::start_tls`]).
+    pub tls_port: u16,
     children: Vec<Child>,
 }
 
@@ -72,6 +74,26 @@ impl RabbitMq {
 
     /// A node whose one user is `user`/`password` (administrator of vhost `/`).
     pub fn start_with_user(user: &str, password: &str) -> RabbitMq {
+        Self::start_with(user, password, None, "")
+    }
+
+    /// A node with `conf` appended to its rabbitmq.conf (e.g. `max_message_size = 1048576`).
+    pub fn start_with_conf(conf: &str) -> RabbitMq {
+        Self::start_with("guest", "guest", None, conf)
+    }
+
+    /// A node with a TLS listener too (on [`RabbitMq::tls_port`]) presenting `server`, signed by
+    /// the CA in `ca_pem`.
+    pub fn start_tls(ca_pem: &std::path::Path, server: &super::certs::Issued) -> RabbitMq {
+        Self::start_with("guest", "guest", Some((ca_pem, server)), "")
+    }
+
+    fn start_with(
+        user: &str,
+        password: &str,
+        tls: Option<(&std::path::Path, &super::certs::Issued)>,
+        conf: &str,
+    ) -> RabbitMq {
         let dir = tempfile::tempdir().unwrap();
         let mut rabbit = RabbitMq {
             dir,
@@ -80,12 +102,23 @@ impl RabbitMq {
             password: password.into(),
             epmd_port: free_port(),
             dist_port: free_port(),
+            tls_port: free_port(),
             children: Vec::new(),
+        };
+        let tls_listener = match tls {
+            Some((ca, server)) => format!(
+                "listeners.ssl.default = 127.0.0.1:{}\nssl_options.cacertfile = {}\nssl_options.certfile = {}\nssl_options.keyfile = {}\nssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n",
+                rabbit.tls_port,
+                ca.display(),
+                server.cert.display(),
+                server.key.display()
+            ),
+            None => String::new(),
         };
         std::fs::write(
             rabbit.dir.path().join("rabbitmq.conf"),
             format!(
-                "listeners.tcp.default = 127.0.0.1:{}\nloopback_users = none\ndefault_user = {}\ndefault_pass = {}\n",
+                "listeners.tcp.default = 127.0.0.1:{}\nloopback_users = none\ndefault_user = {}\ndefault_pass = {}\n{tls_listener}{conf}",
                 rabbit.port, rabbit.user, rabbit.password
             ),
         )
@@ -157,6 +190,15 @@ impl RabbitMq {
         format!(
             "amqp://{}:{}@127.0.0.1:{}/%2f",
             self.user, self.password, self.port
+        )
+    }
+
+    /// `amqps://user:password@HOST:TLS_PORT/%2f` (`host` is what the certificate is checked
+    /// against).
+    pub fn tls_url(&self, host: &str) -> String {
+        format!(
+            "amqps://{}:{}@{host}:{}/%2f",
+            self.user, self.password, self.tls_port
         )
     }
 

@@ -33,16 +33,23 @@ pub struct RabbitMqConfig {
     /// from the checkpoint (0 waits forever).
     #[serde(default = "default_message_timeout_ms")]
     pub message_timeout_ms: u64,
+    /// Records larger than this (payload, key and headers) are dead-lettered as `too_large`
+    /// instead of published. Set it to the broker's `max_message_size` (AMQP does not tell
+    /// clients); a larger message is refused by the broker, which stops outboxd.
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: usize,
+}
+
+fn default_max_message_bytes() -> usize {
+    MAX_MESSAGE_BYTES
 }
 
 fn default_message_timeout_ms() -> u64 {
     60_000
 }
 
-/// The largest message outboxd publishes unless the broker says less: RabbitMQ's own default
-/// `max_message_size` (128 MiB) is far above what a queue should hold; 16 MiB matches the outbox
-/// rows people write.
-pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+/// RabbitMQ's own default `max_message_size` (128 MiB, since 3.8).
+pub const MAX_MESSAGE_BYTES: usize = 128 * 1024 * 1024;
 
 impl std::fmt::Debug for RabbitMqConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -55,6 +62,7 @@ impl std::fmt::Debug for RabbitMqConfig {
             .field("drain_timeout_ms", &self.drain_timeout_ms)
             .field("dead_letter_topic", &self.dead_letter_topic)
             .field("message_timeout_ms", &self.message_timeout_ms)
+            .field("max_message_bytes", &self.max_message_bytes)
             .finish()
     }
 }
@@ -106,6 +114,13 @@ impl RabbitMqConfig {
                     );
                 }
             }
+        }
+        if !(1024..=512 * 1024 * 1024).contains(&self.max_message_bytes) {
+            return bad(
+                "max_message_bytes",
+                format!("{} is out of range", self.max_message_bytes),
+                "use the broker's max_message_size: 1024 ..= 536870912 (default 134217728 = 128 MiB)",
+            );
         }
         if self.dead_letter_topic.as_deref() == Some("") {
             return bad(
