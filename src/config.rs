@@ -948,4 +948,65 @@ listen = ""
             .to_string()
             .contains("several hosts"));
     }
+
+    const RABBIT: &str = r#"
+name = "orders"
+[source]
+kind = "mysql"
+url = "mysql://cdc@127.0.0.1:3306/app"
+tables = ["app.outbox"]
+[rabbitmq]
+url = "amqp://outboxd:s3cret-rabbit@127.0.0.1:5672/%2f"
+exchange = "outbox"
+"#;
+
+    #[test]
+    fn exactly_one_sink_section_is_required_and_named() {
+        let c = parse(RABBIT, &[]).unwrap();
+        assert_eq!(c.sink().name(), "rabbitmq");
+        assert!(c.kafka().is_none());
+        let d = c.delivery();
+        assert_eq!(d.max_in_flight, 10_000);
+        assert_eq!(d.drain_timeout_ms, 30_000);
+        assert_eq!(d.timeout, Some(std::time::Duration::from_secs(60)));
+        let both = format!("{RABBIT}[kafka]\nbrokers = \"k:9092\"\n");
+        let e = parse(&both, &[]).unwrap_err().to_string();
+        assert!(e.contains("2 sink sections ([kafka], [rabbitmq])"), "{e}");
+        let none = MINIMAL.replace("[kafka]\nbrokers = \"127.0.0.1:9092\"\n", "");
+        let e = parse(&none, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("no sink section") && e.contains("[rabbitmq]"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn rabbitmq_settings_are_checked_by_name_and_its_password_is_a_secret() {
+        let bad = |extra: &str, key: &str| {
+            let text = format!("{RABBIT}{extra}\n");
+            let e = parse(&text, &[]).unwrap_err().to_string();
+            assert!(e.contains(key), "{extra}: {e}");
+            assert!(!e.contains("s3cret-rabbit"), "{e}");
+        };
+        bad("max_in_flight = 0", "rabbitmq.max_in_flight");
+        bad("drain_timeout_ms = 0", "rabbitmq.drain_timeout_ms");
+        bad("max_message_bytes = 10", "rabbitmq.max_message_bytes");
+        bad("dead_letter_topic = \"\"", "rabbitmq.dead_letter_topic");
+        bad("ca_file = \"/ca.pem\"", "rabbitmq.ca_file");
+        bad("exactly_once = true", "exactly_once");
+        let http = RABBIT.replace("amqp://", "http://");
+        let e = parse(&http, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("rabbitmq.url") && !e.contains("s3cret-rabbit"),
+            "{e}"
+        );
+        let kafka_store = format!("{RABBIT}[checkpoint]\nstore = \"kafka\"\n");
+        let e = parse(&kafka_store, &[]).unwrap_err().to_string();
+        assert!(e.contains("checkpoint.store"), "{e}");
+        let c = parse(RABBIT, &[]).unwrap();
+        assert!(c.secret_values().contains(&"s3cret-rabbit".to_string()));
+        assert!(!format!("{c:?}").contains("s3cret-rabbit"));
+        let c = parse(RABBIT, &[("OUTBOXD_RABBITMQ__MESSAGE_TIMEOUT_MS", "0")]).unwrap();
+        assert_eq!(c.delivery().timeout, None);
+    }
 }
