@@ -708,6 +708,10 @@ listen = ""
                 include_str!("../deploy/outboxd.example.toml"),
             ),
             (
+                "outboxd-rabbitmq.example.toml",
+                include_str!("../deploy/outboxd-rabbitmq.example.toml"),
+            ),
+            (
                 "compose/outboxd-mysql.toml",
                 include_str!("../deploy/compose/outboxd-mysql.toml"),
             ),
