@@ -207,6 +207,17 @@ impl Config {
                     "to take the id from another column set route.id; pick another header name otherwise",
                 );
             }
+            // AMQP field names are short strings.
+            if header.len() > 255 && matches!(sink, SinkConfig::RabbitMq(_)) {
+                return bad(
+                    &format!(
+                        "route.headers.{}",
+                        header.chars().take(40).collect::<String>()
+                    ),
+                    "AMQP header names are at most 255 bytes".into(),
+                    "pick a shorter header name",
+                );
+            }
         }
         if self.checkpoint.interval_ms == 0 {
             return bad(

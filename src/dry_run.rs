@@ -10,7 +10,6 @@ use serde_json::{json, Value as Json};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::route::Router;
 use crate::source::mysql::BinlogFileSource;
 use crate::source::{Change, Position};
 
@@ -35,7 +34,7 @@ pub fn binlog_files(
     out: &mut impl Write,
 ) -> Result<u64> {
     let mut source = BinlogFileSource::open(paths, config.source.tables.iter().cloned(), from)?;
-    let router = Router::new(config.route.clone(), config.sink().max_message_bytes());
+    let router = config.sink().router(&config.route);
     let mut rows = 0;
     loop {
         let line = match source.next_change()? {

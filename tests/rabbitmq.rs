@@ -10,7 +10,7 @@ use crate::rig::scenario::{
     check_per_key_order, check_records, insert_rows, kill_9_and_restart, spawn_writer, uuid_of,
     SCHEMA,
 };
-use crate::rig::{wait_until, Consumed, MariaDb, Outboxd};
+use crate::rig::{free_port, http_get, wait_until, Consumed, MariaDb, Outboxd};
 
 const READ_LIMIT: Duration = Duration::from_secs(90);
 
@@ -37,9 +37,11 @@ fn rows_reach_rabbitmq_confirmed_persistent_with_their_ids_keys_and_headers_in_k
         ("orders", "outbox.event.order"),
         ("customers", "outbox.event.customer"),
     ]);
+    let http = free_port();
     let mut outboxd = Outboxd::new(
         "rabbit-e2e",
-        &config_with_rabbitmq(&db.cdc_url(), &rabbit.url(), ""),
+        &config_with_rabbitmq(&db.cdc_url(), &rabbit.url(), "")
+            .replace("listen = \"\"", &format!("listen = \"127.0.0.1:{http}\"")),
     );
     let check = outboxd.command(&["check"]).output().unwrap();
     let shown = String::from_utf8_lossy(&check.stdout).to_string();
@@ -73,6 +75,14 @@ fn rows_reach_rabbitmq_confirmed_persistent_with_their_ids_keys_and_headers_in_k
         outboxd.checkpoint()["position"]["gtid_set"]
             == db.sql_socket("SELECT @@gtid_binlog_pos;").trim()
     });
+    let (_, metrics) = http_get(http, "/metrics");
+    for line in [
+        r#"outboxd_events_forwarded_total{pipeline="rabbit-e2e",topic="outbox.event.order"} 200"#,
+        r#"outboxd_events_forwarded_total{pipeline="rabbit-e2e",topic="outbox.event.customer"} 100"#,
+        r#"outboxd_inflight_events{pipeline="rabbit-e2e"} 0"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
     outboxd.stop();
 }
 
@@ -449,5 +459,57 @@ fn a_payload_over_the_message_size_is_dead_lettered_and_one_the_broker_refuses_s
         strict.log().contains("max_message_size"),
         "{}",
         strict.log()
+    );
+}
+
+#[test]
+fn sigterm_exits_at_the_drain_deadline_while_a_memory_alarm_blocks_publishing() {
+    // A broker over its memory watermark blocks publishing connections: it stops reading them but
+    // answers heartbeats, so nothing fails; once the socket buffers are full a publish waits.
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let rabbit = RabbitMq::start_with_conf("vm_memory_high_watermark.absolute = 1\n");
+    rabbit.declare("outbox", &[("orders", "outbox.event.#")]);
+    let http = free_port();
+    let mut outboxd = Outboxd::new(
+        "rabbit-alarm",
+        &config_with_rabbitmq(
+            &db.cdc_url(),
+            &rabbit.url(),
+            "drain_timeout_ms = 2000\nmessage_timeout_ms = 0",
+        )
+        .replace("listen = \"\"", &format!("listen = \"127.0.0.1:{http}\"")),
+    );
+    outboxd.start();
+    let rows: String = (0..60u64)
+        .map(|n| {
+            format!(
+                "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{n:032x}'), 'order', 'key-1', 'Created', REPEAT('x', 500000));"
+            )
+        })
+        .collect();
+    db.sql_socket(&rows);
+    // Publishing stalls with records in flight that the blocked broker never confirms.
+    wait_until(
+        "records in flight to the blocked broker",
+        READ_LIMIT,
+        || {
+            let (_, metrics) = http_get(http, "/metrics");
+            metrics
+                .lines()
+                .find(|l| l.starts_with("outboxd_inflight_events{"))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|n| n.parse::<f64>().ok())
+                .is_some_and(|n| n >= 5.0)
+        },
+    );
+    let before = outboxd.checkpoint()["position"].clone();
+    nix::sys::signal::kill(outboxd.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = outboxd.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{}", outboxd.log());
+    assert_eq!(
+        outboxd.checkpoint()["position"],
+        before,
+        "nothing was confirmed, so nothing may be checkpointed"
     );
 }

@@ -339,7 +339,7 @@ async fn drive(
 ) -> Result<()> {
     let shared = Shared {
         store,
-        router: Router::new(config.route.clone(), config.sink().max_message_bytes()),
+        router: config.sink().router(&config.route),
         metrics,
         input,
         until,

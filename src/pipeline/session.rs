@@ -502,7 +502,33 @@ impl<'a> Session<'a> {
         // The ticket is issued only once the record has room: every ticket is then sent (a send
         // that fails ends the session), so a drain never waits for a record that was never sent.
         let ticket = self.checkpointer.issue();
-        match self.sink.send(room, &record, ticket).await {
+        // A send waits for the client's own buffer only (librdkafka's queue, RabbitMQ's socket),
+        // but a broker that stops reading (a RabbitMQ memory alarm) fills it: then, as for a full
+        // window, a failure, a shutdown request or the drain deadline interrupts it. The ticket
+        // is then never acknowledged, so no checkpoint passes it.
+        let sent = {
+            let mut send = std::pin::pin!(self.sink.send(room, &record, ticket));
+            match futures_util::poll!(send.as_mut()) {
+                std::task::Poll::Ready(sent) => sent,
+                std::task::Poll::Pending => loop {
+                    let deadline = self.deadline();
+                    let stopping = self.stopping.is_some();
+                    tokio::select! {
+                        sent = send.as_mut() => break sent,
+                        e = self.failure.wait() => return Some(Err(e)),
+                        _ = self.shutdown.wait_for(|stop| *stop), if !stopping => {
+                            tracing::info!("shutdown requested while the broker is not taking records: waiting until the drain deadline");
+                            self.stopping = Some(Instant::now());
+                        }
+                        _ = tokio::time::sleep_until(deadline), if stopping => {
+                            tracing::warn!("the broker took no record within the drain deadline; the open transaction is sent again on restart");
+                            return Some(Ok(SessionEnd::Shutdown));
+                        }
+                    }
+                },
+            }
+        };
+        match sent {
             Ok(()) => None,
             // A sink that reported a failure (a message refused for good) stops taking records:
             // the failure, not the refusal of this send, says why the session ends.

@@ -351,6 +351,8 @@ pub struct Router {
     config: RouteConfig,
     topic_regex: Option<Regex>,
     max_message_bytes: usize,
+    /// The most bytes of key and headers a record may carry (RabbitMQ: one AMQP frame).
+    max_header_bytes: usize,
     /// The last routing value and the valid topic it gave: outboxes mostly route runs of rows to
     /// one topic, and this spares each of them the substitution and the name check.
     last_topic: std::sync::Mutex<Option<(String, String)>>,
@@ -368,8 +370,15 @@ impl Router {
             config,
             topic_regex,
             max_message_bytes,
+            max_header_bytes: usize::MAX,
             last_topic: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Records whose key and headers take more than `bytes` are unroutable (`too_large`).
+    pub fn with_max_header_bytes(mut self, bytes: usize) -> Self {
+        self.max_header_bytes = bytes;
+        self
     }
 
     /// The topic for routing value `by`, checked against Kafka's naming rules.
@@ -522,6 +531,21 @@ impl Router {
             timestamp,
             partition,
         };
+        let header_bytes = record.key.as_ref().map_or(0, Vec::len)
+            + record
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+                .sum::<usize>();
+        if header_bytes > self.max_header_bytes {
+            return Err(Unroutable {
+                reason: "too_large",
+                detail: format!(
+                    "the record's key and headers take {header_bytes} bytes, more than the {} the sink carries in a message's properties",
+                    self.max_header_bytes
+                ),
+            });
+        }
         if record.size() > self.max_message_bytes {
             return Err(Unroutable {
                 reason: "too_large",
@@ -803,6 +827,17 @@ mod tests {
         let mut c = debezium_row();
         c[0].1 = Value::Null;
         assert_eq!(reason(c), "null_id");
+    }
+
+    #[test]
+    fn a_key_and_headers_over_the_sinks_properties_limit_are_too_large() {
+        let router = Router::new(RouteConfig::default(), 1_000_000).with_max_header_bytes(300);
+        assert!(router.route(&row(&debezium_row())).is_ok());
+        let mut c = debezium_row();
+        c[2].1 = Value::Text("k".repeat(400));
+        let why = router.route(&row(&c)).unwrap_err();
+        assert_eq!(why.reason, "too_large");
+        assert!(why.detail.contains("key and headers"), "{}", why.detail);
     }
 
     #[test]

@@ -57,11 +57,18 @@ impl SinkConfig<'_> {
         }
     }
 
-    /// The largest record the sink sends; the router dead-letters larger ones.
-    pub fn max_message_bytes(&self) -> usize {
+    /// The router for this sink: records larger than the sink sends (or, on RabbitMQ, with more
+    /// key and header bytes than a properties frame carries) are unroutable as `too_large`.
+    pub fn router(&self, route: &crate::route::RouteConfig) -> crate::route::Router {
+        use crate::route::Router;
         match self {
-            SinkConfig::Kafka(kafka) => KafkaSink::max_message_bytes(kafka),
-            SinkConfig::RabbitMq(rabbitmq) => rabbitmq.max_message_bytes,
+            SinkConfig::Kafka(kafka) => {
+                Router::new(route.clone(), KafkaSink::max_message_bytes(kafka))
+            }
+            SinkConfig::RabbitMq(rabbitmq) => {
+                Router::new(route.clone(), rabbitmq.max_message_bytes)
+                    .with_max_header_bytes(rabbitmq::MAX_HEADER_BYTES)
+            }
         }
     }
 }

@@ -47,7 +47,7 @@ impl Got {
     /// Kafka tests' checks apply.
     pub fn as_consumed(&self, offset: i64) -> Consumed {
         let mut headers = self.headers.clone();
-        let key = headers.remove("key").flatten();
+        let key = headers.remove("outboxd.key").flatten();
         Consumed {
             topic: self.routing_key.clone(),
             partition: 0,

@@ -48,8 +48,9 @@ fn default_message_timeout_ms() -> u64 {
     60_000
 }
 
-/// RabbitMQ's own default `max_message_size` (128 MiB, since 3.8).
-pub const MAX_MESSAGE_BYTES: usize = 128 * 1024 * 1024;
+/// RabbitMQ 4's default `max_message_size` (16 MiB; 3.8 to 3.13 allowed 128 MiB): a row larger
+/// than what the broker takes is dead-lettered rather than stopping outboxd.
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 impl std::fmt::Debug for RabbitMqConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -119,7 +120,7 @@ impl RabbitMqConfig {
             return bad(
                 "max_message_bytes",
                 format!("{} is out of range", self.max_message_bytes),
-                "use the broker's max_message_size: 1024 ..= 536870912 (default 134217728 = 128 MiB)",
+                "use the broker's max_message_size: 1024 ..= 536870912 (default 16777216 = 16 MiB)",
             );
         }
         if self.dead_letter_topic.as_deref() == Some("") {
