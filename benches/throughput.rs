@@ -16,6 +16,10 @@
 //! - exactly-once beside at-least-once (`--only eos`): both with the Kafka checkpoint store, draining
 //!   the same backlog to Apache Kafka, interleaved run by run.
 //!
+//! - the RabbitMQ sink (`--only sinks`): outboxd draining a backlog into RabbitMQ beside the raw
+//!   limit of the same client library (lapin) publishing the same messages with the same settings
+//!   (persistent, mandatory, confirms, a window of 10,000), interleaved run by run.
+//!
 //! It prints a Markdown table for BENCHMARKS.md. Numbers are not asserted anywhere.
 
 // The benchmark borrows the test rig and uses only part of it.
@@ -231,7 +235,7 @@ struct Args {
     /// `--profile DIR`: every timed outboxd run is recorded by `perf record -g` into DIR.
     profile: Option<String>,
     /// `--only a,b`: run only these sections (drain, huge, raw, relay, postgres, latency, restart,
-    /// eos, peer).
+    /// eos, peer, sinks).
     only: Option<Vec<String>>,
     /// `--baseline PATH[=LABEL]`: also drain every backlog with this outboxd binary (an older
     /// build), interleaved with this build's runs, for a before/after in one run.
@@ -488,6 +492,11 @@ fn main() {
         loaded += n;
     }
 
+    if args.wants("sinks") {
+        rows.extend(rabbitmq_section(&db, &rt, loaded, n, record_bytes));
+        loaded += n;
+    }
+
     if let Some(binary) = args.peer.as_ref().filter(|_| args.wants("peer")) {
         rows.extend(peer_section(&db, binary, n, record_bytes));
         rows.extend(peer_postgres_section(binary, n, record_bytes));
@@ -614,6 +623,12 @@ fn main() {
         println!(
             "ratios (Postgres, table-less outbox, 10-message transactions): outboxd / DeltaForge = {}",
             ratio("peer-pg-outboxd", "peer-pg-deltaforge"),
+        );
+    }
+    if rate("rabbitmq").is_some() {
+        println!(
+            "ratios (MariaDB, 10-row transactions, RabbitMQ): outboxd / lapin alone = {}",
+            ratio("rabbitmq", "rabbitmq-raw"),
         );
     }
     if rate("eos").is_some() {
@@ -2219,4 +2234,123 @@ fn peer_rows(runs: [PeerRuns<'_>; 2], n: u64, record_bytes: u64) -> Vec<Row> {
         });
     }
     rows
+}
+
+/// The RabbitMQ sink: outboxd drains a backlog of `n` rows (10-row transactions, ids from `from`)
+/// into a private RabbitMQ (one durable queue bound to the routed key), beside lapin alone
+/// publishing `n` messages of the same size with outboxd's settings; interleaved run by run, the
+/// queue purged before each.
+fn rabbitmq_section(
+    db: &MariaDb,
+    rt: &tokio::runtime::Runtime,
+    from: u64,
+    n: u64,
+    record_bytes: u64,
+) -> Vec<Row> {
+    use rig::rabbitmq::{config_with_rabbitmq, RabbitMq};
+    let rabbit = RabbitMq::start();
+    rabbit.declare("outbox", &[("orders", "outbox.event.#")]);
+    let mut outboxd = Outboxd::new(
+        "bench-rabbit",
+        &config_with_rabbitmq(&db.cdc_url(), &rabbit.url(), ""),
+    );
+    outboxd.start();
+    outboxd.stop();
+    let checkpoint = std::fs::read(outboxd.checkpoint_path()).unwrap();
+    db.sql_socket(&load_script(from, from + n, 10));
+    let target = gtid_pos(db);
+    let body = payload(0, 0);
+    let mut drains = Vec::new();
+    let mut raws = Vec::new();
+    for _ in 0..REPEATS {
+        rabbit.purge("orders");
+        std::fs::write(outboxd.checkpoint_path(), &checkpoint).unwrap();
+        drains.push(timed_run(
+            &mut outboxd,
+            "outboxd to drain into RabbitMQ",
+            at_gtid(&target),
+        ));
+        rabbit.purge("orders");
+        let start = Instant::now();
+        rt.block_on(lapin_alone(&rabbit.url(), n, body.as_bytes()));
+        raws.push((start.elapsed().as_secs_f64(), ()));
+    }
+    let (seconds, stats, spread) = median(drains, n);
+    let (raw_seconds, (), raw_spread) = median(raws, n);
+    vec![
+        Row {
+            key: "rabbitmq",
+            what: "outboxd → RabbitMQ 3.10, MariaDB backlog drain, 10-row transactions (persistent, mandatory, confirms)".into(),
+            events: n,
+            seconds,
+            bytes: n * record_bytes,
+            extra: format!(
+                "{spread}; {:.1} CPU s, peak RSS {:.0} MB, open {:.2} s",
+                stats.cpu_seconds, stats.peak_rss_mb, stats.open_seconds
+            ),
+        },
+        Row {
+            key: "rabbitmq-raw",
+            what: "raw broker: lapin alone, same messages and settings, 10,000 in flight".into(),
+            events: n,
+            seconds: raw_seconds,
+            bytes: n * record_bytes,
+            extra: raw_spread,
+        },
+    ]
+}
+
+/// Publishes `n` messages of `body` as outboxd does (persistent, mandatory, confirms, a header
+/// with the id and the key, at most 10,000 unconfirmed) and waits for every confirm.
+async fn lapin_alone(url: &str, n: u64, body: &[u8]) {
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+    use lapin::types::{AMQPValue, FieldTable, LongString};
+    use lapin::{BasicProperties, Connection, ConnectionProperties};
+    let connection = Connection::connect(url, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let window = std::sync::Arc::new(tokio::sync::Semaphore::new(10_000));
+    let mut confirms = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let permit = window.clone().acquire_owned().await.unwrap();
+        let mut headers = FieldTable::default();
+        headers.insert(
+            "id".into(),
+            AMQPValue::LongString(LongString::from(uuid_of(i))),
+        );
+        headers.insert(
+            "outboxd.key".into(),
+            AMQPValue::LongString(LongString::from(format!("key-{}", i % KEYS))),
+        );
+        let confirm = channel
+            .basic_publish(
+                "outbox".into(),
+                TOPIC.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                body,
+                BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_message_id(uuid_of(i).into())
+                    .with_headers(headers),
+            )
+            .await
+            .unwrap();
+        confirms.spawn(async move {
+            let confirmed = confirm.await.unwrap();
+            assert!(confirmed.is_ack() && confirmed.take_message().is_none());
+            drop(permit);
+        });
+    }
+    while let Some(done) = confirms.join_next().await {
+        done.unwrap();
+    }
+    connection.close(200, "done".into()).await.unwrap();
 }

@@ -186,7 +186,7 @@ impl Config {
         }
         let sink = self.sink_section()?;
         let refused = match sink {
-            SinkConfig::Kafka(kafka) => kafka.validate(self.checkpoint.store),
+            SinkConfig::Kafka(kafka) => kafka.validate(self.checkpoint.store == StoreKind::Kafka),
             SinkConfig::RabbitMq(rabbitmq) => rabbitmq.validate(),
         };
         if let Err((key, why, fix)) = refused {

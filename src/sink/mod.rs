@@ -10,6 +10,7 @@
 //! and an arm here (and in [`SinkConfig`]); the pipeline does not change. Kafka's transactions
 //! (exactly-once) exist on the Kafka arm only; the config refuses `exactly_once` anywhere else.
 
+pub mod ack;
 pub mod delivery;
 pub mod kafka;
 pub mod rabbitmq;
@@ -17,6 +18,7 @@ pub mod rabbitmq;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use ack::{Acks, Ticket};
 pub use delivery::Delivery;
 
 use crate::error::{Error, Result};
@@ -26,20 +28,6 @@ use kafka::config::KafkaConfig;
 use kafka::{KafkaSink, TopicState};
 use rabbitmq::config::RabbitMqConfig;
 use rabbitmq::RabbitMqSink;
-
-/// A record's place in source order: issued by the checkpoint's tracker, returned by the sink.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Ticket(pub(crate) u64);
-
-/// Where a sink reports what became of the records it was given. Called from the sink's own
-/// threads (librdkafka's delivery callback), so implementations must be quick and must not block.
-pub trait Acks: Send + Sync + 'static {
-    /// The destination acknowledged the record holding `ticket`.
-    fn acked(&self, ticket: Ticket);
-    /// A record could not be delivered: the session must end (`error` says whether a reconnect
-    /// can cure it).
-    fn failed(&self, error: Error);
-}
 
 /// The pipeline's sink section (exactly one per config).
 #[derive(Debug, Clone, Copy)]

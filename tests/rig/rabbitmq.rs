@@ -347,6 +347,22 @@ impl RabbitMq {
     }
 }
 
+impl RabbitMq {
+    /// Empties `queue` (the benchmark's, between runs).
+    #[allow(dead_code)]
+    pub fn purge(&self, queue: &str) {
+        block_on(async {
+            let connection = self.connect().await;
+            let channel = connection.create_channel().await.unwrap();
+            channel
+                .queue_purge(queue.into(), lapin::options::QueuePurgeOptions::default())
+                .await
+                .unwrap();
+            let _ = connection.close(200, "purged".into()).await;
+        })
+    }
+}
+
 fn header_bytes(value: &AMQPValue) -> Option<Vec<u8>> {
     match value {
         AMQPValue::Void => None,

@@ -2,12 +2,16 @@
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+
 use serde::Deserialize;
 
-use crate::config::StoreKind;
 use crate::error::{Error, Result};
 use crate::secrets::is_secret_key;
 use crate::sink::delivery::{self, Delivery, Refusal};
+
+/// librdkafka's default `message.timeout.ms`.
+const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(300);
 
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -92,12 +96,28 @@ impl KafkaConfig {
             max_in_flight_bytes: self.max_in_flight_bytes,
             drain_timeout_ms: self.drain_timeout_ms,
             dead_letter_topic: self.dead_letter_topic.clone(),
-            timeout: super::KafkaSink::delivery_timeout(self),
+            timeout: self.delivery_timeout(),
         }
     }
 
-    /// Checks the section (`store` is `checkpoint.store`: exactly-once needs it in Kafka).
-    pub fn validate(&self, store: StoreKind) -> std::result::Result<(), Refusal> {
+    /// How long a record may wait for its acknowledgement before the session ends and resends:
+    /// the configured `message.timeout.ms` (validated as milliseconds), librdkafka's 300 s by
+    /// default; `None` for 0 (wait forever).
+    pub fn delivery_timeout(&self) -> Option<Duration> {
+        let configured = self
+            .properties
+            .get("message.timeout.ms")
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        match configured {
+            Some(0) => None,
+            Some(ms) => Some(Duration::from_millis(ms)),
+            None => Some(DEFAULT_DELIVERY_TIMEOUT),
+        }
+    }
+
+    /// Checks the section (`checkpoint_in_kafka`: `checkpoint.store = "kafka"`, which exactly-once
+    /// needs).
+    pub fn validate(&self, checkpoint_in_kafka: bool) -> std::result::Result<(), Refusal> {
         let bad = |key: &str, why: String, fix: &str| Err((key.to_string(), why, fix.to_string()));
         self.delivery().validate("kafka")?;
         if self.brokers.trim().is_empty() {
@@ -107,7 +127,7 @@ impl KafkaConfig {
                 "set brokers = \"host:9092[,host2:9092]\"",
             );
         }
-        if self.exactly_once && store != StoreKind::Kafka {
+        if self.exactly_once && !checkpoint_in_kafka {
             return bad(
                 "kafka.exactly_once",
                 "exactly-once commits the checkpoint in the same Kafka transaction as the records, so the checkpoint must live in Kafka".into(),

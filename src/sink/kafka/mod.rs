@@ -30,16 +30,13 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::preflight::Item;
 use crate::route::Record;
-use crate::sink::{Acks, Ticket};
+use crate::sink::ack::{Acks, Ticket};
 
 pub mod config;
 mod grants;
 
 /// How long a topic metadata request may take.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// librdkafka's default `message.timeout.ms`.
-const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The Java client's partitioner (records without a key go to a random partition).
 pub const DEFAULT_PARTITIONER: &str = "murmur2_random";
@@ -339,7 +336,7 @@ impl KafkaSink {
         // still waiting would leave a gap the idempotent producer fills with those later records,
         // and the resend from the checkpoint would put the older record after them (per-key order
         // broken). `message.timeout.ms` is enforced by the pipeline instead, for the whole session
-        // (see `KafkaSink::delivery_timeout`), and a session that ends purges and closes its
+        // (see `KafkaConfig::delivery_timeout`), and a session that ends purges and closes its
         // producer before the next one sends anything.
         // Keyed records go where Kafka's Java client would put them (murmur2 of the key, positive,
         // modulo the partition count), so a cutover from Debezium or any Java producer keeps each
@@ -384,21 +381,6 @@ impl KafkaSink {
             max_bytes,
             metrics,
         })
-    }
-
-    /// How long a record may wait for its acknowledgement before the session ends and resends: the
-    /// configured `message.timeout.ms` (validated as milliseconds), librdkafka's 300 s by default;
-    /// `None` for 0 (wait forever).
-    pub fn delivery_timeout(config: &KafkaConfig) -> Option<Duration> {
-        let configured = config
-            .properties
-            .get("message.timeout.ms")
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        match configured {
-            Some(0) => None,
-            Some(ms) => Some(Duration::from_millis(ms)),
-            None => Some(DEFAULT_DELIVERY_TIMEOUT),
-        }
     }
 
     /// How long the brokers let one Kafka transaction stay open (`transaction.timeout.ms`).

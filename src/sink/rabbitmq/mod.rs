@@ -42,7 +42,7 @@ use self::settle::{Published, Settler};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::route::Record;
-use crate::sink::{Acks, Ticket};
+use crate::sink::ack::{Acks, Ticket};
 use crate::source::config::redact_url;
 
 /// How long opening a session may take (connection, channel, exchange check, confirm mode): a

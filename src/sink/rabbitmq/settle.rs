@@ -27,7 +27,7 @@ use super::connect::channel_error;
 use super::{publish_id_of, Room, PUBLISH_HEADER};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::sink::{Acks, Ticket};
+use crate::sink::ack::{Acks, Ticket};
 
 /// A message the sink published, on its way to the settler.
 pub(super) struct Published {
