@@ -99,11 +99,19 @@ fn an_unroutable_row_is_dead_lettered_and_without_a_dead_letter_key_outboxd_stop
         ),
     );
     outboxd.start();
-    insert_rows(&db, 0, 90, 9);
-    let orders = rabbit.read("orders", 60, READ_LIMIT);
-    let parked = rabbit.read("parked", 30, READ_LIMIT);
-    assert_eq!(orders.len(), 60, "{}", outboxd.log());
-    assert_eq!(parked.len(), 30, "{}", outboxd.log());
+    // Many returns interleaved with confirms (a third of the rows): RabbitMQ coalesces confirms
+    // and sends them out of order, so returns reach lapin's queue ahead of the confirms that take
+    // them. Any settling on a guess shows as a reconnect (a return no one waits for) and duplicates.
+    insert_rows(&db, 0, 900, 9);
+    let orders = rabbit.read("orders", 600, READ_LIMIT);
+    let parked = rabbit.read("parked", 300, READ_LIMIT);
+    assert_eq!(orders.len(), 600, "{}", outboxd.log());
+    assert_eq!(parked.len(), 300, "{}", outboxd.log());
+    assert!(
+        !outboxd.log().contains("session ended"),
+        "{}",
+        outboxd.log()
+    );
     for p in &parked {
         let n = u64::from_str_radix(&p.header("id").unwrap().replace('-', ""), 16).unwrap();
         assert_eq!(n % 3, 0, "only customer rows are unroutable");
@@ -131,8 +139,8 @@ fn an_unroutable_row_is_dead_lettered_and_without_a_dead_letter_key_outboxd_stop
         .sql_socket("SELECT @@gtid_binlog_pos;")
         .trim()
         .to_string();
-    // Row 90 is a customer row, first in its transaction.
-    insert_rows(&db, 90, 99, 9);
+    // Row 900 is a customer row, first in its transaction.
+    insert_rows(&db, 900, 909, 9);
     let status = strict.wait_exit(Duration::from_secs(60));
     assert!(!status.success());
     let log = strict.log();
@@ -175,6 +183,19 @@ fn kill_9_of_outboxd_and_of_rabbitmq_under_load_loses_nothing_and_keeps_key_orde
     rabbit.kill9();
     rabbit.boot();
     writer.join().unwrap();
+    let end = db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    let start = std::time::Instant::now();
+    while outboxd.checkpoint()["position"]["gtid_set"] != end.as_str() {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the checkpoint did not reach the end; outboxd's log:\n{}",
+            outboxd.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let mut got = rabbit.read("orders", 4_000, READ_LIMIT);
     got.extend(rabbit.read("customers", 2_000, READ_LIMIT));
     let records = consumed(&got);
@@ -481,6 +502,10 @@ fn sigterm_exits_at_the_drain_deadline_while_a_memory_alarm_blocks_publishing() 
         .replace("listen = \"\"", &format!("listen = \"127.0.0.1:{http}\"")),
     );
     outboxd.start();
+    // The broker raises the alarm at its first memory check after boot.
+    wait_until("the memory alarm", READ_LIMIT, || {
+        rabbit.log().contains("Publishers will be blocked")
+    });
     let rows: String = (0..60u64)
         .map(|n| {
             format!(
@@ -500,7 +525,7 @@ fn sigterm_exits_at_the_drain_deadline_while_a_memory_alarm_blocks_publishing() 
                 .find(|l| l.starts_with("outboxd_inflight_events{"))
                 .and_then(|l| l.rsplit(' ').next())
                 .and_then(|n| n.parse::<f64>().ok())
-                .is_some_and(|n| n >= 5.0)
+                .is_some_and(|n| n >= 1.0)
         },
     );
     let before = outboxd.checkpoint()["position"].clone();

@@ -9,10 +9,14 @@
 //! - lapin hands a return to whichever confirm it completes next, which under a `multiple` ack may
 //!   be another message's. So every publish carries a header `outboxd.publish` (this session's
 //!   nonce and a counter) that names it exactly; returns are collected from every confirm into one
-//!   pool and matched by it. RabbitMQ sends a message's return before its ack, and lapin completes
-//!   all confirms of one ack frame under one lock, so after a confirm completes, taking that lock
-//!   once (`settle::barrier`) and collecting every completed confirm puts every return that can
-//!   name a message in the pool before that message is settled.
+//!   pool and matched by it. lapin queues returns in arrival order (= publish order) and each
+//!   completed confirm takes the oldest; RabbitMQ sends a message's return before its ack. So once
+//!   the confirms of a message and of everything before it are complete, every return up to it has
+//!   been handed to *some* completed confirm, possibly a later message's, even one whose publish
+//!   call has not returned yet. A message is therefore settled only after: taking lapin's ack lock
+//!   once (`settle::barrier`, so the frame being handled is done), collecting every completed
+//!   confirm, and no publish being on its way to the settler (a counter taken before each
+//!   publish). The unroutable-row test caught the last of these missing.
 //! - Confirms arrive out of order; tickets are handed back in publish order only (the checkpoint
 //!   passes only the highest contiguous acknowledged record anyway).
 //! - A nack, a closed channel or a lost connection end the session like any transient error: the
@@ -76,6 +80,8 @@ pub struct RabbitMqSink {
     frame_max: usize,
     nonce: String,
     publishes: AtomicU64,
+    /// Publishes begun (shared with the settler, which settles nothing while one is on its way).
+    started: Arc<AtomicU64>,
     published: mpsc::UnboundedSender<Published>,
     settler: tokio::task::JoinHandle<()>,
     metrics: Arc<Metrics>,
@@ -112,6 +118,7 @@ impl RabbitMqSink {
         let bytes = Arc::new(Semaphore::new(max_bytes as usize));
         let (published, queue) = mpsc::unbounded_channel();
         let exchange = ShortString::from(config.exchange.as_str());
+        let started = Arc::new(AtomicU64::new(0));
         let settler = tokio::spawn(
             Settler::new(
                 channel.clone(),
@@ -119,6 +126,7 @@ impl RabbitMqSink {
                 config.dead_letter_topic.clone(),
                 acks,
                 metrics.clone(),
+                started.clone(),
             )
             .run(queue),
         );
@@ -137,6 +145,7 @@ impl RabbitMqSink {
             frame_max,
             nonce: format!("{:08x}", rand_nonce()),
             publishes: AtomicU64::new(0),
+            started,
             published,
             settler,
             metrics,
@@ -191,6 +200,9 @@ impl RabbitMqSink {
             ))
             .remedy("shorten the routed topic (route.topic)")
         })?;
+        // Counted before lapin registers the confirm: from here the settler waits for this
+        // publish (a send dropped mid-way, when the session ends, leaves it waiting for good).
+        self.started.fetch_add(1, Ordering::SeqCst);
         let confirm = self
             .channel
             .basic_publish(

@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Instant;
@@ -58,6 +58,13 @@ pub(super) struct Settler {
     /// Returns collected from confirms, not yet matched.
     returned: Vec<BasicReturnMessage>,
     next_seq: u64,
+    /// Publishes the sink began (counted before lapin registers their confirm), and how many of
+    /// them reached this settler. While some are on their way, nothing is settled: a confirm that
+    /// is not in `pending` yet may carry an earlier message's return.
+    started: Arc<AtomicU64>,
+    received: u64,
+    /// A settling round was skipped for that reason; the next arrival runs it.
+    deferred: bool,
 }
 
 struct Unsettled {
@@ -83,6 +90,7 @@ impl Settler {
         dead_letter: Option<String>,
         acks: Arc<dyn Acks>,
         metrics: Arc<Metrics>,
+        started: Arc<AtomicU64>,
     ) -> Settler {
         Settler {
             channel,
@@ -95,38 +103,57 @@ impl Settler {
             pending: FuturesUnordered::new(),
             returned: Vec::new(),
             next_seq: 0,
+            started,
+            received: 0,
+            deferred: false,
         }
     }
 
     pub async fn run(mut self, mut queue: mpsc::UnboundedReceiver<Published>) {
         loop {
-            tokio::select! {
+            let round = tokio::select! {
                 published = queue.recv() => match published {
-                    Some(p) => self.push(p),
+                    Some(p) => {
+                        self.push(p);
+                        std::mem::take(&mut self.deferred)
+                    }
                     None => return,
                 },
                 Some((seq, generation, confirmation)) = self.pending.next(), if !self.pending.is_empty() => {
                     self.record(seq, generation, confirmation);
-                    // Every confirm the same ack frame completed is complete after this, and
-                    // collected by the next line: so every return that can name a message settled
-                    // below is in the pool first.
-                    let drained = barrier(&self.channel);
-                    self.returned.extend(drained);
-                    self.collect_completed();
-                    let settled = match self.match_returns() {
-                        Ok(()) => self.settle().await,
-                        Err(e) => Err(e),
-                    };
-                    if let Err(e) = settled {
-                        self.acks.failed(e);
-                        return;
-                    }
+                    true
+                }
+            };
+            if round {
+                if let Err(e) = self.round(&mut queue).await {
+                    self.acks.failed(e);
+                    return;
                 }
             }
         }
     }
 
+    /// Collects what can be known now and settles what it allows.
+    async fn round(&mut self, queue: &mut mpsc::UnboundedReceiver<Published>) -> Result<()> {
+        // Every confirm the ack frame being handled completed is complete after this.
+        let drained = barrier(&self.channel);
+        self.returned.extend(drained);
+        // Every publish that reached the sink's queue, and every completed confirm.
+        while let Ok(p) = queue.try_recv() {
+            self.push(p);
+        }
+        self.collect_completed();
+        self.match_returns()?;
+        if self.started.load(Ordering::SeqCst) > self.received {
+            // A publish is on its way here, its confirm perhaps complete with a return.
+            self.deferred = true;
+            return Ok(());
+        }
+        self.settle().await
+    }
+
     fn push(&mut self, p: Published) {
+        self.received += 1;
         let seq = self.next_seq;
         self.next_seq += 1;
         self.pending
@@ -195,15 +222,19 @@ impl Settler {
         }
     }
 
-    /// Each return names its publish exactly (header `outboxd.publish`). One that names no
-    /// unsettled publish cannot be placed, so nothing may be settled on a guess: the session ends
-    /// and everything unsettled is published again.
+    /// Each return names its publish exactly (header `outboxd.publish`). A return may come before
+    /// its publish reached the settler (it rides on an earlier message's confirm while the publish
+    /// call is still returning): it waits in the pool for it. One that names no publish when none
+    /// is on its way cannot be placed, so nothing may be settled on a guess: the session ends and
+    /// everything unsettled is published again.
     fn match_returns(&mut self) -> Result<()> {
+        let on_their_way = self.started.load(Ordering::SeqCst) > self.received;
         for message in std::mem::take(&mut self.returned) {
             let id = publish_id_of(&message.delivery.properties);
             let seq = id.as_ref().and_then(|id| self.by_publish.get(id).copied());
             match seq.and_then(|seq| self.entry(seq)) {
                 Some(entry) => entry.returned = Some(Box::new(message)),
+                None if on_their_way => self.returned.push(message),
                 None => {
                     return Err(Error::sink(format!(
                         "RabbitMQ returned a message outboxd cannot place (routing key {:?}, publish {:?})",
