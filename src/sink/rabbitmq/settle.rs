@@ -182,10 +182,11 @@ impl Settler {
     /// with completed ones still queued (it yields after a few, or while another thread is adding
     /// to its queue) and then wakes itself; a waker that notes that makes this poll again.
     fn collect_completed(&mut self) {
+        let woken = Arc::new(Flag(AtomicBool::new(false)));
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
         loop {
-            let woken = Arc::new(Flag(AtomicBool::new(false)));
-            let waker = Waker::from(woken.clone());
-            let mut cx = Context::from_waker(&waker);
+            woken.0.store(false, Ordering::Release);
             match Pin::new(&mut self.pending).poll_next(&mut cx) {
                 Poll::Ready(Some((seq, generation, confirmation))) => {
                     self.record(seq, generation, confirmation)
