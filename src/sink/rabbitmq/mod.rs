@@ -203,20 +203,15 @@ impl RabbitMqSink {
         // Counted before lapin registers the confirm: from here the settler waits for this
         // publish (a send dropped mid-way, when the session ends, leaves it waiting for good).
         self.started.fetch_add(1, Ordering::SeqCst);
-        let confirm = self
-            .channel
-            .basic_publish(
-                self.exchange.clone(),
-                routing_key,
-                BasicPublishOptions {
-                    mandatory: true,
-                    immediate: false,
-                },
-                record.value.as_deref().unwrap_or_default(),
-                properties,
-            )
-            .await
-            .map_err(|e| channel_error("publishing", &e))?;
+        let confirm = publish(
+            &self.channel,
+            &self.exchange,
+            routing_key,
+            record.value.as_deref().unwrap_or_default(),
+            properties,
+        )
+        .await
+        .map_err(|e| channel_error("publishing", &e))?;
         self.metrics.produced();
         crate::fault::crash_point(crate::fault::AFTER_PRODUCE_BEFORE_ACK);
         self.published
@@ -285,6 +280,29 @@ fn properties(record: &Record, publish_id: &str) -> BasicProperties {
         properties = properties.with_timestamp((ms / 1000) as u64);
     }
     properties
+}
+
+/// One publish as outboxd makes every one: `mandatory` (an unroutable message is returned, never
+/// dropped), on the confirm-mode channel.
+async fn publish(
+    channel: &Channel,
+    exchange: &ShortString,
+    routing_key: ShortString,
+    body: &[u8],
+    properties: BasicProperties,
+) -> lapin::Result<lapin::PublisherConfirm> {
+    channel
+        .basic_publish(
+            exchange.clone(),
+            routing_key,
+            BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            },
+            body,
+            properties,
+        )
+        .await
 }
 
 /// What a publish's `outboxd.publish` header says.

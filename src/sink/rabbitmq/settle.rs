@@ -18,13 +18,12 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, Stream};
 use futures_util::{FutureExt, StreamExt};
 use lapin::message::BasicReturnMessage;
-use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, LongString, ShortString};
 use lapin::{Channel, Confirmation};
 use tokio::sync::mpsc;
 
 use super::connect::channel_error;
-use super::{publish_id_of, Room, PUBLISH_HEADER};
+use super::{publish, publish_id_of, Room, PUBLISH_HEADER};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sink::ack::{Acks, Ticket};
@@ -332,20 +331,15 @@ impl Settler {
         let properties = message.delivery.properties.clone().with_headers(headers);
         let routing_key = ShortString::try_new(dead_letter.clone())
             .map_err(|_| Error::config("rabbitmq.dead_letter_topic is longer than 255 bytes"))?;
-        let confirm = self
-            .channel
-            .basic_publish(
-                self.exchange.clone(),
-                routing_key,
-                BasicPublishOptions {
-                    mandatory: true,
-                    immediate: false,
-                },
-                &message.delivery.data,
-                properties,
-            )
-            .await
-            .map_err(|e| channel_error("publishing to the dead-letter routing key", &e))?;
+        let confirm = publish(
+            &self.channel,
+            &self.exchange,
+            routing_key,
+            &message.delivery.data,
+            properties,
+        )
+        .await
+        .map_err(|e| channel_error("publishing to the dead-letter routing key", &e))?;
         let seq = self.next_seq - self.unsettled.len() as u64;
         let front = self.unsettled.front_mut().expect("front exists");
         self.by_publish.remove(&front.publish_id);
