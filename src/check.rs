@@ -113,11 +113,6 @@ pub async fn run(config: &Config) -> Report {
         checkpoint_topic: (config.checkpoint.store == crate::config::StoreKind::Kafka)
             .then(|| config.checkpoint.topic.clone()),
     };
-    items.extend(match config.sink() {
-        crate::sink::SinkConfig::Kafka(kafka) => crate::sink::kafka::preflight(kafka, wanted).await,
-        crate::sink::SinkConfig::RabbitMq(rabbitmq) => {
-            crate::sink::rabbitmq::preflight(rabbitmq).await
-        }
-    });
+    items.extend(config.sink().preflight(wanted).await);
     Report { items }
 }

@@ -16,6 +16,7 @@ pub use crate::retention::PruneConfig;
 pub use crate::route::RouteConfig;
 pub use crate::secrets::is_secret_key;
 pub use crate::sink::kafka::config::KafkaConfig;
+pub use crate::sink::nats::config::NatsConfig;
 pub use crate::sink::rabbitmq::config::RabbitMqConfig;
 pub use crate::sink::{Delivery, SinkConfig};
 use crate::source::config::url_secrets;
@@ -41,6 +42,8 @@ pub struct Config {
     pub kafka: Option<KafkaConfig>,
     #[serde(default)]
     pub rabbitmq: Option<RabbitMqConfig>,
+    #[serde(default)]
+    pub nats: Option<NatsConfig>,
     #[serde(default)]
     pub checkpoint: CheckpointConfig,
     #[serde(default)]
@@ -185,11 +188,9 @@ impl Config {
             }
         }
         let sink = self.sink_section()?;
-        let refused = match sink {
-            SinkConfig::Kafka(kafka) => kafka.validate(self.checkpoint.store == StoreKind::Kafka),
-            SinkConfig::RabbitMq(rabbitmq) => rabbitmq.validate(),
-        };
-        if let Err((key, why, fix)) = refused {
+        if let Err((key, why, fix)) =
+            sink.validate(&self.route, self.checkpoint.store == StoreKind::Kafka)
+        {
             return bad(&key, why, &fix);
         }
         if self.checkpoint.store == StoreKind::Kafka && !matches!(sink, SinkConfig::Kafka(_)) {
@@ -205,17 +206,6 @@ impl Config {
                     &format!("route.headers.{header}"),
                     format!("outboxd writes the {header} header itself; a second one would confuse consumers"),
                     "to take the id from another column set route.id; pick another header name otherwise",
-                );
-            }
-            // AMQP field names are short strings.
-            if header.len() > 255 && matches!(sink, SinkConfig::RabbitMq(_)) {
-                return bad(
-                    &format!(
-                        "route.headers.{}",
-                        header.chars().take(40).collect::<String>()
-                    ),
-                    "AMQP header names are at most 255 bytes".into(),
-                    "pick a shorter header name",
                 );
             }
         }
@@ -264,11 +254,8 @@ impl Config {
         if let Some(url) = self.prune.as_ref().and_then(|p| p.url.as_deref()) {
             secrets.extend(url_secrets(url));
         }
-        if let Some(kafka) = &self.kafka {
-            secrets.extend(kafka.secret_values());
-        }
-        if let Some(rabbitmq) = &self.rabbitmq {
-            secrets.extend(url_secrets(&rabbitmq.url));
+        for sink in self.sink_sections() {
+            secrets.extend(sink.secret_values());
         }
         secrets
     }
@@ -281,10 +268,7 @@ impl Config {
 
     /// What every sink shares: the window, the drain deadline, the dead-letter destination.
     pub fn delivery(&self) -> Delivery {
-        match self.sink() {
-            SinkConfig::Kafka(kafka) => kafka.delivery(),
-            SinkConfig::RabbitMq(rabbitmq) => rabbitmq.delivery(),
-        }
+        self.sink().delivery()
     }
 
     /// `[kafka]` when it is the sink (the Kafka checkpoint store and exactly-once need it).
@@ -292,18 +276,24 @@ impl Config {
         self.kafka.as_ref()
     }
 
-    fn sink_section(&self) -> Result<SinkConfig<'_>> {
-        let present: Vec<SinkConfig<'_>> = [
+    /// Every sink section present (a valid config has one).
+    fn sink_sections(&self) -> Vec<SinkConfig<'_>> {
+        [
             self.kafka.as_ref().map(SinkConfig::Kafka),
             self.rabbitmq.as_ref().map(SinkConfig::RabbitMq),
+            self.nats.as_ref().map(SinkConfig::Nats),
         ]
         .into_iter()
         .flatten()
-        .collect();
+        .collect()
+    }
+
+    fn sink_section(&self) -> Result<SinkConfig<'_>> {
+        let present = self.sink_sections();
         match present.as_slice() {
             [one] => Ok(*one),
             [] => Err(Error::config("no sink section: outboxd has nowhere to send the rows")
-                .remedy("add one of [kafka] (brokers = \"host:9092\") or [rabbitmq] (url, exchange); README \"Configuration\"")),
+                .remedy("add one of [kafka] (brokers = \"host:9092\"), [rabbitmq] (url, exchange) or [nats] (url); README \"Configuration\"")),
             many => Err(Error::config(format!(
                 "{} sink sections ({}): outboxd sends each pipeline to exactly one",
                 many.len(),
@@ -342,11 +332,16 @@ fn secrets_in(doc: &toml::Table) -> Vec<String> {
     {
         secrets.extend(url_secrets(url));
     }
-    if let Some(url) = section("rabbitmq")
-        .and_then(|p| p.get("url"))
-        .and_then(toml::Value::as_str)
-    {
-        secrets.extend(url_secrets(url));
+    for sink in ["rabbitmq", "nats"] {
+        for (key, value) in section(sink).into_iter().flatten() {
+            match value.as_str() {
+                Some(urls) if key == "url" => {
+                    secrets.extend(crate::sink::nats::config::url_secrets(urls))
+                }
+                _ if is_secret_key(key) => secrets.push(text(value)),
+                _ => {}
+            }
+        }
     }
     if let Some(properties) = section("kafka")
         .and_then(|k| k.get("properties"))
@@ -363,12 +358,13 @@ fn secrets_in(doc: &toml::Table) -> Vec<String> {
 
 /// Top-level sections an `OUTBOXD_` variable may address; other `OUTBOXD_*` variables (a platform's
 /// service links, the test rig's own) are not configuration and are left alone.
-const TOP_LEVEL: [&str; 7] = [
+const TOP_LEVEL: [&str; 8] = [
     "name",
     "source",
     "route",
     "kafka",
     "rabbitmq",
+    "nats",
     "checkpoint",
     "http",
 ];
@@ -723,6 +719,10 @@ listen = ""
                 include_str!("../deploy/outboxd-rabbitmq.example.toml"),
             ),
             (
+                "outboxd-nats.example.toml",
+                include_str!("../deploy/outboxd-nats.example.toml"),
+            ),
+            (
                 "compose/outboxd-mysql.toml",
                 include_str!("../deploy/compose/outboxd-mysql.toml"),
             ),
@@ -1023,5 +1023,62 @@ exchange = "outbox"
         assert!(!format!("{c:?}").contains("s3cret-rabbit"));
         let c = parse(RABBIT, &[("OUTBOXD_RABBITMQ__MESSAGE_TIMEOUT_MS", "0")]).unwrap();
         assert_eq!(c.delivery().timeout, None);
+    }
+
+    const NATS: &str = r#"
+name = "orders"
+[source]
+kind = "mysql"
+url = "mysql://cdc@127.0.0.1:3306/app"
+tables = ["app.outbox"]
+[nats]
+url = "nats://s3cret-nats-token@127.0.0.1:4222,nats://u:s3cret-nats-pw@10.0.0.2"
+"#;
+
+    #[test]
+    fn nats_settings_are_checked_by_name_and_its_tokens_and_passwords_are_secrets() {
+        let c = parse(NATS, &[]).unwrap();
+        assert_eq!(c.sink().name(), "nats");
+        assert_eq!(
+            c.delivery().timeout,
+            Some(std::time::Duration::from_secs(30))
+        );
+        let Some(nats) = &c.nats else { unreachable!() };
+        let (servers, _) = nats.servers().unwrap();
+        let shown: Vec<String> = servers.iter().map(|u| u.to_string()).collect();
+        assert_eq!(shown, ["nats://127.0.0.1:4222", "nats://10.0.0.2:4222"]);
+        let secrets = c.secret_values();
+        for secret in ["s3cret-nats-token", "s3cret-nats-pw"] {
+            assert!(secrets.contains(&secret.to_string()), "{secret}");
+            assert!(!format!("{c:?}").contains(secret), "{c:?}");
+        }
+        assert_eq!(
+            crate::sink::nats::config::shown_url(&nats.url),
+            "nats://***@127.0.0.1:4222,nats://u:***@10.0.0.2"
+        );
+        let bad = |extra: &str, key: &str| {
+            let text = format!("{NATS}{extra}\n");
+            let e = parse(&text, &[]).unwrap_err().to_string();
+            assert!(e.contains(key), "{extra}: {e}");
+            assert!(!e.contains("s3cret-nats"), "{e}");
+        };
+        bad("message_timeout_ms = 0", "nats.message_timeout_ms");
+        bad("max_message_bytes = 10", "nats.max_message_bytes");
+        bad("dead_letter_topic = \"a..b\"", "nats.dead_letter_topic");
+        bad("dead_letter_topic = \"dlq.>\"", "nats.dead_letter_topic");
+        bad("token = \"t\"\ncredentials_file = \"/c\"", "nats.token");
+        bad("exactly_once = true", "exactly_once");
+        let http = NATS.replace("nats://s3cret", "http://s3cret");
+        let e = parse(&http, &[]).unwrap_err().to_string();
+        assert!(e.contains("nats.url") && !e.contains("s3cret-nats"), "{e}");
+        let header = format!("{NATS}[route.headers]\n\"bad name\" = \"tenant\"\n");
+        let e = parse(&header, &[]).unwrap_err().to_string();
+        assert!(e.contains("route.headers.bad name"), "{e}");
+        let e = parse(&format!("{NATS}[checkpoint]\nstore = \"kafka\"\n"), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("checkpoint.store"), "{e}");
+        let c = parse(NATS, &[("OUTBOXD_NATS__TOKEN", "s3cret-env-token")]).unwrap();
+        assert!(c.secret_values().contains(&"s3cret-env-token".to_string()));
     }
 }

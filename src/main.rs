@@ -208,9 +208,10 @@ fn main() -> ExitCode {
 fn init_logging(format: LogFormat) {
     // lapin logs every message RabbitMQ returns, payload and all, and the closing of channels
     // outboxd closes itself as errors: what matters reaches outboxd as results, and row data
-    // never belongs in a log.
+    // never belongs in a log. async-nats logs each connect and each error it also returns, at
+    // INFO and ERROR: outboxd reports those itself, with a remedy.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,lapin=off"))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,lapin=off,async_nats=off"))
         .add_directive(
             "lapin::returned_messages=off"
                 .parse()

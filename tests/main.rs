@@ -11,6 +11,7 @@ mod failpoints;
 mod faults;
 mod kafka_acl;
 mod mysql_pipeline;
+mod nats;
 mod operate;
 mod partitioning;
 mod postgres_pipeline;

@@ -222,7 +222,10 @@ fn schema_prints_debezium_compatible_ddl_with_grants() {
 }
 
 /// Secret values planted in every place a secret may live.
-const PLANTED: [&str; 5] = [
+const PLANTED: [&str; 8] = [
+    "planted-nats-token-77",
+    "planted-nats-pw-78",
+    "planted-nats-token-79",
     "planted-sasl-pw-71",
     "planted-keypw-73",
     "planted-url-pw-74",
@@ -339,6 +342,30 @@ fn no_command_prints_a_planted_secret() {
         let text = output_without_password_env(&env.outboxd, args);
         assert_no_secret(&format!("{args:?} with a password file"), &text);
     }
+    // NATS: a token in the URL, a password in a second server's URL, and nats.token from the
+    // environment, against a port nothing answers (check prints what it cannot reach, run logs
+    // its retries).
+    let port = rig::free_port();
+    env.outboxd.rewrite_config(&format!(
+        "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.outbox\"]\nserver_id = 99\n\
+         [nats]\nurl = \"nats://planted-nats-token-77@127.0.0.1:{port},nats://u:planted-nats-pw-78@127.0.0.1:{port}\"\n[http]\nlisten = \"\"\n",
+        env.db.cdc_url()
+    ));
+    let token = [("OUTBOXD_NATS__TOKEN", "planted-nats-token-79")];
+    let (ok, text) = output_with_env(&env.outboxd, &["check"], &token);
+    assert!(
+        !ok && text.contains("cannot reach NATS at nats://***@127.0.0.1"),
+        "{text}"
+    );
+    assert_no_secret("check with NATS credentials", &text);
+    env.outboxd.start_until(
+        &["--skip-checks"],
+        &[token[0], ("RUST_LOG", "debug")],
+        &["cannot reach NATS"],
+    );
+    let log = env.outboxd.log();
+    env.outboxd.kill9();
+    assert_no_secret("run with NATS credentials", &log);
     // A Postgres URL carrying its password as a query parameter is refused by the parameter's name.
     env.outboxd.rewrite_config(&format!(
         "[source]\nkind = \"postgres\"\nurl = \"postgres://cdc@127.0.0.1:1/app?password=planted-url-pw-74\"\ntables = [\"public.outbox\"]\n[kafka]\nbrokers = \"{bootstrap}\"\n[http]\nlisten = \"\"\n"

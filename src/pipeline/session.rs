@@ -792,7 +792,7 @@ async fn watch_deliveries(
                 metrics.delivery_error();
                 failure.fail(
                     Error::sink(format!(
-                        "a record has waited {age:?} for the broker's acknowledgement ({} in flight; the delivery timeout, kafka.properties.\"message.timeout.ms\" or rabbitmq.message_timeout_ms, is {} ms)",
+                        "a record has waited {age:?} for the broker's acknowledgement ({} in flight; the delivery timeout, kafka.properties.\"message.timeout.ms\" or the sink's message_timeout_ms, is {} ms)",
                         tracker.in_flight(),
                         limit.as_millis()
                     ))

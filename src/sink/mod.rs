@@ -13,19 +13,24 @@
 pub mod ack;
 pub mod delivery;
 pub mod kafka;
+pub mod nats;
 pub mod rabbitmq;
+pub mod window;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use ack::{Acks, Ticket};
 pub use delivery::Delivery;
+pub use window::Room;
 
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::route::Record;
 use kafka::config::KafkaConfig;
 use kafka::{KafkaSink, TopicState};
+use nats::config::NatsConfig;
+use nats::NatsSink;
 use rabbitmq::config::RabbitMqConfig;
 use rabbitmq::RabbitMqSink;
 
@@ -34,14 +39,79 @@ use rabbitmq::RabbitMqSink;
 pub enum SinkConfig<'a> {
     Kafka(&'a KafkaConfig),
     RabbitMq(&'a RabbitMqConfig),
+    Nats(&'a NatsConfig),
 }
 
 impl SinkConfig<'_> {
-    /// The section's name (`kafka`, `rabbitmq`).
+    /// The section's name (`kafka`, `rabbitmq`, `nats`).
     pub fn name(&self) -> &'static str {
         match self {
             SinkConfig::Kafka(_) => "kafka",
             SinkConfig::RabbitMq(_) => "rabbitmq",
+            SinkConfig::Nats(_) => "nats",
+        }
+    }
+
+    /// Checks the section's keys, and the header names the route adds (each broker has its own
+    /// rules for them).
+    pub fn validate(
+        &self,
+        route: &crate::route::RouteConfig,
+        checkpoint_in_kafka: bool,
+    ) -> std::result::Result<(), delivery::Refusal> {
+        match self {
+            SinkConfig::Kafka(kafka) => kafka.validate(checkpoint_in_kafka)?,
+            SinkConfig::RabbitMq(rabbitmq) => rabbitmq.validate()?,
+            SinkConfig::Nats(nats) => nats.validate()?,
+        }
+        for header in route.headers.keys() {
+            let refused = match self {
+                SinkConfig::Kafka(_) => Ok(()),
+                SinkConfig::RabbitMq(_) => RabbitMqConfig::validate_header_name(header),
+                SinkConfig::Nats(_) => NatsConfig::validate_header_name(header),
+            };
+            if let Err(why) = refused {
+                let shown: String = header.chars().take(40).collect();
+                return Err((
+                    format!("route.headers.{shown}"),
+                    why,
+                    "pick another header name".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// What every sink shares: the window, the drain deadline, the dead-letter destination.
+    pub fn delivery(&self) -> Delivery {
+        match self {
+            SinkConfig::Kafka(kafka) => kafka.delivery(),
+            SinkConfig::RabbitMq(rabbitmq) => rabbitmq.delivery(),
+            SinkConfig::Nats(nats) => nats.delivery(),
+        }
+    }
+
+    /// The secrets the section holds (for [`crate::secrets::register`]).
+    pub fn secret_values(&self) -> Vec<String> {
+        use crate::source::config::url_secrets;
+        match self {
+            SinkConfig::Kafka(kafka) => kafka.secret_values(),
+            SinkConfig::RabbitMq(rabbitmq) => url_secrets(&rabbitmq.url),
+            SinkConfig::Nats(nats) => nats::config::url_secrets(&nats.url)
+                .into_iter()
+                .chain(nats.token.clone())
+                .collect(),
+        }
+    }
+
+    /// `check`'s lines for the sink.
+    pub async fn preflight(&self, wanted: kafka::Wanted) -> Vec<crate::preflight::Item> {
+        match self {
+            SinkConfig::Kafka(kafka) => kafka::preflight(kafka, wanted).await,
+            SinkConfig::RabbitMq(rabbitmq) => rabbitmq::preflight(rabbitmq).await,
+            SinkConfig::Nats(nats) => {
+                nats::preflight(nats, wanted.fixed_event_topic.as_deref()).await
+            }
         }
     }
 
@@ -57,6 +127,7 @@ impl SinkConfig<'_> {
                 Router::new(route.clone(), rabbitmq.max_message_bytes)
                     .with_max_header_bytes(rabbitmq::MAX_HEADER_BYTES)
             }
+            SinkConfig::Nats(nats) => Router::new(route.clone(), nats.max_message_bytes),
         }
     }
 }
@@ -66,12 +137,7 @@ pub enum Sink {
     Kafka(KafkaSink),
     /// Boxed: the AMQP connection and channel handles are large, and the session holds one sink.
     RabbitMq(Box<RabbitMqSink>),
-}
-
-/// Room in the sink's window for one record ([`Sink::reserve`]).
-pub enum Room {
-    Kafka(kafka::Room),
-    RabbitMq(rabbitmq::Room),
+    Nats(Box<NatsSink>),
 }
 
 impl Sink {
@@ -94,32 +160,36 @@ impl Sink {
             SinkConfig::RabbitMq(rabbitmq) => Sink::RabbitMq(Box::new(
                 RabbitMqSink::new(name, rabbitmq, acks, metrics).await?,
             )),
+            SinkConfig::Nats(nats) => {
+                Sink::Nats(Box::new(NatsSink::new(name, nats, acks, metrics).await?))
+            }
         })
     }
 
     /// Waits for room in the window for `record`. Cancel-safe.
     pub async fn reserve(&self, record: &Record) -> Result<Room> {
-        Ok(match self {
-            Sink::Kafka(sink) => Room::Kafka(sink.reserve(record).await?),
-            Sink::RabbitMq(sink) => Room::RabbitMq(sink.reserve(record).await?),
-        })
+        match self {
+            Sink::Kafka(sink) => sink.reserve(record).await,
+            Sink::RabbitMq(sink) => sink.reserve(record).await,
+            Sink::Nats(sink) => sink.reserve(record).await,
+        }
     }
 
     /// Sends `record` in `room`; its acknowledgement hands `ticket` to the session's [`Acks`].
     pub async fn send(&self, room: Room, record: &Record, ticket: Ticket) -> Result<()> {
-        match (self, room) {
-            (Sink::Kafka(sink), Room::Kafka(room)) => sink.send(room, record, ticket).await,
-            (Sink::RabbitMq(sink), Room::RabbitMq(room)) => sink.send(room, record, ticket).await,
-            _ => Err(Error::sink("room from another sink (a bug)")),
+        match self {
+            Sink::Kafka(sink) => sink.send(room, record, ticket).await,
+            Sink::RabbitMq(sink) => sink.send(room, record, ticket).await,
+            Sink::Nats(sink) => sink.send(room, record, ticket).await,
         }
     }
 
-    /// Whether `topic` can take records. Only Kafka can say before sending; RabbitMQ answers per
-    /// message (a return), which its sink handles.
+    /// Whether `topic` can take records. Only Kafka can say before sending; RabbitMQ and NATS
+    /// answer per message (a return, "no responders"), which their sinks handle.
     pub async fn topic_state(&self, topic: &str) -> Result<TopicState> {
         match self {
             Sink::Kafka(sink) => sink.topic_state(topic).await,
-            Sink::RabbitMq(_) => Ok(TopicState::Exists { partitions: None }),
+            Sink::RabbitMq(_) | Sink::Nats(_) => Ok(TopicState::Exists { partitions: None }),
         }
     }
 
@@ -134,6 +204,7 @@ impl Sink {
         match self {
             Sink::Kafka(sink) => sink.close().await,
             Sink::RabbitMq(sink) => (*sink).close().await,
+            Sink::Nats(sink) => (*sink).close().await,
         }
     }
 

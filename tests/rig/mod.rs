@@ -4,6 +4,7 @@
 //! - [`Postgres`]: PostgreSQL 15 `initdb` + `pg_ctl` with `wal_level=logical` (run as the `postgres` OS user).
 //! - [`Broker`]: the nisshi Kafka-protocol broker, in memory (built by `.ci/run`; see README).
 //! - [`rabbitmq::RabbitMq`]: Debian's `rabbitmq-server`, one private node per test.
+//! - [`nats::Nats`]: Debian's `nats-server` with JetStream, one private server per test.
 //! - [`Outboxd`]: the real `outboxd` binary with a config written for the test.
 //! - [`consume`]: reads records back with a real rdkafka consumer.
 //!
@@ -13,6 +14,7 @@ pub mod broker;
 pub mod certs;
 pub mod kafka;
 pub mod mariadb;
+pub mod nats;
 pub mod outboxd;
 pub mod postgres;
 pub mod rabbitmq;

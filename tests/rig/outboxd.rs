@@ -33,8 +33,14 @@ impl Outboxd {
             .tempdir()
             .unwrap();
         std::fs::create_dir(dir.path().join("checkpoints")).unwrap();
+        // A quick checkpoint unless the test sets its own interval.
+        let interval = if checkpoint.contains("interval_ms") {
+            ""
+        } else {
+            "interval_ms = 20\n"
+        };
         let config = format!(
-            "name = \"{name}\"\n{config_body}\n[checkpoint]\ndir = \"{}\"\ninterval_ms = 20\n{checkpoint}\n",
+            "name = \"{name}\"\n{config_body}\n[checkpoint]\ndir = \"{}\"\n{interval}{checkpoint}\n",
             dir.path().join("checkpoints").display()
         );
         std::fs::write(dir.path().join("outboxd.toml"), config).unwrap();

@@ -23,7 +23,6 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
-use tokio::sync::Semaphore;
 
 use self::config::KafkaConfig;
 use crate::error::{Error, Result};
@@ -31,6 +30,7 @@ use crate::metrics::Metrics;
 use crate::preflight::Item;
 use crate::route::Record;
 use crate::sink::ack::{Acks, Ticket};
+use crate::sink::window::{Room, Window};
 
 pub mod config;
 mod grants;
@@ -51,15 +51,11 @@ const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
 struct AckContext {
     acks: Arc<dyn Acks>,
-    window: Arc<Semaphore>,
-    /// The byte budget of the window (see [`KafkaSink::send`]).
-    bytes: Arc<Semaphore>,
+    window: Window,
     metrics: Arc<Metrics>,
     /// Acks counted per topic here and handed to the metrics in batches: a per-ack label lookup
     /// (and its String) would sit on the hottest path.
     acked: std::sync::Mutex<(std::collections::HashMap<String, u64>, u64)>,
-    /// The window's size: all permits back means nothing is in flight (flush the counts then).
-    window_size: usize,
     /// Transactional (`kafka.exactly_once`): a fenced delivery means another instance took over.
     transactional: bool,
 }
@@ -87,8 +83,7 @@ impl AckContext {
         }
         acked.1 += 1;
         // The delivery callback returned this ack's permit already.
-        let idle = self.window.available_permits() >= self.window_size;
-        if acked.1 >= ACK_METRICS_BATCH || idle {
+        if acked.1 >= ACK_METRICS_BATCH || self.window.idle() {
             self.flush_acks(&mut acked);
         }
     }
@@ -124,8 +119,7 @@ impl ProducerContext for AckContext {
             // The checkpoint record of a transaction: its commit reports what became of it.
             return;
         };
-        self.bytes.add_permits(record.cost as usize);
-        self.window.add_permits(1);
+        self.window.give_back(record.cost);
         self.metrics.acknowledged();
         match result {
             Ok(message) => {
@@ -275,18 +269,8 @@ pub struct KafkaSink {
     transactional_id: Option<String>,
     /// `kafka.properties` as configured (a few are read back, e.g. timeouts).
     properties: std::collections::BTreeMap<String, String>,
-    window: Arc<Semaphore>,
-    bytes: Arc<Semaphore>,
-    max_bytes: u32,
+    window: Window,
     metrics: Arc<Metrics>,
-}
-
-/// Room in the window for one record, taken by [`KafkaSink::reserve`]. Given back when dropped
-/// unsent; once sent, the record's delivery report gives it back.
-pub struct Room {
-    window: tokio::sync::OwnedSemaphorePermit,
-    bytes: tokio::sync::OwnedSemaphorePermit,
-    cost: u32,
 }
 
 impl KafkaSink {
@@ -298,9 +282,7 @@ impl KafkaSink {
         acks: Arc<dyn Acks>,
         metrics: Arc<Metrics>,
     ) -> Result<KafkaSink> {
-        let window = Arc::new(Semaphore::new(config.max_in_flight));
-        let max_bytes = u32::try_from(config.max_in_flight_bytes).unwrap_or(u32::MAX);
-        let bytes = Arc::new(Semaphore::new(max_bytes as usize));
+        let window = Window::new(config.max_in_flight, config.max_in_flight_bytes);
         let mut client = ClientConfig::new();
         client.set("client.id", format!("outboxd-{name}"));
         for (k, v) in &config.properties {
@@ -361,10 +343,8 @@ impl KafkaSink {
         let context = AckContext {
             acks,
             window: window.clone(),
-            bytes: bytes.clone(),
             metrics: metrics.clone(),
             acked: Default::default(),
-            window_size: config.max_in_flight,
             transactional: transactional_id.is_some(),
         };
         let producer: ThreadedProducer<AckContext> =
@@ -377,8 +357,6 @@ impl KafkaSink {
             transactional_id: transactional_id.map(str::to_string),
             properties: config.properties.clone(),
             window,
-            bytes,
-            max_bytes,
             metrics,
         })
     }
@@ -405,36 +383,15 @@ impl KafkaSink {
     /// `kafka.max_in_flight_bytes`; a record larger than the whole budget takes all of it and goes
     /// alone). Cancel-safe: dropping the future or the room takes nothing.
     pub async fn reserve(&self, record: &Record) -> Result<Room> {
-        let closed = |_| Error::sink("producer window closed");
-        let window = self.window.clone().acquire_owned().await.map_err(closed)?;
-        let cost = u32::try_from(record.size())
-            .unwrap_or(u32::MAX)
-            .clamp(1, self.max_bytes);
-        let bytes = self
-            .bytes
-            .clone()
-            .acquire_many_owned(cost)
-            .await
-            .map_err(closed)?;
-        Ok(Room {
-            window,
-            bytes,
-            cost,
-        })
+        self.window.reserve(record).await
     }
 
     /// Enqueues `record` in the `room` reserved for it; its delivery report hands `ticket` to the
     /// session's [`Acks`]. Does not wait for the broker (only, briefly, for librdkafka's own queue,
     /// which the window keeps from filling).
     pub async fn send(&self, room: Room, record: &Record, ticket: Ticket) -> Result<()> {
-        let Room {
-            window,
-            bytes,
-            cost,
-        } = room;
         // From here the delivery report gives the room back.
-        window.forget();
-        bytes.forget();
+        let cost = room.forget();
         let producer = self.producer.as_ref().expect("producer lives until close");
         let mut base = base_record(
             record,
@@ -458,8 +415,7 @@ impl KafkaSink {
                 Err((e, back)) => {
                     // Never enqueued: no delivery report will give the room back.
                     drop(back);
-                    self.bytes.add_permits(cost as usize);
-                    self.window.add_permits(1);
+                    self.window.give_back(cost);
                     return Err(delivery_error(&e, &record.topic));
                 }
             }

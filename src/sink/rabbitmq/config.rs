@@ -132,4 +132,12 @@ impl RabbitMqConfig {
         }
         Ok(())
     }
+
+    /// Header names an AMQP field table can carry (short strings).
+    pub fn validate_header_name(name: &str) -> Result<(), String> {
+        if name.len() > 255 {
+            return Err("AMQP header names are at most 255 bytes".into());
+        }
+        Ok(())
+    }
 }

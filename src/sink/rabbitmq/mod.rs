@@ -37,7 +37,7 @@ use futures_util::FutureExt;
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, ByteArray, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::mpsc;
 
 use self::config::RabbitMqConfig;
 pub use self::connect::preflight;
@@ -47,6 +47,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::route::Record;
 use crate::sink::ack::{Acks, Ticket};
+use crate::sink::window::{Room, Window};
 use crate::source::config::redact_url;
 
 /// How long opening a session may take (connection, channel, exchange check, confirm mode): a
@@ -73,9 +74,7 @@ pub struct RabbitMqSink {
     channel: Channel,
     exchange: ShortString,
     dead_letter: Option<String>,
-    window: Arc<Semaphore>,
-    bytes: Arc<Semaphore>,
-    max_bytes: u32,
+    window: Window,
     /// The negotiated frame size: properties must fit one frame.
     frame_max: usize,
     nonce: String,
@@ -85,13 +84,6 @@ pub struct RabbitMqSink {
     published: mpsc::UnboundedSender<Published>,
     settler: tokio::task::JoinHandle<()>,
     metrics: Arc<Metrics>,
-}
-
-/// Room in the window for one record, taken by [`RabbitMqSink::reserve`]; held until the record
-/// is settled.
-pub struct Room {
-    _window: OwnedSemaphorePermit,
-    _bytes: OwnedSemaphorePermit,
 }
 
 impl RabbitMqSink {
@@ -113,9 +105,7 @@ impl RabbitMqSink {
                 .transient()
             })??;
         let delivery = config.delivery();
-        let window = Arc::new(Semaphore::new(delivery.max_in_flight));
-        let max_bytes = u32::try_from(delivery.max_in_flight_bytes).unwrap_or(u32::MAX);
-        let bytes = Arc::new(Semaphore::new(max_bytes as usize));
+        let window = Window::new(delivery.max_in_flight, delivery.max_in_flight_bytes);
         let (published, queue) = mpsc::unbounded_channel();
         let exchange = ShortString::from(config.exchange.as_str());
         let started = Arc::new(AtomicU64::new(0));
@@ -140,8 +130,6 @@ impl RabbitMqSink {
             exchange,
             dead_letter: config.dead_letter_topic.clone(),
             window,
-            bytes,
-            max_bytes,
             frame_max,
             nonce: format!("{:08x}", rand_nonce()),
             publishes: AtomicU64::new(0),
@@ -152,23 +140,10 @@ impl RabbitMqSink {
         })
     }
 
-    /// Waits for room in the window for `record` (as the Kafka sink does). Cancel-safe.
+    /// Waits for room in the window for `record`; the room is held until the record is settled.
+    /// Cancel-safe.
     pub async fn reserve(&self, record: &Record) -> Result<Room> {
-        let closed = |_| Error::sink("publishing window closed");
-        let window = self.window.clone().acquire_owned().await.map_err(closed)?;
-        let cost = u32::try_from(record.size())
-            .unwrap_or(u32::MAX)
-            .clamp(1, self.max_bytes);
-        let bytes = self
-            .bytes
-            .clone()
-            .acquire_many_owned(cost)
-            .await
-            .map_err(closed)?;
-        Ok(Room {
-            _window: window,
-            _bytes: bytes,
-        })
+        self.window.reserve(record).await
     }
 
     /// Publishes `record` (routing key = its topic) and hands its confirm to the settler, which

@@ -23,10 +23,11 @@ use lapin::{Channel, Confirmation};
 use tokio::sync::mpsc;
 
 use super::connect::channel_error;
-use super::{publish, publish_id_of, Room, PUBLISH_HEADER};
+use super::{publish, publish_id_of, PUBLISH_HEADER};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sink::ack::{Acks, Ticket};
+use crate::sink::window::Room;
 
 /// A message the sink published, on its way to the settler.
 pub(super) struct Published {

@@ -1,0 +1,134 @@
+//! A record as a NATS message: subject, headers and payload (pure; no I/O).
+//!
+//! NATS headers are text lines, so a value that is not one line of UTF-8 (binary ids or keys, a
+//! column holding a line break) cannot go as it is: a line break would end the header early and
+//! start another the row chose. Such values are sent base64-encoded and named in the
+//! `outboxd.base64` header; everything else goes verbatim. A NULL header column is left out.
+
+use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
+use base64::Engine;
+use bytes::Bytes;
+
+use crate::route::{Record, ID_HEADER};
+
+/// The header that names a message for JetStream's de-duplication.
+pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
+/// The record's key (NATS has no key of its own).
+pub const KEY_HEADER: &str = "outboxd.key";
+/// The source commit time, milliseconds since the Unix epoch.
+pub const TIMESTAMP_HEADER: &str = "outboxd.timestamp";
+/// Comma-separated names of the headers whose values are base64.
+pub const BASE64_HEADER: &str = "outboxd.base64";
+
+/// A record's headers and payload as they are published.
+#[derive(Clone, Debug)]
+pub struct Message {
+    pub headers: HeaderMap,
+    pub payload: Bytes,
+}
+
+/// Builds the message for `record`. Header names were checked by the config (route.headers) or
+/// are outboxd's own; an invalid one is skipped rather than panicking the client.
+pub fn message(record: &Record) -> Message {
+    let mut headers = HeaderMap::new();
+    let mut encoded: Vec<String> = Vec::new();
+    let mut put = |headers: &mut HeaderMap, name: &str, value: &[u8]| {
+        let Ok(header) = name.parse::<HeaderName>() else {
+            return;
+        };
+        let value = match std::str::from_utf8(value)
+            .ok()
+            .and_then(|text| text.parse::<HeaderValue>().ok())
+        {
+            Some(value) => value,
+            None => {
+                encoded.push(name.to_string());
+                base64::engine::general_purpose::STANDARD
+                    .encode(value)
+                    .parse()
+                    .expect("base64 is one line")
+            }
+        };
+        headers.insert(header, value);
+    };
+    for (name, value) in &record.headers {
+        let Some(value) = value else { continue };
+        put(&mut headers, name, value);
+        if name == ID_HEADER {
+            put(&mut headers, MSG_ID_HEADER, value);
+        }
+    }
+    if let Some(key) = &record.key {
+        put(&mut headers, KEY_HEADER, key);
+    }
+    if let Some(ms) = record.timestamp {
+        headers.insert(TIMESTAMP_HEADER, ms.to_string());
+    }
+    if !encoded.is_empty() {
+        headers.insert(BASE64_HEADER, encoded.join(","));
+    }
+    Message {
+        headers,
+        payload: Bytes::copy_from_slice(record.value.as_deref().unwrap_or_default()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(headers: Vec<(&str, Option<&[u8]>)>, key: Option<&[u8]>) -> Record {
+        Record {
+            topic: "outbox.order".into(),
+            key: key.map(<[u8]>::to_vec),
+            value: Some(b"{\"a\":1}".to_vec()),
+            headers: headers
+                .into_iter()
+                .map(|(n, v)| (n.to_string(), v.map(<[u8]>::to_vec)))
+                .collect(),
+            timestamp: Some(1_700_000_000_123),
+            partition: None,
+        }
+    }
+
+    fn get<'m>(m: &'m Message, name: &str) -> Option<&'m str> {
+        m.headers.get(name).map(HeaderValue::as_str)
+    }
+
+    #[test]
+    fn the_row_id_names_the_message_for_de_duplication() {
+        let m = message(&record(vec![("id", Some(b"e-1"))], Some(b"order-7")));
+        assert_eq!(get(&m, MSG_ID_HEADER), Some("e-1"));
+        assert_eq!(get(&m, "id"), Some("e-1"));
+        assert_eq!(get(&m, KEY_HEADER), Some("order-7"));
+        assert_eq!(get(&m, TIMESTAMP_HEADER), Some("1700000000123"));
+        assert_eq!(get(&m, BASE64_HEADER), None);
+        assert_eq!(&m.payload[..], b"{\"a\":1}");
+    }
+
+    #[test]
+    fn a_line_break_in_a_column_cannot_forge_a_header() {
+        let hostile: &[u8] = b"x\r\nNats-Msg-Id: forged";
+        let m = message(&record(
+            vec![("id", Some(b"e-2")), ("traceparent", Some(hostile))],
+            Some(&[0xff, 0x00, 0x10]),
+        ));
+        assert_eq!(get(&m, MSG_ID_HEADER), Some("e-2"));
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(get(&m, "traceparent").unwrap())
+            .unwrap();
+        assert_eq!(decoded, hostile);
+        assert_eq!(get(&m, KEY_HEADER), Some("/wAQ"));
+        assert_eq!(get(&m, BASE64_HEADER), Some("traceparent,outboxd.key"));
+    }
+
+    #[test]
+    fn null_columns_are_left_out_and_a_null_payload_is_empty() {
+        let mut r = record(vec![("id", Some(b"e-3")), ("tenant", None)], None);
+        r.value = None;
+        let m = message(&r);
+        assert!(m.headers.get("tenant").is_none());
+        assert!(m.headers.get(KEY_HEADER).is_none());
+        assert!(m.payload.is_empty());
+    }
+}
