@@ -2,8 +2,8 @@
 # Installs what outboxd's tests and quickstart need and a fresh machine lacks. Idempotent.
 #  - Debian packages: MariaDB server/client (the live binlog source), PostgreSQL 15 server/client (the
 #    logical-replication source; the tests run private servers, the package's own service is not needed),
-#    build deps of librdkafka, a Java runtime and Maven (Apache Kafka), rabbitmq-server and
-#    nats-server (the RabbitMQ and NATS sinks' tests run private servers).
+#    build deps of librdkafka, a Java runtime and Maven (Apache Kafka), rabbitmq-server,
+#    nats-server and redis-server (the RabbitMQ, NATS and Redis sinks' tests run private servers).
 #  - Apache Kafka (KRaft), assembled once from its released jars on Maven Central into a cache dir
 #    outside the repo by scripts/apache-kafka.sh (Java 17+ and Maven: installed from Debian when
 #    missing); every test that produces to Kafka starts a private one.
@@ -39,6 +39,8 @@ if [ "$QUICKSTART" = 0 ]; then
   [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || packages+=(rabbitmq-server)
   # The NATS sink's tests start private servers with JetStream (no service is used).
   command -v nats-server >/dev/null 2>&1 || packages+=(nats-server)
+  # The Redis sink's tests start private servers (the package's service is not used).
+  command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
   # Apache Kafka runs on Java 17+ and is assembled by Maven.
   command -v java >/dev/null 2>&1 || packages+=(default-jre-headless)
   command -v mvn >/dev/null 2>&1 || packages+=(maven)

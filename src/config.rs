@@ -18,6 +18,7 @@ pub use crate::secrets::is_secret_key;
 pub use crate::sink::kafka::config::KafkaConfig;
 pub use crate::sink::nats::config::NatsConfig;
 pub use crate::sink::rabbitmq::config::RabbitMqConfig;
+pub use crate::sink::redis::config::RedisConfig;
 pub use crate::sink::{Delivery, SinkConfig};
 use crate::source::config::url_secrets;
 pub use crate::source::config::{
@@ -44,6 +45,8 @@ pub struct Config {
     pub rabbitmq: Option<RabbitMqConfig>,
     #[serde(default)]
     pub nats: Option<NatsConfig>,
+    #[serde(default)]
+    pub redis: Option<RedisConfig>,
     #[serde(default)]
     pub checkpoint: CheckpointConfig,
     #[serde(default)]
@@ -282,6 +285,7 @@ impl Config {
             self.kafka.as_ref().map(SinkConfig::Kafka),
             self.rabbitmq.as_ref().map(SinkConfig::RabbitMq),
             self.nats.as_ref().map(SinkConfig::Nats),
+            self.redis.as_ref().map(SinkConfig::Redis),
         ]
         .into_iter()
         .flatten()
@@ -293,7 +297,7 @@ impl Config {
         match present.as_slice() {
             [one] => Ok(*one),
             [] => Err(Error::config("no sink section: outboxd has nowhere to send the rows")
-                .remedy("add one of [kafka] (brokers = \"host:9092\"), [rabbitmq] (url, exchange) or [nats] (url); README \"Configuration\"")),
+                .remedy("add one of [kafka] (brokers = \"host:9092\"), [rabbitmq] (url, exchange), [nats] (url) or [redis] (url); README \"Configuration\"")),
             many => Err(Error::config(format!(
                 "{} sink sections ({}): outboxd sends each pipeline to exactly one",
                 many.len(),
@@ -332,7 +336,7 @@ fn secrets_in(doc: &toml::Table) -> Vec<String> {
     {
         secrets.extend(url_secrets(url));
     }
-    for sink in ["rabbitmq", "nats"] {
+    for sink in ["rabbitmq", "nats", "redis"] {
         for (key, value) in section(sink).into_iter().flatten() {
             match value.as_str() {
                 Some(urls) if key == "url" => {
@@ -358,19 +362,22 @@ fn secrets_in(doc: &toml::Table) -> Vec<String> {
 
 /// Top-level sections an `OUTBOXD_` variable may address; other `OUTBOXD_*` variables (a platform's
 /// service links, the test rig's own) are not configuration and are left alone.
-const TOP_LEVEL: [&str; 8] = [
+const TOP_LEVEL: [&str; 9] = [
     "name",
     "source",
     "route",
     "kafka",
     "rabbitmq",
     "nats",
+    "redis",
     "checkpoint",
     "http",
 ];
 /// Keys whose values are numbers, booleans or lists: their override is read as a TOML literal.
-const TYPED_KEYS: [&str; 13] = [
+const TYPED_KEYS: [&str; 15] = [
     "server_id",
+    "maxlen",
+    "wait_replicas",
     "max_message_bytes",
     "message_timeout_ms",
     "heartbeat_interval_ms",
@@ -721,6 +728,10 @@ listen = ""
             (
                 "outboxd-nats.example.toml",
                 include_str!("../deploy/outboxd-nats.example.toml"),
+            ),
+            (
+                "outboxd-redis.example.toml",
+                include_str!("../deploy/outboxd-redis.example.toml"),
             ),
             (
                 "compose/outboxd-mysql.toml",
@@ -1080,5 +1091,60 @@ url = "nats://s3cret-nats-token@127.0.0.1:4222,nats://u:s3cret-nats-pw@10.0.0.2"
         assert!(e.contains("checkpoint.store"), "{e}");
         let c = parse(NATS, &[("OUTBOXD_NATS__TOKEN", "s3cret-env-token")]).unwrap();
         assert!(c.secret_values().contains(&"s3cret-env-token".to_string()));
+    }
+
+    const REDIS: &str = r#"
+name = "orders"
+[source]
+kind = "mysql"
+url = "mysql://cdc@127.0.0.1:3306/app"
+tables = ["app.outbox"]
+[redis]
+url = "redis://outboxd:s3cret-redis@127.0.0.1:6379/0"
+"#;
+
+    #[test]
+    fn redis_settings_are_checked_by_name_and_its_password_is_a_secret() {
+        let c = parse(REDIS, &[]).unwrap();
+        assert_eq!(c.sink().name(), "redis");
+        assert_eq!(
+            c.delivery().timeout,
+            Some(std::time::Duration::from_secs(30))
+        );
+        assert!(c.secret_values().contains(&"s3cret-redis".to_string()));
+        assert!(!format!("{c:?}").contains("s3cret-redis"));
+        let bad = |extra: &str, key: &str| {
+            let text = format!("{REDIS}{extra}\n");
+            let e = parse(&text, &[]).unwrap_err().to_string();
+            assert!(e.contains(key), "{extra}: {e}");
+            assert!(!e.contains("s3cret-redis"), "{e}");
+        };
+        bad("maxlen = 0", "redis.maxlen");
+        bad("message_timeout_ms = 0", "redis.message_timeout_ms");
+        bad("max_message_bytes = 10", "redis.max_message_bytes");
+        bad("dead_letter_topic = \"\"", "redis.dead_letter_topic");
+        bad("ca_file = \"/ca.pem\"", "redis.ca_file");
+        bad("exactly_once = true", "exactly_once");
+        let http = REDIS.replace("redis://", "http://");
+        let e = parse(&http, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("redis.url") && !e.contains("s3cret-redis"),
+            "{e}"
+        );
+        let header = format!("{REDIS}[route.headers]\npayload = \"tenant\"\n");
+        let e = parse(&header, &[]).unwrap_err().to_string();
+        assert!(e.contains("route.headers.payload"), "{e}");
+        let c = parse(
+            REDIS,
+            &[
+                ("OUTBOXD_REDIS__MAXLEN", "1000"),
+                ("OUTBOXD_REDIS__WAIT_REPLICAS", "1"),
+            ],
+        )
+        .unwrap();
+        let Some(redis) = &c.redis else {
+            unreachable!()
+        };
+        assert_eq!((redis.maxlen, redis.wait_replicas), (Some(1000), 1));
     }
 }

@@ -17,6 +17,7 @@ mod partitioning;
 mod postgres_pipeline;
 mod prune;
 mod rabbitmq;
+mod redis_sink;
 mod replicas;
 mod snapshot;
 mod standby;

@@ -116,6 +116,23 @@ fn a_subject_no_stream_captures_is_dead_lettered_and_without_a_dead_letter_subje
     let parked = nats.read("PARKED", 300, READ_LIMIT);
     assert_eq!(orders.len(), 600, "{}", outboxd.log());
     assert_eq!(parked.len(), 300, "{}", outboxd.log());
+    // A routing value that makes a valid Kafka topic but no NATS subject (an empty token).
+    db.sql_socket("INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('00000000000000000000000000009999'), 'a..b', 'k', 'Created', '{}');");
+    let invalid = nats.read("PARKED", 301, READ_LIMIT);
+    assert_eq!(invalid.len(), 301, "{}", outboxd.log());
+    let last = invalid.last().unwrap();
+    assert!(
+        last.header("outboxd.error")
+            .unwrap()
+            .starts_with("invalid_topic: "),
+        "{:?}",
+        last.header("outboxd.error")
+    );
+    assert_eq!(
+        last.header("outboxd.subject").as_deref(),
+        Some("outbox.event.a..b")
+    );
+    assert_eq!(last.payload, b"{}");
     assert!(
         !outboxd.log().contains("session ended"),
         "{}",

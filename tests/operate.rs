@@ -222,7 +222,8 @@ fn schema_prints_debezium_compatible_ddl_with_grants() {
 }
 
 /// Secret values planted in every place a secret may live.
-const PLANTED: [&str; 8] = [
+const PLANTED: [&str; 9] = [
+    "planted-redis-pw-80",
     "planted-nats-token-77",
     "planted-nats-pw-78",
     "planted-nats-token-79",
@@ -366,6 +367,26 @@ fn no_command_prints_a_planted_secret() {
     let log = env.outboxd.log();
     env.outboxd.kill9();
     assert_no_secret("run with NATS credentials", &log);
+    // Redis: a password in the URL, against a port nothing answers.
+    env.outboxd.rewrite_config(&format!(
+        "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.outbox\"]\nserver_id = 99\n\
+         [redis]\nurl = \"redis://outboxd:planted-redis-pw-80@127.0.0.1:{port}/0\"\n[http]\nlisten = \"\"\n",
+        env.db.cdc_url()
+    ));
+    let (ok, text) = output_with_env(&env.outboxd, &["check"], &[]);
+    assert!(
+        !ok && text.contains("cannot reach Redis at redis://outboxd:***@127.0.0.1"),
+        "{text}"
+    );
+    assert_no_secret("check with a Redis password", &text);
+    env.outboxd.start_until(
+        &["--skip-checks"],
+        &[("RUST_LOG", "debug")],
+        &["cannot reach Redis"],
+    );
+    let log = env.outboxd.log();
+    env.outboxd.kill9();
+    assert_no_secret("run with a Redis password", &log);
     // A Postgres URL carrying its password as a query parameter is refused by the parameter's name.
     env.outboxd.rewrite_config(&format!(
         "[source]\nkind = \"postgres\"\nurl = \"postgres://cdc@127.0.0.1:1/app?password=planted-url-pw-74\"\ntables = [\"public.outbox\"]\n[kafka]\nbrokers = \"{bootstrap}\"\n[http]\nlisten = \"\"\n"

@@ -125,6 +125,17 @@ pub enum Missing {
 }
 
 impl RouteConfig {
+    /// The names of the headers the route writes from columns (`route.headers`, and
+    /// `route.additional` entries placed as headers).
+    pub fn header_names(&self) -> impl Iterator<Item = &str> {
+        self.headers.keys().map(String::as_str).chain(
+            self.additional
+                .iter()
+                .filter(|a| a.placement == Placement::Header)
+                .map(Additional::name),
+        )
+    }
+
     /// Whether `topic` (an existing one) is a topic this route can send events to: the template's
     /// text around `${routedByValue}`, or the fixed topic. With `topic_regex` the replacement can
     /// name anything, so no existing topic is claimed (their grants go unchecked).

@@ -15,6 +15,7 @@ pub mod delivery;
 pub mod kafka;
 pub mod nats;
 pub mod rabbitmq;
+pub mod redis;
 pub mod window;
 
 use std::sync::Arc;
@@ -24,6 +25,8 @@ pub use ack::{Acks, Ticket};
 pub use delivery::Delivery;
 pub use window::Room;
 
+use self::redis::config::RedisConfig;
+use self::redis::RedisSink;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::route::Record;
@@ -40,15 +43,17 @@ pub enum SinkConfig<'a> {
     Kafka(&'a KafkaConfig),
     RabbitMq(&'a RabbitMqConfig),
     Nats(&'a NatsConfig),
+    Redis(&'a RedisConfig),
 }
 
 impl SinkConfig<'_> {
-    /// The section's name (`kafka`, `rabbitmq`, `nats`).
+    /// The section's name (`kafka`, `rabbitmq`, `nats`, `redis`).
     pub fn name(&self) -> &'static str {
         match self {
             SinkConfig::Kafka(_) => "kafka",
             SinkConfig::RabbitMq(_) => "rabbitmq",
             SinkConfig::Nats(_) => "nats",
+            SinkConfig::Redis(_) => "redis",
         }
     }
 
@@ -63,12 +68,14 @@ impl SinkConfig<'_> {
             SinkConfig::Kafka(kafka) => kafka.validate(checkpoint_in_kafka)?,
             SinkConfig::RabbitMq(rabbitmq) => rabbitmq.validate()?,
             SinkConfig::Nats(nats) => nats.validate()?,
+            SinkConfig::Redis(redis) => redis.validate()?,
         }
-        for header in route.headers.keys() {
+        for header in route.header_names() {
             let refused = match self {
                 SinkConfig::Kafka(_) => Ok(()),
                 SinkConfig::RabbitMq(_) => RabbitMqConfig::validate_header_name(header),
                 SinkConfig::Nats(_) => NatsConfig::validate_header_name(header),
+                SinkConfig::Redis(_) => RedisConfig::validate_header_name(header),
             };
             if let Err(why) = refused {
                 let shown: String = header.chars().take(40).collect();
@@ -88,6 +95,7 @@ impl SinkConfig<'_> {
             SinkConfig::Kafka(kafka) => kafka.delivery(),
             SinkConfig::RabbitMq(rabbitmq) => rabbitmq.delivery(),
             SinkConfig::Nats(nats) => nats.delivery(),
+            SinkConfig::Redis(redis) => redis.delivery(),
         }
     }
 
@@ -101,6 +109,7 @@ impl SinkConfig<'_> {
                 .into_iter()
                 .chain(nats.token.clone())
                 .collect(),
+            SinkConfig::Redis(redis) => url_secrets(&redis.url),
         }
     }
 
@@ -111,6 +120,9 @@ impl SinkConfig<'_> {
             SinkConfig::RabbitMq(rabbitmq) => rabbitmq::preflight(rabbitmq).await,
             SinkConfig::Nats(nats) => {
                 nats::preflight(nats, wanted.fixed_event_topic.as_deref()).await
+            }
+            SinkConfig::Redis(redis) => {
+                self::redis::preflight(redis, wanted.fixed_event_topic.as_deref()).await
             }
         }
     }
@@ -127,7 +139,9 @@ impl SinkConfig<'_> {
                 Router::new(route.clone(), rabbitmq.max_message_bytes)
                     .with_max_header_bytes(rabbitmq::MAX_HEADER_BYTES)
             }
-            SinkConfig::Nats(nats) => Router::new(route.clone(), nats.max_message_bytes),
+            SinkConfig::Nats(nats) => Router::new(route.clone(), nats.max_message_bytes)
+                .with_max_header_bytes(nats::MAX_HEADER_BYTES),
+            SinkConfig::Redis(redis) => Router::new(route.clone(), redis.max_message_bytes),
         }
     }
 }
@@ -138,6 +152,7 @@ pub enum Sink {
     /// Boxed: the AMQP connection and channel handles are large, and the session holds one sink.
     RabbitMq(Box<RabbitMqSink>),
     Nats(Box<NatsSink>),
+    Redis(Box<RedisSink>),
 }
 
 impl Sink {
@@ -163,6 +178,9 @@ impl Sink {
             SinkConfig::Nats(nats) => {
                 Sink::Nats(Box::new(NatsSink::new(name, nats, acks, metrics).await?))
             }
+            SinkConfig::Redis(redis) => {
+                Sink::Redis(Box::new(RedisSink::new(redis, acks, metrics).await?))
+            }
         })
     }
 
@@ -172,6 +190,7 @@ impl Sink {
             Sink::Kafka(sink) => sink.reserve(record).await,
             Sink::RabbitMq(sink) => sink.reserve(record).await,
             Sink::Nats(sink) => sink.reserve(record).await,
+            Sink::Redis(sink) => sink.reserve(record).await,
         }
     }
 
@@ -181,6 +200,7 @@ impl Sink {
             Sink::Kafka(sink) => sink.send(room, record, ticket).await,
             Sink::RabbitMq(sink) => sink.send(room, record, ticket).await,
             Sink::Nats(sink) => sink.send(room, record, ticket).await,
+            Sink::Redis(sink) => sink.send(room, record, ticket).await,
         }
     }
 
@@ -189,7 +209,9 @@ impl Sink {
     pub async fn topic_state(&self, topic: &str) -> Result<TopicState> {
         match self {
             Sink::Kafka(sink) => sink.topic_state(topic).await,
-            Sink::RabbitMq(_) | Sink::Nats(_) => Ok(TopicState::Exists { partitions: None }),
+            Sink::RabbitMq(_) | Sink::Nats(_) | Sink::Redis(_) => {
+                Ok(TopicState::Exists { partitions: None })
+            }
         }
     }
 
@@ -205,6 +227,7 @@ impl Sink {
             Sink::Kafka(sink) => sink.close().await,
             Sink::RabbitMq(sink) => (*sink).close().await,
             Sink::Nats(sink) => (*sink).close().await,
+            Sink::Redis(sink) => (*sink).close().await,
         }
     }
 

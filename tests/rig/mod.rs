@@ -5,6 +5,7 @@
 //! - [`Broker`]: the nisshi Kafka-protocol broker, in memory (built by `.ci/run`; see README).
 //! - [`rabbitmq::RabbitMq`]: Debian's `rabbitmq-server`, one private node per test.
 //! - [`nats::Nats`]: Debian's `nats-server` with JetStream, one private server per test.
+//! - [`redis::Redis`]: Debian's `redis-server` (append-only, fsync always), one per test.
 //! - [`Outboxd`]: the real `outboxd` binary with a config written for the test.
 //! - [`consume`]: reads records back with a real rdkafka consumer.
 //!
@@ -18,6 +19,7 @@ pub mod nats;
 pub mod outboxd;
 pub mod postgres;
 pub mod rabbitmq;
+pub mod redis;
 pub mod scenario;
 
 use std::net::TcpListener;

@@ -95,8 +95,15 @@ impl NatsConfig {
         let mut servers = Vec::new();
         let mut auth = None;
         for part in self.url.split(',').map(str::trim) {
-            let mut url = url::Url::parse(part).map_err(|e| format!("{}: {e}", shown_url(part)))?;
-            if !matches!(url.scheme(), "nats" | "tls") || url.host().is_none() {
+            let (scheme, userinfo, rest) = split_url(part);
+            let mut url = url::Url::parse(&format!("{scheme}://{rest}"))
+                .map_err(|e| format!("{}: {e}", shown_url(part)))?;
+            if !matches!(url.scheme(), "nats" | "tls")
+                || url.host().is_none()
+                || !matches!(url.path(), "" | "/")
+                || url.query().is_some()
+                || url.fragment().is_some()
+            {
                 return Err(format!(
                     "{} is not a nats:// or tls:// URL",
                     shown_url(part)
@@ -107,14 +114,12 @@ impl NatsConfig {
                     .decode_utf8_lossy()
                     .into_owned()
             };
-            if !url.username().is_empty() && auth.is_none() {
-                auth = Some(match url.password() {
-                    Some(password) => UrlAuth::User(decode(url.username()), decode(password)),
-                    None => UrlAuth::Token(decode(url.username())),
+            if let (Some(userinfo), None) = (userinfo, &auth) {
+                auth = Some(match userinfo.split_once(':') {
+                    Some((user, password)) => UrlAuth::User(decode(user), decode(password)),
+                    None => UrlAuth::Token(decode(userinfo)),
                 });
             }
-            let _ = url.set_username("");
-            let _ = url.set_password(None);
             if url.port().is_none() {
                 let _ = url.set_port(Some(4222));
             }
@@ -167,29 +172,43 @@ impl NatsConfig {
         Ok(())
     }
 
-    /// Header names a NATS message can carry (printable ASCII without `:`).
+    /// Header names a NATS message can carry (printable ASCII without `:`), and not JetStream's
+    /// own (`Nats-*`: a column must not set the de-duplication id, a rollup or an expectation).
     pub fn validate_header_name(name: &str) -> Result<(), String> {
         if name.is_empty() || name.chars().any(|c| !c.is_ascii_graphic() || c == ':') {
             return Err("NATS header names are printable ASCII without spaces or ':'".into());
+        }
+        if name.to_ascii_lowercase().starts_with("nats-") {
+            return Err(format!(
+                "{name:?}: headers named Nats-* are JetStream's instructions, not data"
+            ));
         }
         Ok(())
     }
 }
 
+/// `scheme://userinfo@rest` split by hand: the userinfo is everything up to the last `@` (a
+/// token may hold `/`, `?` or `#`, which a URL parser would take for a path, query or fragment,
+/// and then print).
+fn split_url(part: &str) -> (&str, Option<&str>, &str) {
+    let (scheme, rest) = part.split_once("://").unwrap_or(("", part));
+    match rest.rsplit_once('@') {
+        Some((userinfo, rest)) => (scheme, Some(userinfo), rest),
+        None => (scheme, None, rest),
+    }
+}
+
 /// `nats.url` as it may be shown: passwords and tokens (a user name without a password is a
-/// token) replaced by `***`; anything unparsable hidden whole.
+/// token) replaced by `***`.
 pub fn shown_url(raw: &str) -> String {
     raw.split(',')
-        .map(|part| match url::Url::parse(part.trim()) {
-            Ok(mut url) => {
-                if url.password().is_some() {
-                    let _ = url.set_password(Some("***"));
-                } else if !url.username().is_empty() {
-                    let _ = url.set_username("***");
-                }
-                url.to_string().trim_end_matches('/').to_string()
+        .map(|part| {
+            let (scheme, userinfo, rest) = split_url(part.trim());
+            match userinfo.map(|u| u.split_once(':')) {
+                Some(Some((user, _))) => format!("{scheme}://{user}:***@{rest}"),
+                Some(None) => format!("{scheme}://***@{rest}"),
+                None => format!("{scheme}://{rest}"),
             }
-            Err(_) => "<unparsable url>".to_string(),
         })
         .collect::<Vec<_>>()
         .join(",")
@@ -198,18 +217,22 @@ pub fn shown_url(raw: &str) -> String {
 /// The secrets in `nats.url`: passwords and tokens, as written and decoded.
 pub fn url_secrets(raw: &str) -> Vec<String> {
     let mut secrets = Vec::new();
-    for part in raw.split(',').map(str::trim) {
-        secrets.extend(crate::source::config::url_secrets(part));
-        if let Ok(url) = url::Url::parse(part) {
-            if url.password().is_none() && !url.username().is_empty() {
-                secrets.push(url.username().to_string());
-                secrets.push(
-                    percent_encoding::percent_decode_str(url.username())
-                        .decode_utf8_lossy()
-                        .into_owned(),
-                );
-            }
+    for part in raw.split(',') {
+        let (_, userinfo, _) = split_url(part.trim());
+        let secret = match userinfo.map(|u| u.split_once(':')) {
+            Some(Some((_, password))) => password,
+            Some(None) => userinfo.unwrap_or_default(),
+            None => continue,
+        };
+        if secret.is_empty() {
+            continue;
         }
+        secrets.push(secret.to_string());
+        secrets.push(
+            percent_encoding::percent_decode_str(secret)
+                .decode_utf8_lossy()
+                .into_owned(),
+        );
     }
     secrets
 }

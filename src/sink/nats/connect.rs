@@ -27,7 +27,11 @@ pub(super) async fn connect(
     let mut options = ConnectOptions::new()
         .name(format!("outboxd-{name}"))
         .connection_timeout(OPEN_TIMEOUT)
-        .ping_interval(Duration::from_secs(10));
+        .ping_interval(Duration::from_secs(10))
+        // One reconnect attempt, then the client gives up: a session ends on a lost connection
+        // anyway, and a client left reconnecting after its session would publish its stale
+        // buffer when the server returns.
+        .max_reconnects(Some(1));
     match url_auth {
         Some(UrlAuth::User(user, password)) => options = options.user_and_password(user, password),
         Some(UrlAuth::Token(token)) => options = options.token(token),
@@ -58,12 +62,23 @@ pub(super) async fn connect(
         options = options.event_callback(move |event| {
             let acks = acks.clone();
             async move {
-                if let Event::Disconnected = event {
-                    acks.failed(
+                match event {
+                    Event::Disconnected => acks.failed(
                         Error::sink("the connection to NATS was lost")
                             .remedy("outboxd reconnects and publishes again from the checkpoint (the stream drops repeated Nats-Msg-Ids)")
                             .transient(),
-                    );
+                    ),
+                    // The server says so on the connection, not in the publish's reply (which
+                    // never comes).
+                    Event::ServerError(async_nats::ServerError::Other(text))
+                        if text.to_ascii_lowercase().contains("permissions violation") =>
+                    {
+                        acks.failed(
+                            Error::sink(format!("NATS refused outboxd's user: {text}"))
+                                .remedy("allow the user to publish to the routed subjects and the dead-letter subject, and to subscribe to _INBOX.> (the PubAcks), then restart outboxd (nothing was skipped)"),
+                        )
+                    }
+                    _ => {}
                 }
             }
         });

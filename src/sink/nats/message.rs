@@ -19,6 +19,75 @@ pub const KEY_HEADER: &str = "outboxd.key";
 pub const TIMESTAMP_HEADER: &str = "outboxd.timestamp";
 /// Comma-separated names of the headers whose values are base64.
 pub const BASE64_HEADER: &str = "outboxd.base64";
+/// The row's place in the source log (every record has it).
+const POSITION_HEADER: &str = "outboxd.position";
+/// The header of a dead letter naming why it is one (as on every sink).
+pub const ERROR_HEADER: &str = "outboxd.error";
+/// The header of a dead letter naming the subject it was meant for.
+pub const SUBJECT_HEADER: &str = "outboxd.subject";
+
+/// The dead-letter copy of `message`, meant for `subject`, refused for `why`: its headers plus
+/// the two that say so, and its payload when `keep_payload` (a message too large for the server
+/// goes without it, and so does one whose copy would be too large: at most `max_payload`). A
+/// copy that does not fit even then keeps only the id, the key and the two headers.
+pub fn dead_letter(
+    message: &Message,
+    subject: &str,
+    why: &str,
+    keep_payload: bool,
+    max_payload: usize,
+) -> Message {
+    let mut headers = message.headers.clone();
+    let mut why = why.to_string();
+    if why.len() > 2048 {
+        let cut = (0..=2048)
+            .rev()
+            .find(|i| why.is_char_boundary(*i))
+            .unwrap_or(0);
+        why.truncate(cut);
+    }
+    // An error text is one line (the server's words could hold anything).
+    let why = why.replace(['\r', '\n'], " ");
+    headers.insert(ERROR_HEADER, why.as_str());
+    headers.insert(SUBJECT_HEADER, subject.replace(['\r', '\n'], " ").as_str());
+    let mut copy = Message {
+        headers,
+        payload: if keep_payload {
+            message.payload.clone()
+        } else {
+            Bytes::new()
+        },
+    };
+    if wire_size(&copy) > max_payload {
+        copy.payload = Bytes::new();
+    }
+    if wire_size(&copy) > max_payload {
+        let mut headers = HeaderMap::new();
+        for name in [MSG_ID_HEADER, ID_HEADER, ERROR_HEADER, SUBJECT_HEADER] {
+            if let Some(value) = copy.headers.get(name) {
+                headers.insert(name, value.clone());
+            }
+        }
+        copy.headers = headers;
+    }
+    copy
+}
+
+/// A message's size as the server counts it against `max_payload`: the header block and the
+/// payload.
+pub fn wire_size(message: &Message) -> usize {
+    let headers: usize = message
+        .headers
+        .iter()
+        .map(|(name, values)| {
+            values
+                .iter()
+                .map(|v| AsRef::<str>::as_ref(name).len() + v.as_str().len() + 4)
+                .sum::<usize>()
+        })
+        .sum();
+    "NATS/1.0\r\n\r\n".len() + headers + message.payload.len()
+}
 
 /// A record's headers and payload as they are published.
 #[derive(Clone, Debug)]
@@ -54,9 +123,18 @@ pub fn message(record: &Record) -> Message {
     for (name, value) in &record.headers {
         let Some(value) = value else { continue };
         put(&mut headers, name, value);
-        if name == ID_HEADER {
-            put(&mut headers, MSG_ID_HEADER, value);
-        }
+    }
+    // The row id names the message for de-duplication; a dead letter the router made has none,
+    // and its position (unique per row) stands in.
+    let msg_id = [ID_HEADER, POSITION_HEADER].iter().find_map(|wanted| {
+        record
+            .headers
+            .iter()
+            .find(|(name, _)| name == wanted)
+            .and_then(|(_, value)| value.as_deref())
+    });
+    if let Some(value) = msg_id {
+        put(&mut headers, MSG_ID_HEADER, value);
     }
     if let Some(key) = &record.key {
         put(&mut headers, KEY_HEADER, key);
@@ -120,6 +198,36 @@ mod tests {
         assert_eq!(decoded, hostile);
         assert_eq!(get(&m, KEY_HEADER), Some("/wAQ"));
         assert_eq!(get(&m, BASE64_HEADER), Some("traceparent,outboxd.key"));
+    }
+
+    #[test]
+    fn a_dead_letter_copy_says_why_and_fits_the_servers_limit() {
+        let mut r = record(vec![("id", Some(b"e-4"))], Some(b"k"));
+        r.value = Some(vec![b'x'; 5000]);
+        let m = message(&r);
+        let copy = dead_letter(
+            &m,
+            "a.b",
+            "unroutable: no stream\r\nNats-Rollup: all",
+            true,
+            1 << 20,
+        );
+        assert_eq!(copy.payload.len(), 5000);
+        assert_eq!(
+            get(&copy, ERROR_HEADER),
+            Some("unroutable: no stream  Nats-Rollup: all")
+        );
+        assert_eq!(get(&copy, SUBJECT_HEADER), Some("a.b"));
+        assert!(copy.headers.get("Nats-Rollup").is_none());
+        let small = dead_letter(&m, "a.b", "too_large", true, 1000);
+        assert!(small.payload.is_empty() && wire_size(&small) <= 1000);
+        assert_eq!(get(&small, MSG_ID_HEADER), Some("e-4"));
+    }
+
+    #[test]
+    fn a_router_dead_letter_is_named_by_its_position() {
+        let r = record(vec![("outboxd.position", Some(b"gtid:0-1-5"))], None);
+        assert_eq!(get(&message(&r), MSG_ID_HEADER), Some("gtid:0-1-5"));
     }
 
     #[test]

@@ -15,8 +15,14 @@
 //!   its duplicate window (2 minutes by default; `check` warns when it is shorter than
 //!   `nats.message_timeout_ms`). So a crash leaves no duplicate in the stream unless the restart
 //!   comes after that window.
-//! - A message over the server's `max_payload` (read at connect) is never sent: it goes to the
-//!   dead-letter subject without its payload (reason `too_large`) or stops outboxd.
+//! - A message over the server's `max_payload` (as the client last heard it) is never sent: it
+//!   goes to the dead-letter subject without its payload (reason `too_large`) or stops outboxd;
+//!   so does a subject NATS cannot take (`a..b` is a valid Kafka topic), with its payload
+//!   (reason `invalid_topic`). A stream's own size limits (`max_msg_size`, 64 KiB of headers)
+//!   are answered per message and dead-lettered as `too_large` by the settler.
+//! - The `Nats-Msg-Id` is the row id as it is: two rows sharing an id inside a stream's duplicate
+//!   window are one message to JetStream (ids must be unique per stream, as outbox ids are). The
+//!   first duplicate a session meets is logged with that reason.
 //!
 //! `config.rs` is the section, `connect.rs` opens connections and writes `check`'s lines,
 //! `message.rs` turns a record into headers and payload.
@@ -29,13 +35,11 @@ mod settle;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
 use tokio::sync::mpsc;
 
 use self::config::{check_subject, NatsConfig};
 pub use self::connect::preflight;
-use self::message::{Message, MSG_ID_HEADER};
 use self::settle::{Published, Settler};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -47,18 +51,16 @@ use crate::sink::window::{Room, Window};
 /// pipeline.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// The header of a dead letter naming why it is one (as on every sink).
-pub const ERROR_HEADER: &str = "outboxd.error";
-/// The header of a dead letter naming the subject it was meant for.
-pub const SUBJECT_HEADER: &str = "outboxd.subject";
+/// The most bytes of key, id and headers a record may carry: JetStream refuses a header block
+/// over 64 KiB, and outboxd repeats the id (`Nats-Msg-Id`) and may base64 values (4/3). Larger
+/// ones are dead-lettered as `too_large` by the router.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 
 pub struct NatsSink {
     client: async_nats::Client,
     jetstream: async_nats::jetstream::Context,
     window: Window,
     dead_letter: Option<String>,
-    /// The server's `max_payload`: headers and payload of one message.
-    max_payload: usize,
     published: mpsc::UnboundedSender<Published>,
     settler: tokio::task::JoinHandle<()>,
     metrics: Arc<Metrics>,
@@ -85,7 +87,6 @@ impl NatsSink {
             .transient()
         })??;
         let delivery = config.delivery();
-        let max_payload = client.server_info().max_payload;
         // The window bounds what is in flight; async-nats's own bound must never be the one that
         // waits.
         let jetstream = connect::jetstream(
@@ -97,6 +98,7 @@ impl NatsSink {
         let settler = tokio::spawn(
             Settler::new(
                 jetstream.clone(),
+                client.clone(),
                 config.dead_letter_topic.clone(),
                 acks,
                 metrics.clone(),
@@ -108,7 +110,6 @@ impl NatsSink {
             jetstream,
             window: Window::new(delivery.max_in_flight, delivery.max_in_flight_bytes),
             dead_letter: config.dead_letter_topic.clone(),
-            max_payload,
             published,
             settler,
             metrics,
@@ -124,15 +125,34 @@ impl NatsSink {
     /// through the session's [`Acks`] once the stream stored it (or its dead letter). Waits only
     /// for the client to take the message.
     pub async fn send(&self, room: Room, record: &Record, ticket: Ticket) -> Result<()> {
-        check_subject(&record.topic).map_err(|why| {
-            Error::unroutable(format!("a row cannot be published: {why}"))
-                .remedy("route rows to valid subjects (route.topic), then restart outboxd (nothing was skipped)")
-        })?;
         let is_dead_letter = self.dead_letter.as_deref() == Some(record.topic.as_str());
         let mut message = message::message(record);
         let mut subject = record.topic.clone();
-        if wire_size(&message) > self.max_payload {
-            (subject, message) = self.too_large(record, message, is_dead_letter)?;
+        let max_payload = self.client.max_payload();
+        // A subject NATS cannot take (the router knows Kafka's rules only: `a..b` passes there),
+        // or a message over the server's limit: a dead letter, or the error that stops outboxd.
+        let refused = match check_subject(&record.topic) {
+            Err(why) => Some((format!("invalid_topic: {why}"), true)),
+            Ok(()) if message::wire_size(&message) > max_payload => Some((
+                format!(
+                    "too_large: a message of {} bytes exceeds the server's max_payload ({max_payload} bytes)",
+                    message::wire_size(&message)
+                ),
+                false,
+            )),
+            Ok(()) => None,
+        };
+        if let Some((why, keep_payload)) = refused {
+            let Some(dead_letter) = self.dead_letter.clone().filter(|_| !is_dead_letter) else {
+                return Err(Error::unroutable(format!("a row for subject {:?} cannot be published: {why}", record.topic))
+                    .remedy("route rows to valid subjects below max_payload (nats.max_message_bytes dead-letters larger ones), or set nats.dead_letter_topic; nothing was skipped"));
+            };
+            tracing::warn!(subject = %record.topic, dead_letter = %dead_letter, "a message NATS cannot take sent to the dead-letter subject");
+            self.metrics
+                .dead_letter(why.split(':').next().unwrap_or("unroutable"));
+            message =
+                message::dead_letter(&message, &record.topic, &why, keep_payload, max_payload);
+            subject = dead_letter;
         }
         // A message that is a dead letter already has nowhere further to go.
         let is_dead_letter = is_dead_letter || subject != record.topic;
@@ -146,14 +166,10 @@ impl NatsSink {
                     .payload(message.payload),
             )
             .await
-            .map_err(|e| match e.kind() {
-                PublishErrorKind::MaxPayloadExceeded => Error::unroutable(format!(
-                    "a message for subject {subject:?} is larger than the server's max_payload: {e}"
-                ))
-                .remedy("raise max_payload in nats-server's config, or keep header columns smaller; nothing was skipped"),
-                _ => Error::sink(format!("cannot publish to NATS: {e}"))
-                    .remedy("outboxd reconnects and publishes again from the checkpoint")
-                    .transient(),
+            .map_err(|e| {
+                Error::sink(format!("cannot publish to NATS subject {subject:?}: {e}"))
+                    .remedy("outboxd reconnects and publishes again from the checkpoint (a server whose max_payload changed is read again)")
+                    .transient()
             })?;
         self.metrics.produced();
         crate::fault::crash_point(crate::fault::AFTER_PRODUCE_BEFORE_ACK);
@@ -170,47 +186,6 @@ impl NatsSink {
             .map_err(|_| Error::sink("the NATS acknowledgement task ended").transient())
     }
 
-    /// A message over the server's `max_payload`: its dead letter (headers that name it, no
-    /// payload), or the error that stops outboxd.
-    fn too_large(
-        &self,
-        record: &Record,
-        message: Message,
-        is_dead_letter: bool,
-    ) -> Result<(String, Message)> {
-        let why = format!(
-            "too_large: a message of {} bytes for subject {:?} exceeds the server's max_payload ({} bytes)",
-            wire_size(&message),
-            record.topic,
-            self.max_payload
-        );
-        let Some(dead_letter) = self.dead_letter.clone().filter(|_| !is_dead_letter) else {
-            return Err(Error::unroutable(format!("a row cannot be published: {why}"))
-                .remedy("set nats.max_message_bytes below max_payload (larger rows are then dead-lettered), raise max_payload in nats-server's config, or set nats.dead_letter_topic; nothing was skipped"));
-        };
-        let mut headers = async_nats::HeaderMap::new();
-        for name in [MSG_ID_HEADER, crate::route::ID_HEADER, message::KEY_HEADER] {
-            if let Some(value) = message.headers.get(name) {
-                headers.insert(name, value.clone());
-            }
-        }
-        headers.insert(ERROR_HEADER, why.as_str());
-        headers.insert(SUBJECT_HEADER, record.topic.as_str());
-        let copy = Message {
-            headers,
-            payload: bytes::Bytes::new(),
-        };
-        if wire_size(&copy) > self.max_payload {
-            return Err(Error::unroutable(format!(
-                "a row cannot be published, nor its dead letter: {why}"
-            ))
-            .remedy("raise max_payload in nats-server's config; nothing was skipped"));
-        }
-        tracing::warn!(subject = %record.topic, dead_letter = %dead_letter, "message over the server's max_payload sent to the dead-letter subject");
-        self.metrics.dead_letter("too_large");
-        Ok((dead_letter, copy))
-    }
-
     /// Ends the session: what is not acknowledged is published again by the next one from the
     /// checkpoint.
     pub async fn close(self) {
@@ -219,20 +194,4 @@ impl NatsSink {
         // Bounded: a frozen server never answers.
         let _ = tokio::time::timeout(Duration::from_secs(1), self.client.drain()).await;
     }
-}
-
-/// A message's size as the server counts it against `max_payload`: the header block and the
-/// payload.
-fn wire_size(message: &Message) -> usize {
-    let headers: usize = message
-        .headers
-        .iter()
-        .map(|(name, values)| {
-            values
-                .iter()
-                .map(|v| AsRef::<str>::as_ref(name).len() + v.as_str().len() + 4)
-                .sum::<usize>()
-        })
-        .sum();
-    "NATS/1.0\r\n\r\n".len() + headers + message.payload.len()
 }

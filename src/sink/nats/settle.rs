@@ -16,8 +16,7 @@ use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 
-use super::message::Message;
-use super::{ERROR_HEADER, SUBJECT_HEADER};
+use super::message::{self, Message};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sink::ack::{Acks, Ticket};
@@ -53,27 +52,40 @@ type Answered = (Unsettled, std::result::Result<PublishAck, PublishError>);
 
 pub(super) struct Settler {
     jetstream: Context,
+    client: async_nats::Client,
     dead_letter: Option<String>,
     acks: Arc<dyn Acks>,
     metrics: Arc<Metrics>,
     forwarded: HashMap<String, u64>,
     counted: u64,
+    /// Subjects the server said no stream captures, and when: a burst of rows for one of them
+    /// asks once (a stream added meanwhile is seen within [`NO_STREAM_TTL`]).
+    no_stream: HashMap<String, Instant>,
+    /// `PubAck`s that said "duplicate" in this session.
+    duplicates: u64,
 }
+
+/// How long "no stream captures this subject" is believed.
+const NO_STREAM_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Settler {
     pub fn new(
         jetstream: Context,
+        client: async_nats::Client,
         dead_letter: Option<String>,
         acks: Arc<dyn Acks>,
         metrics: Arc<Metrics>,
     ) -> Settler {
         Settler {
             jetstream,
+            client,
             dead_letter,
             acks,
             metrics,
             forwarded: HashMap::new(),
             counted: 0,
+            no_stream: HashMap::new(),
+            duplicates: 0,
         }
     }
 
@@ -105,18 +117,52 @@ impl Settler {
         answer: std::result::Result<PublishAck, PublishError>,
     ) -> Result<()> {
         match answer {
+            // A PubAck names the stream and the sequence it stored the message at; anything else
+            // on the reply subject is not one.
+            Ok(ack) if ack.stream.is_empty() || ack.sequence == 0 => Err(Error::sink(format!(
+                "a reply to a publish to {:?} is not a PubAck (no stream or sequence)",
+                entry.subject
+            ))
+            .remedy("outboxd publishes again from the checkpoint; make sure nothing but JetStream answers on the subject (a core subscriber with a reply)")
+            .transient()),
             Ok(ack) => {
                 if ack.duplicate {
-                    tracing::debug!(subject = %entry.subject, stream = %ack.stream, sequence = ack.sequence, "the stream had this message already (same Nats-Msg-Id)");
+                    self.duplicate(&entry.subject, &ack);
                 }
                 self.done(entry);
                 Ok(())
             }
-            Err(e) if e.kind() == PublishErrorKind::StreamNotFound => {
-                self.no_stream(&entry.subject).await?;
-                self.unroutable(entry).await
+            // "No responders", or no answer at all because something that is not a stream
+            // listens on the subject: unroutable if no stream captures it.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    PublishErrorKind::StreamNotFound | PublishErrorKind::TimedOut
+                ) =>
+            {
+                if !self.no_stream(&entry.subject).await? {
+                    return Err(publish_error(&entry.subject, &e));
+                }
+                let why = format!("unroutable: no stream captures subject {:?}", entry.subject);
+                self.dead_letter(entry, why, true).await
+            }
+            Err(e) if matches!(jetstream_code(&e), Some(10054 | 10097)) => {
+                let why = format!(
+                    "too_large: the stream refused a message to {:?}: {e}",
+                    entry.subject
+                );
+                self.dead_letter(entry, why, false).await
             }
             Err(e) => Err(publish_error(&entry.subject, &e)),
+        }
+    }
+
+    fn duplicate(&mut self, subject: &str, ack: &PublishAck) {
+        self.duplicates += 1;
+        if self.duplicates == 1 {
+            tracing::warn!(subject = %subject, stream = %ack.stream, sequence = ack.sequence, "the stream holds a message with this Nats-Msg-Id already: a resend after a restart (expected, and dropped), or two rows sharing an id inside the duplicate window (ids must be unique per stream); later ones in this session are logged at debug level");
+        } else {
+            tracing::debug!(subject = %subject, stream = %ack.stream, sequence = ack.sequence, "duplicate Nats-Msg-Id");
         }
     }
 
@@ -135,16 +181,33 @@ impl Settler {
         self.counted = 0;
     }
 
-    /// "No responders" is also what a clustered stream answers while it elects a leader: only
-    /// when the server says that no stream captures `subject` is the message unroutable.
-    async fn no_stream(&self, subject: &str) -> Result<()> {
-        match self.jetstream.stream_by_subject(subject).await {
-            Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => Ok(()),
-            Ok(stream) => Err(Error::sink(format!(
-                "stream {stream:?} captures subject {subject:?} but did not answer a publish (no responders)"
+    /// Whether no stream captures `subject`, asked of the server ("no responders" is also what a
+    /// clustered stream answers while it elects a leader). An error asking is transient.
+    async fn no_stream(&mut self, subject: &str) -> Result<bool> {
+        if let Some(since) = self.no_stream.get(subject) {
+            if since.elapsed() < NO_STREAM_TTL {
+                return Ok(true);
+            }
+        }
+        // Bounded: after a PubAck timeout the server may be the one not answering.
+        let asked = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            self.jetstream.stream_by_subject(subject),
+        )
+        .await
+        .map_err(|_| {
+            Error::sink(format!(
+                "no PubAck for a message to {subject:?}, and the server did not say which stream captures it"
             ))
-            .remedy("outboxd publishes again from the checkpoint; check the stream's health (nats stream info)")
-            .transient()),
+            .remedy("outboxd publishes again from the checkpoint; check the server's health")
+            .transient()
+        })?;
+        match asked {
+            Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => {
+                self.no_stream.insert(subject.to_string(), Instant::now());
+                Ok(true)
+            }
+            Ok(_) => Ok(false),
             Err(e) => Err(Error::sink(format!(
                 "no stream answered a publish to {subject:?}, and asking which stream captures it failed: {e}"
             ))
@@ -153,64 +216,84 @@ impl Settler {
         }
     }
 
-    /// No stream captures the message's subject: publish its copy to the dead-letter subject and
-    /// wait for that `PubAck` before its ticket goes back, or stop.
-    async fn unroutable(&mut self, entry: Unsettled) -> Result<()> {
-        let why = format!("no stream captures subject {:?}", entry.subject);
-        let remedy = |subject: &str| {
+    /// `entry` cannot be stored where it was meant to go (`why`): publish its copy to the
+    /// dead-letter subject and wait for that `PubAck` before its ticket goes back, or stop.
+    async fn dead_letter(
+        &mut self,
+        entry: Unsettled,
+        why: String,
+        keep_payload: bool,
+    ) -> Result<()> {
+        let stream_add = |subject: &str| {
             format!(
                 "add a stream for it (nats stream add OUTBOX --subjects \"{subject}\" --storage file --dupe-window 2m), then restart outboxd (nothing was skipped)"
             )
         };
-        let (dead_letter, copy) = match (&self.dead_letter, entry.dead_lettered, &entry.copy) {
-            (Some(topic), false, Some(copy)) => (topic.clone(), copy.clone()),
-            (Some(topic), _, _) if entry.dead_lettered => {
+        let (dead_letter, copy) = match (&self.dead_letter, &entry.copy) {
+            (Some(topic), Some(copy)) if !entry.dead_lettered => (topic.clone(), copy),
+            (Some(topic), _) if entry.dead_lettered => {
                 return Err(Error::unroutable(format!(
-                    "the dead-letter subject {topic:?} is unroutable too: {why}"
+                    "the dead-letter subject {topic:?} cannot take a row either: {why}"
                 ))
-                .remedy(remedy(topic)))
+                .remedy(stream_add(topic)))
             }
             _ => {
                 return Err(
                     Error::unroutable(format!("a row cannot be delivered: {why}")).remedy(format!(
                         "{}; or set nats.dead_letter_topic to park such rows",
-                        remedy(&entry.subject)
+                        stream_add(&entry.subject)
                     )),
                 )
             }
         };
-        tracing::warn!(subject = %entry.subject, dead_letter = %dead_letter, "unroutable message sent to the dead-letter subject");
-        let mut headers = copy.headers;
-        headers.insert(ERROR_HEADER, format!("unroutable: {why}"));
-        headers.insert(SUBJECT_HEADER, entry.subject.as_str());
+        tracing::warn!(subject = %entry.subject, dead_letter = %dead_letter, "a message no stream took sent to the dead-letter subject");
+        let copy = message::dead_letter(
+            copy,
+            &entry.subject,
+            &why,
+            keep_payload,
+            self.client.max_payload(),
+        );
         let ack = self
             .jetstream
             .send_publish(
                 dead_letter.clone(),
                 PublishMessage::build()
-                    .headers(headers)
+                    .headers(copy.headers)
                     .payload(copy.payload),
             )
             .await
             .map_err(|e| publish_error(&dead_letter, &e))?;
-        match ack.await {
-            Ok(_) => {
-                self.metrics.dead_letter("unroutable");
+        let refused = match ack.await {
+            Ok(ack) if !ack.stream.is_empty() && ack.sequence > 0 => {
+                self.metrics
+                    .dead_letter(why.split(':').next().unwrap_or("unroutable"));
                 self.done(Unsettled {
                     subject: dead_letter,
                     ..entry
                 });
-                Ok(())
+                return Ok(());
             }
-            Err(e) if e.kind() == PublishErrorKind::StreamNotFound => {
-                self.no_stream(&dead_letter).await?;
-                Err(Error::unroutable(format!(
-                    "the dead-letter subject {dead_letter:?} is unroutable too: {why}"
-                ))
-                .remedy(remedy(&dead_letter)))
+            Ok(_) => {
+                return Err(
+                    Error::sink("a reply to a dead-letter publish is not a PubAck")
+                        .remedy("outboxd publishes again from the checkpoint")
+                        .transient(),
+                )
             }
-            Err(e) => Err(publish_error(&dead_letter, &e)),
+            Err(e) => e,
+        };
+        let unroutable = matches!(
+            refused.kind(),
+            PublishErrorKind::StreamNotFound | PublishErrorKind::TimedOut
+        ) && self.no_stream(&dead_letter).await?;
+        if unroutable || matches!(jetstream_code(&refused), Some(10054 | 10097)) {
+            return Err(Error::unroutable(format!(
+                "the dead-letter subject {dead_letter:?} cannot take a row either ({refused}): {why}"
+            ))
+            .remedy(stream_add(&dead_letter)));
         }
+        Err(publish_error(&dead_letter, &refused))
     }
 }
 
@@ -253,10 +336,10 @@ fn publish_error(subject: &str, e: &PublishError) -> Error {
         .remedy("outboxd reconnects and publishes again from the checkpoint")
         .transient(),
         _ => {
-            let code = jetstream_code(e);
             let text = e.to_string();
-            // 10023 insufficient resources, 10077 store failed (a limit reached with discard new).
-            if matches!(code, Some(10023 | 10077)) || text.contains("maximum") {
+            // 10023 insufficient resources, 10077 store failed (a limit reached with discard:
+            // new): time or an operator heals them while outboxd waits.
+            if matches!(jetstream_code(e), Some(10023 | 10077)) {
                 Error::sink(format!("the stream refused a message to {subject:?}: {text}"))
                     .remedy("outboxd retries from the checkpoint; free storage or raise the stream's limits (nats stream info)")
                     .transient()

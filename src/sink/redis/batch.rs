@@ -1,0 +1,246 @@
+//! The batch task: sends queued entries as `MULTI`/`EXEC` pipelines, one at a time, and hands
+//! tickets back in queue order (see the module docs of `redis` for why).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+use tokio::sync::mpsc;
+
+use super::config::RedisConfig;
+use super::connect::{command_error, wait_millis};
+use super::entry::Fields;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::sink::ack::{Acks, Ticket};
+use crate::sink::window::Room;
+
+/// At most this many entries, and about this many bytes, go in one `MULTI`/`EXEC`.
+const MAX_BATCH: usize = 1_000;
+const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// An entry waiting for its batch.
+pub(super) struct Queued {
+    pub ticket: Ticket,
+    pub stream: String,
+    pub fields: Fields,
+    /// A dead letter already (the router's, or this sink's copy): unroutable stops outboxd.
+    pub dead_lettered: bool,
+    pub enqueued: Instant,
+    pub room: Room,
+}
+
+pub(super) struct Batcher {
+    connection: MultiplexedConnection,
+    maxlen: Option<u64>,
+    wait_replicas: u32,
+    timeout: Duration,
+    dead_letter: Option<String>,
+    acks: Arc<dyn Acks>,
+    metrics: Arc<Metrics>,
+}
+
+impl Batcher {
+    pub fn new(
+        connection: MultiplexedConnection,
+        config: &RedisConfig,
+        acks: Arc<dyn Acks>,
+        metrics: Arc<Metrics>,
+    ) -> Batcher {
+        Batcher {
+            connection,
+            maxlen: config.maxlen,
+            wait_replicas: config.wait_replicas,
+            timeout: config.message_timeout(),
+            dead_letter: config.dead_letter_topic.clone(),
+            acks,
+            metrics,
+        }
+    }
+
+    pub async fn run(mut self, mut queue: mpsc::UnboundedReceiver<Queued>) {
+        while let Some(first) = queue.recv().await {
+            let mut bytes = super::entry::size(&first.fields);
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
+                match queue.try_recv() {
+                    Ok(next) => {
+                        bytes += super::entry::size(&next.fields);
+                        batch.push(next);
+                    }
+                    Err(_) => break,
+                }
+            }
+            if let Err(e) = self.deliver(batch).await {
+                self.metrics.delivery_error();
+                self.acks.failed(e);
+                return;
+            }
+        }
+    }
+
+    /// One batch: applied, its unroutable entries dead-lettered, replicated if asked, then
+    /// settled in order.
+    async fn deliver(&mut self, batch: Vec<Queued>) -> Result<()> {
+        let commands: Vec<redis::Cmd> = batch
+            .iter()
+            .map(|q| self.xadd(&q.stream, &q.fields))
+            .collect();
+        let replies = self.exec(commands, "adding a batch of entries").await?;
+        let mut copies = Vec::new();
+        for (q, reply) in batch.iter().zip(&replies) {
+            let Value::ServerError(e) = reply else {
+                continue;
+            };
+            match e.code() {
+                // The row's own fault: its key holds another type.
+                "WRONGTYPE" => copies.push(self.dead_letter_copy(q)?),
+                // The server's state, which heals: sent again from the checkpoint.
+                "OOM" | "LOADING" | "BUSY" | "TRYAGAIN" | "READONLY" | "MASTERDOWN" => {
+                    return Err(Error::sink(format!(
+                        "Redis refused an entry for stream {:?}: {e:?}",
+                        q.stream
+                    ))
+                    .remedy("outboxd sends the batch again from the checkpoint, in order; check the server (INFO)")
+                    .transient())
+                }
+                _ => {
+                    return Err(Error::sink(format!(
+                        "Redis refused an entry for stream {:?}: {e:?}",
+                        q.stream
+                    ))
+                    .remedy("fix what the server names, then restart outboxd (nothing was skipped)"))
+                }
+            }
+        }
+        if !copies.is_empty() {
+            let commands = copies
+                .iter()
+                .map(|(stream, fields)| self.xadd(stream, fields))
+                .collect();
+            let replies = self.exec(commands, "adding dead letters").await?;
+            if let Some(Value::ServerError(e)) =
+                replies.iter().find(|r| matches!(r, Value::ServerError(_)))
+            {
+                return Err(Error::unroutable(format!(
+                    "the dead-letter stream {:?} refused a row too: {e:?}",
+                    self.dead_letter.as_deref().unwrap_or_default()
+                ))
+                .remedy("make redis.dead_letter_topic name a stream (or a key that does not exist), then restart outboxd (nothing was skipped)"));
+            }
+            for _ in &copies {
+                self.metrics.dead_letter("unroutable");
+            }
+        }
+        if self.wait_replicas > 0 {
+            self.wait().await?;
+        }
+        let mut forwarded: HashMap<String, u64> = HashMap::new();
+        for q in batch {
+            self.metrics.acknowledged();
+            self.metrics.delivered_after(q.enqueued.elapsed());
+            *forwarded.entry(q.stream).or_default() += 1;
+            self.acks.acked(q.ticket);
+            drop(q.room);
+        }
+        for (stream, n) in forwarded {
+            self.metrics.forwarded_n(&stream, n);
+        }
+        Ok(())
+    }
+
+    fn xadd(&self, stream: &str, fields: &[(String, Vec<u8>)]) -> redis::Cmd {
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(stream);
+        if let Some(n) = self.maxlen {
+            cmd.arg("MAXLEN").arg("~").arg(n);
+        }
+        cmd.arg("*");
+        for (name, value) in fields {
+            cmd.arg(name.as_str()).arg(value.as_slice());
+        }
+        cmd
+    }
+
+    /// `MULTI`, `commands`, `EXEC`: one reply per command (a command that failed inside `EXEC`
+    /// is its error); a batch refused as a whole (`EXECABORT`: out of memory while queuing) or
+    /// no reply in time is an error.
+    async fn exec(&mut self, commands: Vec<redis::Cmd>, doing: &str) -> Result<Vec<Value>> {
+        let count = commands.len();
+        let mut pipe = redis::pipe();
+        pipe.atomic().ignore_errors();
+        for cmd in commands {
+            pipe.add_command(cmd);
+        }
+        let replies: Vec<Value> = match tokio::time::timeout(
+            self.timeout,
+            pipe.query_async(&mut self.connection),
+        )
+        .await
+        {
+            Ok(replies) => replies.map_err(|e| command_error(doing, &e))?,
+            Err(_) => {
+                return Err(Error::sink(format!(
+                    "Redis did not answer within redis.message_timeout_ms ({:?}) while {doing}",
+                    self.timeout
+                ))
+                .remedy("outboxd sends again from the checkpoint; check the server")
+                .transient())
+            }
+        };
+        if replies.len() != count {
+            return Err(Error::sink(format!(
+                "Redis answered {} replies to {count} commands while {doing}",
+                replies.len()
+            ))
+            .remedy("outboxd sends again from the checkpoint")
+            .transient());
+        }
+        Ok(replies)
+    }
+
+    /// The dead-letter copy of an entry whose key holds another type than a stream, or the error
+    /// that stops outboxd.
+    fn dead_letter_copy(&self, q: &Queued) -> Result<(String, Fields)> {
+        let why = format!("key {:?} holds another type than a stream", q.stream);
+        let Some(dead_letter) = self.dead_letter.clone().filter(|_| !q.dead_lettered) else {
+            let remedy = if q.dead_lettered {
+                "make redis.dead_letter_topic name a stream (or a key that does not exist), then restart outboxd (nothing was skipped)".to_string()
+            } else {
+                format!("route such rows elsewhere or remove the key {:?}, or set redis.dead_letter_topic to park them; then restart outboxd (nothing was skipped)", q.stream)
+            };
+            return Err(
+                Error::unroutable(format!("a row cannot be delivered: {why}")).remedy(remedy),
+            );
+        };
+        tracing::warn!(stream = %q.stream, dead_letter = %dead_letter, "unroutable entry sent to the dead-letter stream");
+        let mut fields = q.fields.clone();
+        fields.push((
+            "outboxd.error".into(),
+            format!("unroutable: {why}").into_bytes(),
+        ));
+        fields.push(("outboxd.stream".into(), q.stream.clone().into_bytes()));
+        Ok((dead_letter, fields))
+    }
+
+    /// `WAIT n timeout`: every write of this connection so far reached `n` replicas.
+    async fn wait(&mut self) -> Result<()> {
+        let reached: i64 = redis::cmd("WAIT")
+            .arg(self.wait_replicas)
+            .arg(wait_millis(self.timeout))
+            .query_async(&mut self.connection)
+            .await
+            .map_err(|e| command_error("waiting for replicas", &e))?;
+        if reached < i64::from(self.wait_replicas) {
+            return Err(Error::sink(format!(
+                "only {reached} of redis.wait_replicas = {} replicas had a batch within redis.message_timeout_ms",
+                self.wait_replicas
+            ))
+            .remedy("outboxd sends again from the checkpoint (duplicates, no loss); check the replicas (INFO replication)")
+            .transient());
+        }
+        Ok(())
+    }
+}

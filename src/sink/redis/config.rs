@@ -1,0 +1,152 @@
+//! `[redis]`: the Redis Streams sink's keys, defaults and checks.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::sink::delivery::{self, Delivery, Refusal};
+use crate::source::config::redact_url;
+
+/// `[redis]` (Streams).
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://[USER:PASSWORD@]HOST:6379/DB`, or `rediss://` for TLS (certificate verified).
+    pub url: String,
+    /// `rediss://`: a PEM file of the CA(s) to trust instead of the system's.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// `XADD … MAXLEN ~ N`: trim each stream to about this many entries. Trimming drops entries
+    /// whether or not anyone read them; unset, streams grow until consumers `XTRIM`/`XDEL`.
+    #[serde(default)]
+    pub maxlen: Option<u64>,
+    /// After each batch, `WAIT` until this many replicas have it (within `message_timeout_ms`);
+    /// fewer is a transient error (the batch is sent again from the checkpoint).
+    #[serde(default)]
+    pub wait_replicas: u32,
+    #[serde(default = "delivery::default_max_in_flight")]
+    pub max_in_flight: usize,
+    #[serde(default = "delivery::default_max_in_flight_bytes")]
+    pub max_in_flight_bytes: u64,
+    #[serde(default = "delivery::default_drain_timeout_ms")]
+    pub drain_timeout_ms: u64,
+    /// Stream for rows that cannot be delivered (the key holds another type, refused by the
+    /// router); unset: outboxd stops naming the row.
+    #[serde(default)]
+    pub dead_letter_topic: Option<String>,
+    /// How long a batch may wait for Redis's replies (and `WAIT`) before the session ends and
+    /// sends again from the checkpoint.
+    #[serde(default = "default_message_timeout_ms")]
+    pub message_timeout_ms: u64,
+    /// Records larger than this (payload, key and headers) are dead-lettered as `too_large`.
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: usize,
+}
+
+fn default_message_timeout_ms() -> u64 {
+    30_000
+}
+
+fn default_max_message_bytes() -> usize {
+    16 * 1024 * 1024
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &redact_url(&self.url))
+            .field("ca_file", &self.ca_file)
+            .field("maxlen", &self.maxlen)
+            .field("wait_replicas", &self.wait_replicas)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("max_in_flight_bytes", &self.max_in_flight_bytes)
+            .field("drain_timeout_ms", &self.drain_timeout_ms)
+            .field("dead_letter_topic", &self.dead_letter_topic)
+            .field("message_timeout_ms", &self.message_timeout_ms)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .finish()
+    }
+}
+
+/// Field names outboxd writes itself; a header of the same name would be ambiguous.
+pub const OWN_FIELDS: [&str; 3] = ["key", "payload", "timestamp"];
+
+impl RedisConfig {
+    pub fn delivery(&self) -> Delivery {
+        Delivery {
+            max_in_flight: self.max_in_flight,
+            max_in_flight_bytes: self.max_in_flight_bytes,
+            drain_timeout_ms: self.drain_timeout_ms,
+            dead_letter_topic: self.dead_letter_topic.clone(),
+            timeout: Some(self.message_timeout()),
+        }
+    }
+
+    pub fn message_timeout(&self) -> Duration {
+        Duration::from_millis(self.message_timeout_ms)
+    }
+
+    pub fn validate(&self) -> Result<(), Refusal> {
+        let bad =
+            |key: &str, why: String, fix: &str| Err((format!("redis.{key}"), why, fix.to_string()));
+        self.delivery().validate("redis")?;
+        match url::Url::parse(&self.url) {
+            Ok(url) if matches!(url.scheme(), "redis" | "rediss") && url.host().is_some() => {}
+            _ => {
+                return bad(
+                    "url",
+                    format!(
+                        "{} is not a redis:// or rediss:// URL",
+                        redact_url(&self.url)
+                    ),
+                    "write url = \"redis://[user:password@]host:6379/0\" (rediss:// for TLS)",
+                )
+            }
+        }
+        if self.ca_file.is_some() && !self.url.starts_with("rediss://") {
+            return bad(
+                "ca_file",
+                "a CA file is only used with TLS".into(),
+                "use a rediss:// URL, or remove ca_file",
+            );
+        }
+        if self.maxlen == Some(0) {
+            return bad(
+                "maxlen",
+                "0 would trim every entry at once".into(),
+                "remove maxlen (streams grow until consumers trim them) or set how many entries to keep",
+            );
+        }
+        if self.dead_letter_topic.as_deref() == Some("") {
+            return bad(
+                "dead_letter_topic",
+                "an empty stream key".into(),
+                "name the stream for dead letters, or remove the key",
+            );
+        }
+        if !(1_000..=600_000).contains(&self.message_timeout_ms) {
+            return bad(
+                "message_timeout_ms",
+                format!("{} is out of range", self.message_timeout_ms),
+                "use 1000..=600000 milliseconds (default 30000)",
+            );
+        }
+        if !(1024..=512 * 1024 * 1024).contains(&self.max_message_bytes) {
+            return bad(
+                "max_message_bytes",
+                format!("{} is out of range", self.max_message_bytes),
+                "use 1024 ..= 536870912 (default 16777216 = 16 MiB)",
+            );
+        }
+        Ok(())
+    }
+
+    /// Header names that do not collide with the fields outboxd writes.
+    pub fn validate_header_name(name: &str) -> Result<(), String> {
+        if OWN_FIELDS.contains(&name) {
+            return Err(format!("outboxd writes the stream field {name:?} itself"));
+        }
+        Ok(())
+    }
+}

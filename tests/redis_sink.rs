@@ -1,0 +1,383 @@
+//! The Redis Streams sink end to end, on a private redis-server (Debian's, append-only) and
+//! MariaDB: every row one entry with its id, key, payload and headers as fields, in per-key order;
+//! a key holding another type dead-lettered or stopping outboxd; kill -9 of outboxd and of Redis
+//! under load lose nothing; a full server (maxmemory) delays rows but never reorders them.
+
+use std::time::Duration;
+
+use crate::rig::redis::{config_with_redis, Got, Redis};
+use crate::rig::scenario::{
+    check_per_key_order, check_records, insert_rows, kill_9_and_restart, spawn_writer, uuid_of,
+    SCHEMA,
+};
+use crate::rig::{free_port, http_get, wait_until, Consumed, MariaDb, Outboxd};
+
+const READ_LIMIT: Duration = Duration::from_secs(90);
+const STREAMS: [&str; 2] = ["outbox.event.order", "outbox.event.customer"];
+
+fn servers() -> (MariaDb, Redis) {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    (db, Redis::start())
+}
+
+fn consumed(got: &[Got]) -> Vec<Consumed> {
+    got.iter()
+        .enumerate()
+        .map(|(i, g)| g.as_consumed(i as i64))
+        .collect()
+}
+
+fn text(out: std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn rows_reach_redis_streams_with_their_ids_keys_payloads_and_headers_in_key_order() {
+    let (db, redis) = servers();
+    let http = free_port();
+    let mut outboxd = Outboxd::new(
+        "redis-e2e",
+        &config_with_redis(
+            &db.cdc_url(),
+            &redis.url(),
+            "dead_letter_topic = \"outboxd.dlq\"",
+        )
+        .replace("listen = \"\"", &format!("listen = \"127.0.0.1:{http}\"")),
+    );
+    let check = outboxd.command(&["check"]).output().unwrap();
+    let ok = check.status.success();
+    let shown = text(check);
+    assert!(ok, "{shown}");
+    for line in [
+        "PASS  redis: connected to redis://127.0.0.1",
+        "PASS  redis durability: appendonly yes, appendfsync always",
+        "PASS  redis eviction: maxmemory-policy noeviction",
+        "PASS  redis dead-letter stream: \"outboxd.dlq\" does not exist yet",
+    ] {
+        assert!(shown.contains(line), "{line} in\n{shown}");
+    }
+    outboxd.start();
+    insert_rows(&db, 0, 300, 7);
+    let got = redis.read(&STREAMS, 300, READ_LIMIT);
+    assert_eq!(got.len(), 300, "{}", outboxd.log());
+    for g in &got {
+        assert!(g.field("timestamp").is_some());
+        assert!(g.field("outboxd.position").is_some());
+    }
+    let records = consumed(&got);
+    assert_eq!(
+        check_records(&records, 0..300),
+        0,
+        "no duplicates without faults"
+    );
+    check_per_key_order(&records);
+    wait_until("the checkpoint to pass the last row", READ_LIMIT, || {
+        outboxd.checkpoint()["position"]["gtid_set"]
+            == db.sql_socket("SELECT @@gtid_binlog_pos;").trim()
+    });
+    let (_, metrics) = http_get(http, "/metrics");
+    for line in [
+        r#"outboxd_events_forwarded_total{pipeline="redis-e2e",topic="outbox.event.order"} 200"#,
+        r#"outboxd_events_forwarded_total{pipeline="redis-e2e",topic="outbox.event.customer"} 100"#,
+        r#"outboxd_inflight_events{pipeline="redis-e2e"} 0"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    outboxd.stop();
+}
+
+#[test]
+fn a_key_holding_another_type_is_dead_lettered_and_without_a_dead_letter_stream_outboxd_stops() {
+    let (db, redis) = servers();
+    // Customer rows (every third) route to a key that holds a string.
+    redis.cmd::<()>(
+        redis::cmd("SET")
+            .arg("outbox.event.customer")
+            .arg("not a stream"),
+    );
+    let mut outboxd = Outboxd::new(
+        "redis-dlq",
+        &config_with_redis(
+            &db.cdc_url(),
+            &redis.url(),
+            "dead_letter_topic = \"outboxd.dlq\"",
+        ),
+    );
+    outboxd.start();
+    insert_rows(&db, 0, 900, 9);
+    let orders = redis.read(&["outbox.event.order"], 600, READ_LIMIT);
+    let parked = redis.read(&["outboxd.dlq"], 300, READ_LIMIT);
+    assert_eq!(orders.len(), 600, "{}", outboxd.log());
+    assert_eq!(parked.len(), 300, "{}", outboxd.log());
+    assert!(
+        !outboxd.log().contains("session ended"),
+        "{}",
+        outboxd.log()
+    );
+    for p in &parked {
+        let n = u64::from_str_radix(&p.field("id").unwrap().replace('-', ""), 16).unwrap();
+        assert_eq!(n % 3, 0, "only customer rows are unroutable");
+        assert_eq!(p.field("id").unwrap(), uuid_of(n));
+        assert_eq!(
+            p.field("outboxd.stream").as_deref(),
+            Some("outbox.event.customer")
+        );
+        assert!(p
+            .field("outboxd.error")
+            .unwrap()
+            .starts_with("unroutable: "));
+    }
+    check_per_key_order(&consumed(&orders));
+    outboxd.stop();
+
+    let mut strict = Outboxd::new(
+        "redis-strict",
+        &config_with_redis(&db.cdc_url(), &redis.url(), ""),
+    );
+    strict.start();
+    let before = db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    insert_rows(&db, 900, 909, 9);
+    assert!(!strict.wait_exit(Duration::from_secs(60)).success());
+    let log = strict.log();
+    assert!(
+        log.contains("key \"outbox.event.customer\" holds another type than a stream"),
+        "{log}"
+    );
+    assert!(log.contains("set redis.dead_letter_topic"), "{log}");
+    assert!(!log.contains("café"), "no row data in the log: {log}");
+    assert_eq!(
+        strict.checkpoint()["position"]["gtid_set"],
+        before.as_str(),
+        "{log}"
+    );
+    strict.start_until(&[], &[], &["stream opened"]);
+    assert!(!strict.wait_exit(Duration::from_secs(60)).success());
+    assert_eq!(strict.checkpoint()["position"]["gtid_set"], before.as_str());
+}
+
+#[test]
+fn kill_9_of_outboxd_and_of_redis_under_load_loses_nothing_and_keeps_key_order() {
+    let (db, mut redis) = servers();
+    let mut outboxd = Outboxd::with_checkpoint(
+        "redis-kill",
+        &config_with_redis(&db.cdc_url(), &redis.url(), "message_timeout_ms = 10000"),
+        "interval_ms = 200",
+    );
+    outboxd.start();
+    let total = 6_000u64;
+    let writer = spawn_writer(db.socket_path(), total, &[1, 9, 40], 1);
+    kill_9_and_restart(&mut outboxd, 5);
+    // Redis dies under load and comes back from its append-only file (fsync always): what it
+    // answered is kept, what it did not is sent again from the checkpoint.
+    redis.kill9();
+    redis.boot();
+    writer.join().unwrap();
+    let end = db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    wait_until(
+        "the checkpoint to reach the end",
+        Duration::from_secs(120),
+        || outboxd.checkpoint()["position"]["gtid_set"] == end.as_str(),
+    );
+    let got = redis.read(&STREAMS, total as usize, READ_LIMIT);
+    let records = consumed(&got);
+    let duplicates = check_records(&records, 0..total);
+    println!(
+        "redis: {} entries for {total} rows after 5 kill -9 of outboxd and one of redis-server: {duplicates} duplicates",
+        records.len()
+    );
+    check_per_key_order(&records);
+    outboxd.stop();
+}
+
+#[test]
+fn a_full_redis_delays_rows_without_reordering_them_and_a_frozen_one_is_left_at_sigterm() {
+    let (db, redis) = servers();
+    let mut outboxd = Outboxd::new(
+        "redis-oom",
+        &config_with_redis(
+            &db.cdc_url(),
+            &redis.url(),
+            "message_timeout_ms = 3000\ndrain_timeout_ms = 2000",
+        ),
+    );
+    outboxd.start();
+    insert_rows(&db, 0, 100, 10);
+    assert_eq!(redis.read(&STREAMS, 100, READ_LIMIT).len(), 100);
+    // Out of memory (noeviction): every batch is refused while queuing, so EXEC aborts it whole
+    // and outboxd sends it again, in order, once there is room.
+    redis.cmd::<()>(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("1"));
+    insert_rows(&db, 100, 300, 10);
+    wait_until("a refused batch", READ_LIMIT, || {
+        outboxd.log().contains("Redis is at maxmemory")
+    });
+    redis.cmd::<()>(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0"));
+    let got = redis.read(&STREAMS, 300, READ_LIMIT);
+    let records = consumed(&got);
+    check_records(&records, 0..300);
+    check_per_key_order(&records);
+    // SIGTERM while Redis is frozen: bounded by drain_timeout_ms; the next start sends the rest.
+    redis.freeze();
+    insert_rows(&db, 300, 400, 10);
+    nix::sys::signal::kill(outboxd.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+    outboxd.wait_exit(Duration::from_secs(30));
+    redis.thaw();
+    outboxd.start();
+    let got = redis.read(&STREAMS, 400, READ_LIMIT);
+    let records = consumed(&got);
+    let duplicates = check_records(&records, 0..400);
+    println!(
+        "redis full, then frozen: {} entries for 400 rows, {duplicates} duplicates",
+        records.len()
+    );
+    check_per_key_order(&records);
+    outboxd.stop();
+}
+
+#[test]
+fn a_redis_password_is_never_printed_and_a_refused_login_stops_without_looping() {
+    const PASSWORD: &str = "planted-redis-pw-61";
+    const WRONG: &str = "planted-redis-wrong-62";
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let redis = Redis::start_with(Some(PASSWORD), &[], None);
+    let no_secret = |what: &str, text: &str| {
+        for secret in [PASSWORD, WRONG] {
+            assert!(!text.contains(secret), "{what} printed {secret}:\n{text}");
+        }
+    };
+    let wrong = redis.url().replace(PASSWORD, WRONG);
+    let outboxd = Outboxd::new(
+        "redis-secrets",
+        &config_with_redis(&db.cdc_url(), &wrong, ""),
+    );
+    let check = text(outboxd.command(&["check"]).output().unwrap());
+    assert!(
+        check.contains("FAIL  redis: Redis at redis://:***@127.0.0.1"),
+        "{check}"
+    );
+    assert!(check.contains("refused the login"), "{check}");
+    no_secret("check", &check);
+    let (ok, log) = crate::tls::output(&outboxd, &["run", "--skip-checks"]);
+    assert!(!ok, "{log}");
+    assert!(log.contains("refused the login"), "{log}");
+    no_secret("run", &log);
+    let mut outboxd = Outboxd::new(
+        "redis-secrets-env",
+        &config_with_redis(&db.cdc_url(), "redis://placeholder:6379/0", ""),
+    );
+    let check = text(
+        outboxd
+            .command(&["check"])
+            .env("OUTBOXD_REDIS__URL", redis.url())
+            .env("RUST_LOG", "debug")
+            .output()
+            .unwrap(),
+    );
+    assert!(check.contains("PASS  redis durability"), "{check}");
+    no_secret("check with the URL from the environment", &check);
+    outboxd.start_with_env(
+        &[],
+        &[("OUTBOXD_REDIS__URL", &redis.url()), ("RUST_LOG", "debug")],
+    );
+    insert_rows(&db, 0, 3, 1);
+    assert_eq!(
+        redis
+            .read(
+                &["outbox.event.order", "outbox.event.customer"],
+                3,
+                READ_LIMIT
+            )
+            .len(),
+        3
+    );
+    outboxd.stop();
+    no_secret("run with debug logging", &outboxd.log());
+}
+
+#[test]
+fn rediss_verifies_the_servers_certificate_against_the_ca_file_and_refuses_a_wrong_ca() {
+    use crate::rig::certs::{Ca, VALID};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "outboxd test CA", "ca");
+    let other_ca = Ca::new(dir.path(), "some other CA", "other-ca");
+    let server = ca.server(dir.path(), "server", &["127.0.0.1"], VALID);
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let redis = Redis::start_with(None, &[], Some((&ca.pem, &server)));
+    let pipeline = |name: &str, trusted: &std::path::Path| {
+        Outboxd::new(
+            name,
+            &config_with_redis(
+                &db.cdc_url(),
+                &redis.url(),
+                &format!("ca_file = \"{}\"", trusted.display()),
+            ),
+        )
+    };
+    let mut outboxd = pipeline("redis-tls", &ca.pem);
+    let (ok, shown) = crate::tls::output(&outboxd, &["check"]);
+    assert!(
+        ok && shown.contains("PASS  redis: connected to rediss://127.0.0.1"),
+        "{shown}"
+    );
+    outboxd.start();
+    insert_rows(&db, 0, 5, 1);
+    assert_eq!(redis.read(&STREAMS, 5, READ_LIMIT).len(), 5);
+    outboxd.stop();
+    let outboxd = pipeline("redis-tls-ca", &other_ca.pem);
+    let (ok, shown) = crate::tls::output(&outboxd, &["check"]);
+    assert!(
+        !ok && shown.contains("FAIL  redis: TLS to Redis"),
+        "{shown}"
+    );
+    let (ok, log) = crate::tls::output(&outboxd, &["run", "--skip-checks"]);
+    assert!(!ok && log.contains("TLS to Redis"), "{log}");
+}
+
+#[test]
+fn postgres_rows_reach_redis_in_key_order_across_kill_9s() {
+    use crate::postgres_pipeline::{insert_rows as pg_insert, pg_payload, SCHEMA as PG_SCHEMA};
+    use crate::rig::scenario::check_records_by;
+    let pg = crate::rig::Postgres::start(&[]);
+    pg.sql("postgres", "CREATE DATABASE app;");
+    pg.sql("app", PG_SCHEMA);
+    let redis = Redis::start();
+    let body = format!(
+        "[source]\nkind = \"postgres\"\nurl = \"{}\"\ntables = [\"public.outbox\"]\nslot = \"outboxd_redis\"\n\
+         publication = \"outboxd_redis\"\nheartbeat_interval_ms = 1000\n\
+         [redis]\nurl = \"{}\"\n[http]\nlisten = \"\"\n",
+        pg.url("cdc", "app"),
+        redis.url()
+    );
+    let mut outboxd = Outboxd::new("redis-pg", &body);
+    outboxd.start();
+    let total = 3_000u64;
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for from in (0..total).step_by(50) {
+                pg_insert(&pg, from, from + 50, 5);
+            }
+        });
+        kill_9_and_restart(&mut outboxd, 3);
+    });
+    let got = redis.read(&STREAMS, total as usize, READ_LIMIT);
+    let records = consumed(&got);
+    let duplicates = check_records_by(&records, 0..total, pg_payload);
+    println!(
+        "redis from postgres: {} entries for {total} rows after 3 kill -9: {duplicates} duplicates",
+        records.len()
+    );
+    check_per_key_order(&records);
+    outboxd.stop();
+}
