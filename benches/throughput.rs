@@ -16,9 +16,10 @@
 //! - exactly-once beside at-least-once (`--only eos`): both with the Kafka checkpoint store, draining
 //!   the same backlog to Apache Kafka, interleaved run by run.
 //!
-//! - the RabbitMQ sink (`--only sinks`): outboxd draining a backlog into RabbitMQ beside the raw
-//!   limit of the same client library (lapin) publishing the same messages with the same settings
-//!   (persistent, mandatory, confirms, a window of 10,000), interleaved run by run.
+//! - the RabbitMQ, NATS and Redis sinks (`--only sinks`): outboxd draining a backlog into each
+//!   beside the raw limit of the same client library publishing the same messages with the same
+//!   settings (RabbitMQ: persistent, mandatory, confirms, a window of 10,000; NATS: `Nats-Msg-Id`,
+//!   every `PubAck` awaited; Redis: `MULTI`/`EXEC` batches of 1,000), interleaved run by run.
 //!
 //! It prints a Markdown table for BENCHMARKS.md. Numbers are not asserted anywhere.
 
@@ -495,6 +496,10 @@ fn main() {
     if args.wants("sinks") {
         rows.extend(rabbitmq_section(&db, &rt, loaded, n, record_bytes));
         loaded += n;
+        rows.extend(nats_section(&db, &rt, loaded, n, record_bytes));
+        loaded += n;
+        rows.extend(redis_section(&db, &rt, loaded, n, record_bytes));
+        loaded += n;
     }
 
     if let Some(binary) = args.peer.as_ref().filter(|_| args.wants("peer")) {
@@ -627,8 +632,10 @@ fn main() {
     }
     if rate("rabbitmq").is_some() {
         println!(
-            "ratios (MariaDB, 10-row transactions, RabbitMQ): outboxd / lapin alone = {}",
+            "ratios (MariaDB, 10-row transactions): RabbitMQ outboxd / lapin alone = {}; NATS outboxd / async-nats alone = {}; Redis outboxd / redis-rs alone = {}",
             ratio("rabbitmq", "rabbitmq-raw"),
+            ratio("nats", "nats-raw"),
+            ratio("redis", "redis-raw"),
         );
     }
     if rate("eos").is_some() {
@@ -2353,4 +2360,213 @@ async fn lapin_alone(url: &str, n: u64, body: &[u8]) {
         done.unwrap();
     }
     connection.close(200, "done".into()).await.unwrap();
+}
+
+/// The NATS sink: outboxd drains a backlog of `n` rows (10-row transactions, ids from `from`) into
+/// a private nats-server (one file-backed stream capturing the routed subject), beside async-nats
+/// alone publishing `n` messages of the same size with outboxd's settings (`Nats-Msg-Id`, every
+/// `PubAck` awaited, 10,000 in flight); interleaved run by run, the stream purged before each.
+fn nats_section(
+    db: &MariaDb,
+    rt: &tokio::runtime::Runtime,
+    from: u64,
+    n: u64,
+    record_bytes: u64,
+) -> Vec<Row> {
+    use rig::nats::{config_with_nats, Nats};
+    let nats = Nats::start();
+    nats.add_stream("EVENTS", &["outbox.event.>"]);
+    let mut outboxd = Outboxd::new(
+        "bench-nats",
+        &config_with_nats(&db.cdc_url(), &nats.url(), ""),
+    );
+    outboxd.start();
+    outboxd.stop();
+    let checkpoint = std::fs::read(outboxd.checkpoint_path()).unwrap();
+    db.sql_socket(&load_script(from, from + n, 10));
+    let target = gtid_pos(db);
+    let body = payload(0, 0);
+    let purge = || {
+        rt.block_on(async {
+            let client = async_nats::connect(nats.url()).await.unwrap();
+            let js = async_nats::jetstream::new(client);
+            js.get_stream("EVENTS")
+                .await
+                .unwrap()
+                .purge()
+                .await
+                .unwrap();
+        })
+    };
+    let mut drains = Vec::new();
+    let mut raws = Vec::new();
+    for run in 0..REPEATS {
+        purge();
+        std::fs::write(outboxd.checkpoint_path(), &checkpoint).unwrap();
+        drains.push(timed_run(
+            &mut outboxd,
+            "outboxd to drain into NATS",
+            at_gtid(&target),
+        ));
+        purge();
+        let start = Instant::now();
+        // Ids of their own per run: the stream's duplicate window would drop a repeat.
+        rt.block_on(nats_alone(&nats.url(), n, body.as_bytes(), run));
+        raws.push((start.elapsed().as_secs_f64(), ()));
+    }
+    let (seconds, stats, spread) = median(drains, n);
+    let (raw_seconds, (), raw_spread) = median(raws, n);
+    vec![
+        Row {
+            key: "nats",
+            what: "outboxd → NATS JetStream 2.9 (file stream), MariaDB backlog drain, 10-row transactions (Nats-Msg-Id, every PubAck awaited)".into(),
+            events: n,
+            seconds,
+            bytes: n * record_bytes,
+            extra: format!(
+                "{spread}; {:.1} CPU s, peak RSS {:.0} MB, open {:.2} s",
+                stats.cpu_seconds, stats.peak_rss_mb, stats.open_seconds
+            ),
+        },
+        Row {
+            key: "nats-raw",
+            what: "raw broker: async-nats alone, same payload and headers, PubAcks awaited in order, 10,000 in flight".into(),
+            events: n,
+            seconds: raw_seconds,
+            bytes: n * record_bytes,
+            extra: raw_spread,
+        },
+    ]
+}
+
+/// Publishes `n` messages of `body` as outboxd does (`Nats-Msg-Id` and the same five headers, at most
+/// 10,000 without their `PubAck`) and awaits every `PubAck` in order.
+async fn nats_alone(url: &str, n: u64, body: &[u8], run: usize) {
+    use async_nats::jetstream::message::PublishMessage;
+    let client = async_nats::connect(url).await.unwrap();
+    let js = async_nats::jetstream::context::ContextBuilder::new()
+        .timeout(Duration::from_secs(30))
+        .max_ack_inflight(10_001)
+        .build(client);
+    let body = bytes::Bytes::copy_from_slice(body);
+    let (acks, mut settled) = tokio::sync::mpsc::channel(10_000);
+    let settler = tokio::spawn(async move {
+        while let Some(ack) = settled.recv().await {
+            let ack: async_nats::jetstream::context::PublishAckFuture = ack;
+            let ack = ack.await.unwrap();
+            assert!(!ack.duplicate);
+        }
+    });
+    for i in 0..n {
+        let mut headers = async_nats::HeaderMap::new();
+        let id = format!("{run}-{}", uuid_of(i));
+        headers.insert("id", id.as_str());
+        headers.insert("Nats-Msg-Id", id.as_str());
+        headers.insert("outboxd.key", format!("key-{}", i % KEYS).as_str());
+        headers.insert("outboxd.position", format!("gtid:0-1-{i}").as_str());
+        headers.insert("outboxd.timestamp", "1764183600000");
+        let ack = js
+            .send_publish(
+                TOPIC,
+                PublishMessage::build()
+                    .headers(headers)
+                    .payload(body.clone()),
+            )
+            .await
+            .unwrap();
+        acks.send(ack).await.unwrap();
+    }
+    drop(acks);
+    settler.await.unwrap();
+}
+
+/// The Redis sink: outboxd drains a backlog of `n` rows into a private redis-server (append-only,
+/// `appendfsync always`), beside redis-rs alone adding `n` entries of the same fields in the same
+/// batches (`MULTI`/`EXEC` of 1,000, one at a time); interleaved run by run, the stream deleted
+/// before each.
+fn redis_section(
+    db: &MariaDb,
+    rt: &tokio::runtime::Runtime,
+    from: u64,
+    n: u64,
+    record_bytes: u64,
+) -> Vec<Row> {
+    use rig::redis::{config_with_redis, Redis};
+    let redis = Redis::start();
+    let mut outboxd = Outboxd::new(
+        "bench-redis",
+        &config_with_redis(&db.cdc_url(), &redis.url(), ""),
+    );
+    outboxd.start();
+    outboxd.stop();
+    let checkpoint = std::fs::read(outboxd.checkpoint_path()).unwrap();
+    db.sql_socket(&load_script(from, from + n, 10));
+    let target = gtid_pos(db);
+    let body = payload(0, 0);
+    let mut drains = Vec::new();
+    let mut raws = Vec::new();
+    for _ in 0..REPEATS {
+        redis.cmd::<()>(redis::cmd("DEL").arg(TOPIC));
+        std::fs::write(outboxd.checkpoint_path(), &checkpoint).unwrap();
+        drains.push(timed_run(
+            &mut outboxd,
+            "outboxd to drain into Redis",
+            at_gtid(&target),
+        ));
+        redis.cmd::<()>(redis::cmd("DEL").arg(TOPIC));
+        let start = Instant::now();
+        rt.block_on(redis_alone(&redis.url(), n, body.as_bytes()));
+        raws.push((start.elapsed().as_secs_f64(), ()));
+    }
+    let (seconds, stats, spread) = median(drains, n);
+    let (raw_seconds, (), raw_spread) = median(raws, n);
+    vec![
+        Row {
+            key: "redis",
+            what: "outboxd → Redis 7.0 Streams (appendfsync always), MariaDB backlog drain, 10-row transactions".into(),
+            events: n,
+            seconds,
+            bytes: n * record_bytes,
+            extra: format!(
+                "{spread}; {:.1} CPU s, peak RSS {:.0} MB, open {:.2} s",
+                stats.cpu_seconds, stats.peak_rss_mb, stats.open_seconds
+            ),
+        },
+        Row {
+            key: "redis-raw",
+            what: "raw broker: redis-rs alone, same fields, MULTI/EXEC batches of 1,000, one at a time".into(),
+            events: n,
+            seconds: raw_seconds,
+            bytes: n * record_bytes,
+            extra: raw_spread,
+        },
+    ]
+}
+
+async fn redis_alone(url: &str, n: u64, body: &[u8]) {
+    let client = redis::Client::open(url).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let mut i = 0;
+    while i < n {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for j in i..(i + 1000).min(n) {
+            pipe.cmd("XADD")
+                .arg(TOPIC)
+                .arg("*")
+                .arg("id")
+                .arg(uuid_of(j))
+                .arg("outboxd.position")
+                .arg(format!("gtid:0-1-{j}"))
+                .arg("key")
+                .arg(format!("key-{}", j % KEYS))
+                .arg("payload")
+                .arg(body)
+                .arg("timestamp")
+                .arg("1764183600000")
+                .ignore();
+        }
+        let () = pipe.query_async(&mut connection).await.unwrap();
+        i += 1000;
+    }
 }
