@@ -339,9 +339,10 @@ fn secrets_in(doc: &toml::Table) -> Vec<String> {
     for sink in ["rabbitmq", "nats", "redis"] {
         for (key, value) in section(sink).into_iter().flatten() {
             match value.as_str() {
-                Some(urls) if key == "url" => {
+                Some(urls) if key == "url" && sink == "nats" => {
                     secrets.extend(crate::sink::nats::config::url_secrets(urls))
                 }
+                Some(url) if key == "url" => secrets.extend(url_secrets(url)),
                 _ if is_secret_key(key) => secrets.push(text(value)),
                 _ => {}
             }

@@ -86,7 +86,7 @@ impl Batcher {
     async fn deliver(&mut self, batch: Vec<Queued>) -> Result<()> {
         let commands: Vec<redis::Cmd> = batch
             .iter()
-            .map(|q| self.xadd(&q.stream, &q.fields))
+            .map(|q| self.xadd(&q.stream, &q.fields, !q.dead_lettered))
             .collect();
         let replies = self.exec(commands, "adding a batch of entries").await?;
         let mut copies = Vec::new();
@@ -118,7 +118,7 @@ impl Batcher {
         if !copies.is_empty() {
             let commands = copies
                 .iter()
-                .map(|(stream, fields)| self.xadd(stream, fields))
+                .map(|(stream, fields)| self.xadd(stream, fields, false))
                 .collect();
             let replies = self.exec(commands, "adding dead letters").await?;
             if let Some(Value::ServerError(e)) =
@@ -151,10 +151,12 @@ impl Batcher {
         Ok(())
     }
 
-    fn xadd(&self, stream: &str, fields: &[(String, Vec<u8>)]) -> redis::Cmd {
+    /// `XADD`; `trim` applies `redis.maxlen` (never to a dead-letter stream: parked rows stay
+    /// until someone looks at them).
+    fn xadd(&self, stream: &str, fields: &[(String, Vec<u8>)], trim: bool) -> redis::Cmd {
         let mut cmd = redis::cmd("XADD");
         cmd.arg(stream);
-        if let Some(n) = self.maxlen {
+        if let Some(n) = self.maxlen.filter(|_| trim) {
             cmd.arg("MAXLEN").arg("~").arg(n);
         }
         cmd.arg("*");
@@ -227,11 +229,19 @@ impl Batcher {
 
     /// `WAIT n timeout`: every write of this connection so far reached `n` replicas.
     async fn wait(&mut self) -> Result<()> {
-        let reached: i64 = redis::cmd("WAIT")
-            .arg(self.wait_replicas)
-            .arg(wait_millis(self.timeout))
-            .query_async(&mut self.connection)
+        // The server waits at most half the delivery timeout, and the client no longer than the
+        // whole of it (a frozen server answers nothing).
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(self.wait_replicas)
+            .arg(wait_millis(self.timeout / 2));
+        let waiting = wait.query_async::<i64>(&mut self.connection);
+        let reached = tokio::time::timeout(self.timeout, waiting)
             .await
+            .map_err(|_| {
+                Error::sink("Redis did not answer WAIT within redis.message_timeout_ms")
+                    .remedy("outboxd sends again from the checkpoint; check the server")
+                    .transient()
+            })?
             .map_err(|e| command_error("waiting for replicas", &e))?;
         if reached < i64::from(self.wait_replicas) {
             return Err(Error::sink(format!(

@@ -92,7 +92,11 @@ impl RedisConfig {
             |key: &str, why: String, fix: &str| Err((format!("redis.{key}"), why, fix.to_string()));
         self.delivery().validate("redis")?;
         match url::Url::parse(&self.url) {
-            Ok(url) if matches!(url.scheme(), "redis" | "rediss") && url.host().is_some() => {}
+            // A fragment is refused: redis-rs reads `#insecure` as "do not verify the certificate".
+            Ok(url)
+                if matches!(url.scheme(), "redis" | "rediss")
+                    && url.host().is_some()
+                    && url.fragment().is_none() => {}
             _ => {
                 return bad(
                     "url",

@@ -52,7 +52,7 @@ fn connect_error(shown: &str, e: &RedisError) -> Error {
         || matches!(code, "WRONGPASS" | "NOAUTH" | "NOPERM")
     {
         return Error::sink(format!("Redis at {shown} refused the login: {text}"))
-            .remedy("check the user and password in redis.url (or OUTBOXD_REDIS__URL) and the user's ACL (+xadd, +ping, +info)");
+            .remedy("check the user and password in redis.url (or OUTBOXD_REDIS__URL) and the user's ACL (+multi +exec +xadd, and +info +config|get +type for check)");
     }
     let lower = text.to_ascii_lowercase();
     if lower.contains("certificate") || lower.contains("verify failed") {
@@ -65,25 +65,58 @@ fn connect_error(shown: &str, e: &RedisError) -> Error {
         .transient()
 }
 
-/// A batch or a command failed as a whole: classified by the server's error code.
+/// Codes of refusals the server heals by itself (memory freed, a load finished, a failover done):
+/// sent again from the checkpoint. Any other refusal stops outboxd with the server's words.
+const HEALING: [&str; 7] = [
+    "OOM",
+    "LOADING",
+    "BUSY",
+    "TRYAGAIN",
+    "READONLY",
+    "MASTERDOWN",
+    "NOREPLICAS",
+];
+
+/// A batch or a command failed as a whole, classified by the server's error codes. A transaction
+/// aborted while its commands were queued carries each command's refusal: all of them must heal
+/// for a retry. A refused `MULTI` is *not* one of them: the commands after it then ran one by one,
+/// and retrying would store them again and again.
 pub(super) fn command_error(doing: &str, e: &RedisError) -> Error {
     let text = e.to_string();
-    match e.code().unwrap_or_default() {
-        "NOPERM" => Error::sink(format!("Redis refused outboxd's user while {doing}: {text}"))
-            .remedy("grant the user +multi +exec +xadd (+wait with redis.wait_replicas) on the stream keys, then restart outboxd (nothing was skipped)"),
-        "OOM" | "EXECABORT" => Error::sink(format!("Redis refused a batch while {doing}: {text}"))
-            .remedy("Redis is at maxmemory: outboxd sends the batch again from the checkpoint, in order, once it has room; raise maxmemory or let consumers trim the streams")
-            .transient(),
-        "READONLY" => Error::sink(format!("Redis is a replica ({doing}): {text}"))
-            .remedy("point redis.url at the primary; outboxd retries (after a failover the name may move)")
-            .transient(),
-        _ if e.is_timeout() => Error::sink(format!("Redis did not answer within redis.message_timeout_ms while {doing}"))
-            .remedy("outboxd sends again from the checkpoint; check the server")
-            .transient(),
-        _ => Error::sink(format!("Redis failed while {doing}: {text}"))
-            .remedy("outboxd reconnects and sends again from the checkpoint")
-            .transient(),
+    if e.is_timeout() {
+        return Error::sink(format!(
+            "Redis did not answer within redis.message_timeout_ms while {doing}"
+        ))
+        .remedy("outboxd sends again from the checkpoint; check the server")
+        .transient();
     }
+    let codes: Vec<String> = match e.clone().into_server_errors() {
+        Some(errors) => errors.iter().map(|(_, e)| e.code().to_string()).collect(),
+        None => {
+            return Error::sink(format!("Redis failed while {doing}: {text}"))
+                .remedy("outboxd reconnects and sends again from the checkpoint")
+                .transient()
+        }
+    };
+    if !codes.is_empty() && codes.iter().all(|c| HEALING.contains(&c.as_str())) {
+        let remedy = if codes.iter().any(|c| c == "OOM") {
+            "Redis is at maxmemory: outboxd sends the batch again from the checkpoint, in order, once it has room; raise maxmemory or let consumers trim the streams"
+        } else if codes.iter().any(|c| c == "READONLY") {
+            "Redis is a replica: point redis.url at the primary; outboxd retries (after a failover the name may move)"
+        } else {
+            "outboxd sends the batch again from the checkpoint, in order; check the server (INFO)"
+        };
+        return Error::sink(format!("Redis refused a batch while {doing}: {text}"))
+            .remedy(remedy)
+            .transient();
+    }
+    if codes.iter().any(|c| c == "NOPERM") {
+        return Error::sink(format!("Redis refused outboxd's user while {doing}: {text}"))
+            .remedy("grant the user +multi +exec +xadd (+wait with redis.wait_replicas) on the stream keys (~outbox.*), then restart outboxd (nothing was skipped)");
+    }
+    Error::sink(format!("Redis refused a batch while {doing}: {text}")).remedy(
+        "fix what the server names (MULTI/EXEC must be allowed; Redis Cluster is not supported), then restart outboxd (nothing was skipped)",
+    )
 }
 
 /// `check`'s lines for the Redis sink: reachable with these credentials, a primary, durable
@@ -145,6 +178,14 @@ pub async fn preflight(config: &RedisConfig, fixed_topic: Option<&str>) -> Vec<I
             "point redis.url at the primary",
         ));
     }
+    if field("redis_mode").as_deref() == Some("cluster") {
+        items.push(Item::fail(
+            "redis mode",
+            "Redis Cluster is not supported yet (a batch's keys would need one hash slot)",
+            "point redis.url at a standalone primary",
+        ));
+    }
+    items.push(transaction_item(&mut connection).await);
     items.push(durability_item(&mut connection).await);
     items.push(eviction_item(&mut connection).await);
     if config.maxlen.is_some() {
@@ -191,13 +232,38 @@ async fn config_get(connection: &mut MultiplexedConnection, name: &str) -> Optio
     pairs.get(1).cloned()
 }
 
+/// `MULTI`/`EXEC` work for this user: every batch is one.
+async fn transaction_item(connection: &mut MultiplexedConnection) -> Item {
+    match tokio::time::timeout(OPEN_TIMEOUT, probe_multi(connection)).await {
+        Ok(Ok(())) => Item::pass("redis transactions", "MULTI/EXEC allowed"),
+        Ok(Err(e)) => Item::fail(
+            "redis transactions",
+            format!("MULTI/EXEC refused: {e}"),
+            "grant the user +multi +exec (every batch is one transaction)",
+        ),
+        Err(_) => Item::unreachable(
+            "redis transactions",
+            "no answer to MULTI",
+            "check the server",
+        ),
+    }
+}
+
+/// `MULTI` then `DISCARD`, as plain commands. Asked before any batch: a refused `MULTI` inside a
+/// batch would let its commands run one by one (and redis-rs's transaction reply parsing panics
+/// its connection task on it), so a retry would store them again.
+pub(super) async fn probe_multi(connection: &mut MultiplexedConnection) -> redis::RedisResult<()> {
+    redis::cmd("MULTI").query_async::<()>(connection).await?;
+    redis::cmd("DISCARD").query_async::<()>(connection).await
+}
+
 async fn durability_item(connection: &mut MultiplexedConnection) -> Item {
     let appendonly = config_get(connection, "appendonly").await;
     let fsync = config_get(connection, "appendfsync").await;
     match (appendonly.as_deref(), fsync.as_deref()) {
         (Some("yes"), Some("always")) => Item::pass(
             "redis durability",
-            "appendonly yes, appendfsync always: an acknowledged entry survives a crash",
+            "appendonly yes, appendfsync always: an acknowledged entry survives a crash of this server (not a failover to a replica that lacks it: redis.wait_replicas)",
         ),
         (Some("yes"), Some(fsync)) => Item::warn(
             "redis durability",
@@ -211,7 +277,7 @@ async fn durability_item(connection: &mut MultiplexedConnection) -> Item {
         ),
         (None, _) => Item::warn(
             "redis durability",
-            "cannot read appendonly (CONFIG is not allowed to this user)",
+            "cannot read appendonly (CONFIG GET is not allowed, or renamed)",
             "make sure the server runs with appendonly yes and appendfsync always",
         ),
     }
@@ -219,9 +285,9 @@ async fn durability_item(connection: &mut MultiplexedConnection) -> Item {
 
 async fn eviction_item(connection: &mut MultiplexedConnection) -> Item {
     match config_get(connection, "maxmemory-policy").await.as_deref() {
-        Some("noeviction") => Item::pass(
+        Some(policy @ ("noeviction" | "volatile-lru" | "volatile-lfu" | "volatile-random" | "volatile-ttl")) => Item::pass(
             "redis eviction",
-            "maxmemory-policy noeviction: a full server refuses writes (outboxd waits) rather than dropping keys",
+            format!("maxmemory-policy {policy}: streams (no TTL) are never evicted; a full server refuses writes and outboxd waits"),
         ),
         Some(policy) => Item::warn(
             "redis eviction",
@@ -230,7 +296,7 @@ async fn eviction_item(connection: &mut MultiplexedConnection) -> Item {
         ),
         None => Item::warn(
             "redis eviction",
-            "cannot read maxmemory-policy (CONFIG is not allowed to this user)",
+            "cannot read maxmemory-policy (CONFIG GET is not allowed, or renamed)",
             "make sure the server runs with maxmemory-policy noeviction",
         ),
     }

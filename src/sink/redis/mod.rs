@@ -66,6 +66,21 @@ impl RedisSink {
                 .remedy("outboxd retries; check that redis-server is up")
                 .transient()
             })??;
+        let mut connection = connection;
+        match tokio::time::timeout(OPEN_TIMEOUT, connect::probe_multi(&mut connection)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) if e.code().is_some() => {
+                return Err(Error::sink(format!("Redis refused MULTI: {e}")).remedy(
+                    "grant the user +multi +exec (every batch is one MULTI/EXEC transaction), then restart outboxd (nothing was skipped)",
+                ))
+            }
+            Ok(Err(e)) => return Err(connect::command_error("opening a transaction", &e)),
+            Err(_) => {
+                return Err(Error::sink("Redis did not answer MULTI")
+                    .remedy("outboxd retries; check the server")
+                    .transient())
+            }
+        }
         let delivery = config.delivery();
         let (queued, queue) = mpsc::unbounded_channel();
         let batcher =
