@@ -64,6 +64,22 @@ fn rows_reach_jetstream_acked_with_their_ids_as_msg_ids_keys_and_headers_in_key_
     ] {
         assert!(shown.contains(line), "{line} in\n{shown}");
     }
+    // A dead-letter stream whose duplicate window is shorter than the delivery timeout: a resend
+    // after a timeout could be stored twice, and check says so.
+    nats.add_stream_with_window("SHORT", &["outboxd.short"], Duration::from_secs(2));
+    let short = Outboxd::new(
+        "nats-short",
+        &config_with_nats(
+            &db.cdc_url(),
+            &nats.url(),
+            "dead_letter_topic = \"outboxd.short\"",
+        ),
+    );
+    let shown = text(short.command(&["check"]).output().unwrap());
+    assert!(
+        shown.contains("WARN  nats dead-letter subject: \"outboxd.short\" is captured by stream \"SHORT\", whose duplicate window (2s) is shorter"),
+        "{shown}"
+    );
     outboxd.start();
     insert_rows(&db, 0, 300, 7);
     let got = nats.read("EVENTS", 300, READ_LIMIT);

@@ -412,3 +412,48 @@ fn a_user_without_multi_is_refused_by_check_and_stops_run_instead_of_storing_bat
     // Nothing was stored: no batch ran without its MULTI.
     assert!(redis.read(&STREAMS, 0, Duration::from_secs(3)).is_empty());
 }
+
+#[test]
+fn with_wait_replicas_nothing_is_checkpointed_until_a_replica_has_it() {
+    let (db, redis) = servers();
+    let port = redis.port.to_string();
+    let mut replica = Redis::start_with(None, &["--replicaof", "127.0.0.1", &port], None);
+    wait_until("the replica to be in sync", READ_LIMIT, || {
+        redis
+            .cmd::<String>(redis::cmd("INFO").arg("replication"))
+            .contains("connected_slaves:1")
+    });
+    let mut outboxd = Outboxd::new(
+        "redis-wait",
+        &config_with_redis(
+            &db.cdc_url(),
+            &redis.url(),
+            "wait_replicas = 1\nmessage_timeout_ms = 2000",
+        ),
+    );
+    outboxd.start();
+    insert_rows(&db, 0, 10, 10);
+    wait_until("the checkpoint to pass the rows", READ_LIMIT, || {
+        outboxd.checkpoint()["position"]["gtid_set"]
+            == db.sql_socket("SELECT @@gtid_binlog_pos;").trim()
+    });
+    // The replica gone: the primary stores the next rows, but WAIT reaches no replica, so they are
+    // never counted delivered and the checkpoint stays put.
+    replica.kill9();
+    let before = outboxd.checkpoint()["position"].clone();
+    insert_rows(&db, 10, 20, 10);
+    wait_until("WAIT to fall short", READ_LIMIT, || {
+        outboxd.log().contains("replicas had a batch")
+    });
+    assert_eq!(outboxd.checkpoint()["position"], before);
+    // Back: the rows are sent again, reach the replica, and the checkpoint moves on.
+    replica.boot();
+    wait_until("the checkpoint to pass the rows", READ_LIMIT, || {
+        outboxd.checkpoint()["position"]["gtid_set"]
+            == db.sql_socket("SELECT @@gtid_binlog_pos;").trim()
+    });
+    let records = consumed(&redis.read(&STREAMS, 20, READ_LIMIT));
+    check_records(&records, 0..20);
+    check_per_key_order(&records);
+    outboxd.stop();
+}

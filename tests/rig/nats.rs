@@ -199,13 +199,18 @@ impl Nats {
 
     /// A file-backed stream `name` capturing `subjects` (duplicate window 2 minutes).
     pub fn add_stream(&self, name: &str, subjects: &[&str]) {
+        self.add_stream_with_window(name, subjects, Duration::from_secs(120))
+    }
+
+    /// [`Nats::add_stream`] with another duplicate window.
+    pub fn add_stream_with_window(&self, name: &str, subjects: &[&str], window: Duration) {
         block_on(async {
             let js = jetstream::new(self.client().await.unwrap());
             js.create_stream(stream::Config {
                 name: name.into(),
                 subjects: subjects.iter().map(|s| s.to_string()).collect(),
                 storage: stream::StorageType::File,
-                duplicate_window: Duration::from_secs(120),
+                duplicate_window: window,
                 ..Default::default()
             })
             .await

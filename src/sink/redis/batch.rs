@@ -10,7 +10,7 @@ use redis::Value;
 use tokio::sync::mpsc;
 
 use super::config::RedisConfig;
-use super::connect::{command_error, wait_millis};
+use super::connect::{command_error, wait_millis, HEALING};
 use super::entry::Fields;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -98,7 +98,7 @@ impl Batcher {
                 // The row's own fault: its key holds another type.
                 "WRONGTYPE" => copies.push(self.dead_letter_copy(q)?),
                 // The server's state, which heals: sent again from the checkpoint.
-                "OOM" | "LOADING" | "BUSY" | "TRYAGAIN" | "READONLY" | "MASTERDOWN" => {
+                code if HEALING.contains(&code) => {
                     return Err(Error::sink(format!(
                         "Redis refused an entry for stream {:?}: {e:?}",
                         q.stream

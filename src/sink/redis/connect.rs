@@ -67,7 +67,7 @@ fn connect_error(shown: &str, e: &RedisError) -> Error {
 
 /// Codes of refusals the server heals by itself (memory freed, a load finished, a failover done):
 /// sent again from the checkpoint. Any other refusal stops outboxd with the server's words.
-const HEALING: [&str; 7] = [
+pub(super) const HEALING: [&str; 7] = [
     "OOM",
     "LOADING",
     "BUSY",
