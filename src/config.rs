@@ -59,7 +59,8 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointConfig {
-    /// Where the checkpoint lives: a file in `dir`, or a record in a compacted Kafka topic.
+    /// Where the checkpoint lives: a file in `dir`, a record in a compacted Kafka topic, or a key
+    /// in the Redis the `[redis]` sink writes to.
     pub store: StoreKind,
     /// `store = "file"`: the directory of `<name>.json`.
     pub dir: PathBuf,
@@ -77,6 +78,8 @@ pub struct CheckpointConfig {
 pub enum StoreKind {
     File,
     Kafka,
+    /// In the `[redis]` sink's server, committed with the entries (exactly-once).
+    Redis,
 }
 
 impl Default for CheckpointConfig {
@@ -200,6 +203,13 @@ impl Config {
             return bad(
                 "checkpoint.store",
                 "the Kafka checkpoint store writes to the [kafka] section's brokers, and this pipeline has none".into(),
+                "use checkpoint.store = \"file\" (the default) with this sink",
+            );
+        }
+        if self.checkpoint.store == StoreKind::Redis && !matches!(sink, SinkConfig::Redis(_)) {
+            return bad(
+                "checkpoint.store",
+                "the Redis checkpoint store lives in the [redis] sink's server (it is committed with the entries), and this pipeline has none".into(),
                 "use checkpoint.store = \"file\" (the default) with this sink",
             );
         }
@@ -375,8 +385,11 @@ const TOP_LEVEL: [&str; 9] = [
     "http",
 ];
 /// Keys whose values are numbers, booleans or lists: their override is read as a TOML literal.
-const TYPED_KEYS: [&str; 15] = [
+const TYPED_KEYS: [&str; 18] = [
     "server_id",
+    "transaction_interval_ms",
+    "transaction_max_records",
+    "transaction_max_bytes",
     "maxlen",
     "wait_replicas",
     "max_message_bytes",
@@ -1126,6 +1139,26 @@ url = "redis://outboxd:s3cret-redis@127.0.0.1:6379/0"
         bad("dead_letter_topic = \"\"", "redis.dead_letter_topic");
         bad("ca_file = \"/ca.pem\"", "redis.ca_file");
         bad("exactly_once = true", "exactly_once");
+        bad(
+            "transaction_interval_ms = 5",
+            "redis.transaction_interval_ms",
+        );
+        bad(
+            "transaction_max_records = 0",
+            "redis.transaction_max_records",
+        );
+        // The checkpoint in Redis (exactly-once) needs the Redis sink, and only it.
+        let c = parse(&format!("{REDIS}[checkpoint]\nstore = \"redis\"\n"), &[]).unwrap();
+        assert_eq!(c.checkpoint.store, StoreKind::Redis);
+        let limits = c.sink().transaction_limits().unwrap();
+        assert_eq!((limits.max_records, limits.broker_timeout), (10_000, None));
+        let e = parse(&format!("{NATS}[checkpoint]\nstore = \"redis\"\n"), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("checkpoint.store") && e.contains("[redis]"),
+            "{e}"
+        );
         let http = REDIS.replace("redis://", "http://");
         let e = parse(&http, &[]).unwrap_err().to_string();
         assert!(

@@ -7,8 +7,9 @@
 //! A source that confirms progress to its server (a Postgres slot's `confirmed_flush_lsn`) asks a
 //! [`Durable`] handle for the durable position; it never sees anything newer than what is on disk.
 //!
-//! With `kafka.exactly_once` there is no separate write: the checkpoint is a record in the same
-//! Kafka transaction as the records it covers ([`Checkpointer::record`]), and the session reports
+//! Exactly-once (`kafka.exactly_once`, or the checkpoint in Redis) has no separate write: the
+//! checkpoint goes in the same transaction as the records it covers ([`Checkpointer::mark`]: a
+//! Kafka record, or the Redis key's new value), and the session reports
 //! the transaction's commit ([`Checkpointer::committed`]). `flush` is then never called: a position
 //! whose records were acknowledged but not committed is not safe, since an abort takes them back.
 
@@ -46,7 +47,7 @@ impl Checkpointer {
     pub async fn load(&self) -> Result<Option<Checkpoint>> {
         // The store may be a Kafka topic: its reads block.
         let reading = self.store.clone();
-        let stored = tokio::task::spawn_blocking(move || reading.load())
+        let stored = tokio::task::spawn_blocking(move || reading.resume())
             .await
             .map_err(|e| Error::checkpoint(format!("checkpoint read task died: {e}")))??;
         self.durable
@@ -97,15 +98,15 @@ impl Checkpointer {
         &self.tracker
     }
 
-    /// Exactly-once: the checkpoint record for `position`, to commit in the Kafka transaction
-    /// that holds every record before it.
-    pub fn record(&self, position: &Position) -> Result<crate::route::Record> {
+    /// Exactly-once: the checkpoint for `position`, to commit in the transaction that holds
+    /// every record before it.
+    pub fn mark(&self, position: &Position) -> Result<crate::sink::CommitMark> {
         let Some(identity) = self.identity.get() else {
             return Err(Error::checkpoint(
-                "a Kafka transaction was committed before the source was open (a bug)",
+                "a transaction was committed before the source was open (a bug)",
             ));
         };
-        self.store.live_record(identity, position)
+        self.store.live_mark(identity, position)
     }
 
     /// Whether `position` is what this process stored last (a transaction holding only its

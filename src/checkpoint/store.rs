@@ -3,8 +3,9 @@
 //! What a checkpoint *means* is decided here, once: its format, its version, whose it is, what a
 //! damaged one does (an error naming the fix, never a guessed position), and how saves, resets and
 //! the "write only what changed" rule work. *Where* it lives is a [`Backend`]: a file
-//! ([`super::file`]) or a record in a compacted Kafka topic ([`super::kafka`]). A new place is one
-//! module implementing `Backend` and one arm in [`Store::open`].
+//! ([`super::file`]), a record in a compacted Kafka topic ([`super::kafka`]) or a Redis key
+//! ([`super::redis`]). A new place is one module implementing `Backend` and one arm in
+//! [`Store::open`].
 
 use std::sync::{Arc, Mutex};
 
@@ -12,8 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use super::file::FileStore;
 use super::kafka::KafkaStore;
+use super::redis::RedisStore;
 use crate::config::{Config, StoreKind};
 use crate::error::{Error, Result};
+use crate::sink::{CommitMark, Transactional};
 use crate::source::{Position, SourceIdentity};
 
 const VERSION: u32 = 1;
@@ -69,6 +72,7 @@ pub struct Store {
     name: String,
     backend: Box<dyn Backend>,
     kafka: Option<Arc<KafkaStore>>,
+    redis: Option<Arc<RedisStore>>,
     /// What this process last wrote, so an unchanged position is not rewritten on every heartbeat.
     last_written: Mutex<Option<(SourceIdentity, Position)>>,
 }
@@ -109,6 +113,13 @@ impl Store {
                     Some(kafka.clone()),
                 ))
             }
+            // No lock and no lead: every commit compares the key it replaces (see `redis`).
+            StoreKind::Redis => {
+                let redis = Arc::new(RedisStore::open(config, name)?);
+                let mut store = Store::with(name, Box::new(redis.clone()), None);
+                store.redis = Some(redis);
+                Ok(store)
+            }
         }
     }
 
@@ -126,6 +137,7 @@ impl Store {
             name: name.to_string(),
             backend,
             kafka,
+            redis: None,
             last_written: Mutex::new(None),
         }
     }
@@ -133,6 +145,20 @@ impl Store {
     /// The Kafka store, when checkpoints live in Kafka (for the pipeline's lead).
     pub fn kafka(&self) -> Option<&Arc<KafkaStore>> {
         self.kafka.as_ref()
+    }
+
+    /// How a run of `config`'s pipeline commits records and checkpoint together, if it does:
+    /// `kafka.exactly_once` with the checkpoint in Kafka, or the checkpoint in Redis.
+    pub fn transactional(&self, config: &Config) -> Option<Transactional> {
+        if let Some(redis) = &self.redis {
+            return Some(Transactional::Redis(redis.key().to_string()));
+        }
+        match &self.kafka {
+            Some(kafka) if config.kafka().is_some_and(|k| k.exactly_once) => {
+                Some(Transactional::Kafka(kafka.records_transactional_id()))
+            }
+            _ => None,
+        }
     }
 
     /// Where the live checkpoint is, for messages.
@@ -177,6 +203,17 @@ impl Store {
         Ok(Some(checkpoint))
     }
 
+    /// [`Store::load`] for a session that resumes from it: a store whose commits compare what
+    /// they replace (Redis) remembers what was read.
+    pub fn resume(&self) -> Result<Option<Checkpoint>> {
+        let Some(redis) = &self.redis else {
+            return self.load();
+        };
+        let bytes = self.backend.read(&Slot::Live)?;
+        redis.expect(bytes);
+        self.load()
+    }
+
     /// [`Store::load`] from async code: a Kafka store's read blocks for a network round trip (or
     /// its timeout), a file store's for the disk (a stalled network mount: indefinitely), so on the
     /// multi-threaded runtime it tells the scheduler to move other tasks off this worker meanwhile
@@ -195,7 +232,7 @@ impl Store {
     pub fn write(&self, source: &SourceIdentity, position: &Position) -> Result<Checkpoint> {
         let checkpoint = self.document(source, position);
         self.backend.write(&Slot::Live, &body(&checkpoint))?;
-        self.mark_written(source, position);
+        self.remember(source, position);
         Ok(checkpoint)
     }
 
@@ -227,22 +264,33 @@ impl Store {
             .is_some_and(|(s, p)| s == source && p == position)
     }
 
-    /// The live checkpoint as a Kafka record, for a transaction that commits it together with
-    /// the records it covers (`kafka.exactly_once`; the store must be Kafka).
-    pub fn live_record(
-        &self,
-        source: &SourceIdentity,
-        position: &Position,
-    ) -> Result<crate::route::Record> {
+    /// The live checkpoint in the form the sink commits it with the records it covers (Kafka:
+    /// a record; Redis: the key's new value and the one it must replace).
+    pub fn live_mark(&self, source: &SourceIdentity, position: &Position) -> Result<CommitMark> {
+        let body = body(&self.document(source, position));
+        if let Some(redis) = &self.redis {
+            redis.committing(body.clone());
+            return Ok(CommitMark::Key {
+                body,
+                expected: redis.expected(),
+            });
+        }
         let kafka = self.kafka.as_ref().ok_or_else(|| {
             Error::config("kafka.exactly_once needs checkpoint.store = \"kafka\"")
                 .remedy("set checkpoint.store = \"kafka\"")
         })?;
-        Ok(kafka.live_record(body(&self.document(source, position))))
+        Ok(CommitMark::Record(kafka.live_record(body)))
     }
 
     /// A transaction holding `position`'s record committed: it is what this process wrote last.
     pub fn mark_written(&self, source: &SourceIdentity, position: &Position) {
+        if let Some(redis) = &self.redis {
+            redis.committed();
+        }
+        self.remember(source, position);
+    }
+
+    fn remember(&self, source: &SourceIdentity, position: &Position) {
         *self.last_written.lock().expect("store lock") = Some((source.clone(), position.clone()));
     }
 

@@ -12,11 +12,12 @@
 //! it can be within it, and no wait (a full window, a topic lookup, acks) outlasts it. What is cut
 //! off is sent again on restart.
 //!
-//! Exactly-once sessions (`kafka.exactly_once`) differ in three places: `open` fences every earlier
-//! producer of the pipeline *before* it reads the checkpoint (so no old commit can land after the
-//! read); rows go into a Kafka transaction that a boundary or a timer commits together with the
-//! checkpoint record ([`super::transaction`]), instead of the writer task; and `finish` commits what
-//! ends at a boundary or aborts what does not.
+//! Exactly-once sessions (`kafka.exactly_once`, or the checkpoint in Redis) differ in three places:
+//! `open` fences every earlier Kafka producer of the pipeline *before* it reads the checkpoint (so
+//! no old commit can land after the read; Redis needs no fencing step: each commit compares the
+//! checkpoint it replaces with the one read here); rows go into a transaction that a boundary or a
+//! timer commits together with the checkpoint ([`super::transaction`]), instead of the writer
+//! task; and `finish` commits what ends at a boundary or aborts what does not.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,7 +35,7 @@ use crate::config::Config;
 use crate::error::{Error, Kind, Result};
 use crate::metrics::Metrics;
 use crate::route::Record;
-use crate::sink::kafka::KafkaSink;
+use crate::sink::delivery::TransactionLimits;
 use crate::sink::Sink;
 use crate::source::{Boundary, Change, Position, Row, Source, SourceIdentity};
 
@@ -71,8 +72,9 @@ pub(super) struct Session<'a> {
     /// The checkpoint writer task; `None` in exactly-once sessions (commits write the checkpoint).
     writer: Option<tokio::task::JoinHandle<Result<()>>>,
     writer_stop: watch::Sender<bool>,
-    /// Exactly-once: what the open Kafka transaction holds.
+    /// Exactly-once: what the open transaction holds, and when it must commit.
     batch: Option<Batch>,
+    limits: Option<TransactionLimits>,
     watchdog: Option<tokio::task::JoinHandle<()>>,
     shutdown: watch::Receiver<bool>,
     /// What this session learned about each topic it asked about (exists or not; asked once each,
@@ -111,25 +113,20 @@ impl<'a> Session<'a> {
             checkpointer: checkpointer.clone(),
             failure: failure.clone(),
         });
-        // Exactly-once needs the checkpoint in Kafka (the config insists; replays, whose progress
-        // is a scratch file, send at least once).
-        let transactional_id = match shared.store.kafka() {
-            Some(kafka) if config.kafka().is_some_and(|k| k.exactly_once) => {
-                Some(kafka.records_transactional_id())
-            }
-            _ => None,
-        };
+        // Exactly-once needs the checkpoint in the sink's broker (the config insists; replays,
+        // whose progress is a scratch file, send at least once).
+        let transactional = shared.store.transactional(config);
         // The producer is created first so that it gets ready while the source connects.
         let sink = Sink::open(
             &config.name,
             config.sink(),
-            transactional_id.as_deref(),
+            transactional.as_ref(),
             acks,
             shared.metrics.clone(),
         )
         .await?;
         let opened = async {
-            if transactional_id.is_some() {
+            if transactional.is_some() {
                 // Before the checkpoint is read: from here no earlier producer can commit.
                 sink.init_transactions(INIT_TRANSACTIONS_TIMEOUT).await?;
             }
@@ -162,7 +159,11 @@ impl<'a> Session<'a> {
         let (changes, reader) =
             reader::spawn(source, config.route.on_update_delete, metrics.clone());
         let (writer_stop, writer_stopped) = watch::channel(false);
-        let batch = transactional_id.and(config.kafka()).map(Batch::new);
+        let limits = transactional
+            .is_some()
+            .then(|| config.sink().transaction_limits())
+            .flatten();
+        let batch = limits.as_ref().map(Batch::new);
         let writer = batch.is_none().then(|| {
             tokio::spawn(write_checkpoints(
                 checkpointer.clone(),
@@ -185,6 +186,7 @@ impl<'a> Session<'a> {
             writer,
             writer_stop,
             batch,
+            limits,
             watchdog,
             shutdown,
             topics: HashMap::new(),
@@ -195,12 +197,10 @@ impl<'a> Session<'a> {
         })
     }
 
-    /// How long the brokers let one Kafka transaction stay open (exactly-once sessions only).
-    fn transaction_timeout(&self) -> Duration {
-        self.config.kafka().map_or(
-            crate::sink::kafka::DEFAULT_TRANSACTION_TIMEOUT,
-            KafkaSink::transaction_timeout,
-        )
+    /// How long the brokers let one transaction stay open (Kafka's `transaction.timeout.ms`);
+    /// `None` when they keep it as long as the connection lives (Redis) or outside exactly-once.
+    fn broker_timeout(&self) -> Option<Duration> {
+        self.limits.as_ref().and_then(|l| l.broker_timeout)
     }
 
     /// While stopping, no wait may outlast the drain deadline (a broker outage must not hold a
@@ -373,16 +373,23 @@ impl<'a> Session<'a> {
             }
             self.sink.begin()?;
         }
-        let record = self.checkpointer.record(&end)?;
+        let mark = self.checkpointer.mark(&end)?;
         // Bounded by what is left of the transaction's own timeout (past it the brokers abort it,
-        // which the producer would report as a fence), and while stopping by the drain deadline.
-        let left = self.transaction_timeout().saturating_sub(
-            self.batch
+        // which the producer would report as a fence) or the sink's commit timeout, and while
+        // stopping by the drain deadline.
+        let left = match self.broker_timeout() {
+            Some(timeout) => timeout.saturating_sub(
+                self.batch
+                    .as_ref()
+                    .and_then(|b| b.began())
+                    .filter(|_| open)
+                    .map_or(Duration::ZERO, |b| b.elapsed()),
+            ),
+            None => self
+                .limits
                 .as_ref()
-                .and_then(|b| b.began())
-                .filter(|_| open)
-                .map_or(Duration::ZERO, |b| b.elapsed()),
-        );
+                .map_or(Duration::from_secs(30), |l| l.commit_timeout),
+        };
         let limit = match self.stopping {
             Some(_) => self
                 .deadline()
@@ -390,18 +397,18 @@ impl<'a> Session<'a> {
             None => left.max(Duration::from_secs(1)),
         };
         let committed = {
-            let mut committing = std::pin::pin!(self.sink.commit(record, limit));
+            let mut committing = std::pin::pin!(self.sink.commit(mark, limit));
             loop {
                 let deadline = self.deadline();
                 let stopping = self.stopping.is_some();
                 tokio::select! {
                     result = committing.as_mut() => break result,
                     _ = self.shutdown.wait_for(|stop| *stop), if !stopping => {
-                        tracing::info!("shutdown requested while a Kafka transaction commits: waiting for it until the drain deadline");
+                        tracing::info!("shutdown requested while a transaction commits: waiting for it until the drain deadline");
                         self.stopping = Some(Instant::now());
                     }
                     _ = tokio::time::sleep_until(deadline), if stopping => {
-                        break Err(Error::sink("the Kafka transaction did not commit within the drain deadline; if the brokers still commit it, its records and checkpoint become visible together, else both are sent again on restart").transient());
+                        break Err(Error::sink("the transaction did not commit within the drain deadline; if the broker still commits it, its records and checkpoint become visible together, else both are sent again on restart").transient());
                     }
                 }
             }
@@ -422,10 +429,9 @@ impl<'a> Session<'a> {
     /// the lead was lost too, the instance stands by as after any takeover, and the message says
     /// what else it may have been.
     fn explain_fence(&self, e: Error) -> Error {
-        let Some(batch) = &self.batch else {
+        let (Some(batch), Some(limit)) = (&self.batch, self.broker_timeout()) else {
             return e;
         };
-        let limit = self.transaction_timeout();
         let aged = batch.began().is_some_and(|b| b.elapsed() >= limit);
         if !e.is_superseded() || !aged {
             return e;
@@ -663,16 +669,16 @@ impl<'a> Session<'a> {
             && self.batch.as_ref().is_some_and(|b| !b.partial())
             && !self.failure.is_set();
         if clean {
-            self.stop("committing the last Kafka transaction");
+            self.stop("committing the last transaction");
             match self.commit().await {
                 Ok(committed) => {
                     if committed {
-                        tracing::info!("final Kafka transaction committed with its checkpoint");
+                        tracing::info!("final transaction committed with its checkpoint");
                     }
                     return Ok(());
                 }
                 Err(e) if e.is_transient() || e.is_superseded() => {
-                    tracing::warn!(error = %e, "the last Kafka transaction did not commit; it is sent again on restart")
+                    tracing::warn!(error = %e, "the last transaction did not commit; it is sent again on restart")
                 }
                 Err(e) => {
                     self.abort().await;

@@ -1,6 +1,7 @@
-//! Exactly-once: when the session commits its Kafka transaction.
+//! Exactly-once: when the session commits its sink's transaction.
 //!
-//! With `kafka.exactly_once`, one Kafka transaction holds the records of whole source transactions
+//! With `kafka.exactly_once` (or the checkpoint in Redis: one `MULTI`/`EXEC` where this says
+//! "Kafka transaction"), one Kafka transaction holds the records of whole source transactions
 //! and, last, the checkpoint record of their end, so a `read_committed` consumer sees the records
 //! exactly when the position that follows them is stored, and a crash anywhere before the commit
 //! takes back both: the next session resumes from the committed checkpoint and sends them again
@@ -24,7 +25,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::config::KafkaConfig;
+use crate::sink::delivery::TransactionLimits;
 use crate::source::Position;
 
 /// Under a backlog, a transaction may stay open this many intervals (see the module doc).
@@ -34,8 +35,8 @@ pub(super) const STRETCH: u32 = 30;
 pub(super) struct Batch {
     interval: Duration,
     /// How long a transaction may stay open under a backlog: [`STRETCH`] intervals, but at most
-    /// a quarter of the brokers' transaction timeout (the commit's flush of the window must fit in
-    /// what is left).
+    /// a quarter of the brokers' transaction timeout, if they have one (the commit's flush of the
+    /// window must fit in what is left).
     stretched: Duration,
     /// The last boundary with a commit time was behind (the source is catching up).
     lagging: bool,
@@ -62,17 +63,18 @@ pub(super) struct Commit {
 }
 
 impl Batch {
-    pub fn new(config: &KafkaConfig) -> Batch {
-        let interval = Duration::from_millis(config.transaction_interval_ms);
-        let stretched = (interval * STRETCH)
-            .min(crate::sink::kafka::KafkaSink::transaction_timeout(config) / 4)
+    pub fn new(limits: &TransactionLimits) -> Batch {
+        let interval = limits.interval;
+        let stretched = limits
+            .broker_timeout
+            .map_or(interval * STRETCH, |t| (interval * STRETCH).min(t / 4))
             .max(interval);
         Batch {
             interval,
             stretched,
             lagging: false,
-            max_records: config.transaction_max_records,
-            max_bytes: config.transaction_max_bytes,
+            max_records: limits.max_records,
+            max_bytes: limits.max_bytes,
             since: None,
             records: 0,
             bytes: 0,
@@ -184,12 +186,13 @@ mod tests {
     use crate::source::postgres::Lsn;
 
     fn batch(interval_ms: u64, max_records: u64, max_bytes: u64) -> Batch {
-        let mut config: KafkaConfig =
-            toml::from_str("brokers = \"127.0.0.1:9092\"").expect("a kafka section");
-        config.transaction_interval_ms = interval_ms;
-        config.transaction_max_records = max_records;
-        config.transaction_max_bytes = max_bytes;
-        Batch::new(&config)
+        Batch::new(&TransactionLimits {
+            interval: Duration::from_millis(interval_ms),
+            max_records,
+            max_bytes,
+            broker_timeout: Some(Duration::from_secs(60)),
+            commit_timeout: Duration::from_secs(60),
+        })
     }
 
     fn at(n: u64) -> Position {

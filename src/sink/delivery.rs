@@ -69,3 +69,50 @@ impl Delivery {
         Ok(())
     }
 }
+
+/// When a sink that commits atomically (Kafka with `exactly_once`, Redis with the checkpoint in
+/// Redis) closes a transaction: at the first source transaction boundary past one of these.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransactionLimits {
+    /// `transaction_interval_ms`: the longest a transaction stays open once it holds a change.
+    pub interval: Duration,
+    /// `transaction_max_records`.
+    pub max_records: u64,
+    /// `transaction_max_bytes` (keys, values, headers).
+    pub max_bytes: u64,
+    /// The broker aborts a transaction open longer than this (Kafka's `transaction.timeout.ms`);
+    /// `None`: the broker keeps it until the connection closes (Redis).
+    pub broker_timeout: Option<Duration>,
+    /// How long a commit may take when the broker sets no timeout.
+    pub commit_timeout: Duration,
+}
+
+/// Checks `transaction_interval_ms`, `transaction_max_records` and `transaction_max_bytes` of the
+/// sink section `section`.
+pub fn validate_transactions(section: &str, limits: &TransactionLimits) -> Result<(), Refusal> {
+    let refuse =
+        |key: &str, why: String, fix: &str| Err((format!("{section}.{key}"), why, fix.to_string()));
+    let interval = limits.interval.as_millis();
+    if !(10..=600_000).contains(&interval) {
+        return refuse(
+            "transaction_interval_ms",
+            format!("{interval} is out of range"),
+            "use 10..=600000 milliseconds",
+        );
+    }
+    if limits.max_records == 0 {
+        return refuse(
+            "transaction_max_records",
+            "0 would never let a transaction hold a record".into(),
+            "use a positive number",
+        );
+    }
+    if limits.max_bytes < 1024 {
+        return refuse(
+            "transaction_max_bytes",
+            format!("{} is out of range", limits.max_bytes),
+            "use at least 1024 bytes",
+        );
+    }
+    Ok(())
+}

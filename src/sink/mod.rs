@@ -7,8 +7,12 @@
 //!
 //! [`Sink`] is the one type the pipeline holds: one arm per broker, each a module of its own with
 //! its config section (`config.rs`), its client and its `check` lines. Adding a sink is a module
-//! and an arm here (and in [`SinkConfig`]); the pipeline does not change. Kafka's transactions
-//! (exactly-once) exist on the Kafka arm only; the config refuses `exactly_once` anywhere else.
+//! and an arm here (and in [`SinkConfig`]); the pipeline does not change.
+//!
+//! Two sinks can commit the checkpoint atomically with the records (exactly-once): Kafka in a
+//! transaction (`kafka.exactly_once`), Redis in a `MULTI`/`EXEC` (`checkpoint.store = "redis"`).
+//! The pipeline chooses the source transaction boundary; the sink gets the checkpoint as opaque
+//! bytes in a [`CommitMark`], so positions still never reach it.
 
 pub mod ack;
 pub mod delivery;
@@ -36,6 +40,27 @@ use nats::config::NatsConfig;
 use nats::NatsSink;
 use rabbitmq::config::RabbitMqConfig;
 use rabbitmq::RabbitMqSink;
+
+/// How a session's sink commits the checkpoint with the records it covers.
+#[derive(Debug, Clone)]
+pub enum Transactional {
+    /// Kafka transactions under this `transactional.id`.
+    Kafka(String),
+    /// Redis `MULTI`/`EXEC`, with the checkpoint at this key.
+    Redis(String),
+}
+
+/// The checkpoint, as opaque bytes in the form its sink commits it.
+pub enum CommitMark {
+    /// Kafka: the checkpoint record, the transaction's last.
+    Record(Record),
+    /// Redis: the checkpoint key's new value, applied only while the key still holds `expected`
+    /// (what this instance last read or wrote there).
+    Key {
+        body: Vec<u8>,
+        expected: Option<Vec<u8>>,
+    },
+}
 
 /// The pipeline's sink section (exactly one per config).
 #[derive(Debug, Clone, Copy)]
@@ -113,6 +138,16 @@ impl SinkConfig<'_> {
         }
     }
 
+    /// When its transactions commit (Kafka with `exactly_once`, Redis with the checkpoint in
+    /// Redis); `None` for a sink without transactions.
+    pub fn transaction_limits(&self) -> Option<delivery::TransactionLimits> {
+        match self {
+            SinkConfig::Kafka(kafka) => Some(kafka.transaction_limits()),
+            SinkConfig::Redis(redis) => Some(redis.transaction_limits()),
+            SinkConfig::RabbitMq(_) | SinkConfig::Nats(_) => None,
+        }
+    }
+
     /// `check`'s lines for the sink.
     pub async fn preflight(&self, wanted: kafka::Wanted) -> Vec<crate::preflight::Item> {
         match self {
@@ -156,31 +191,32 @@ pub enum Sink {
 }
 
 impl Sink {
-    /// The session's sink; `transactional_id` makes the Kafka producer transactional.
+    /// The session's sink; `transactional` makes it commit the checkpoint with the records.
     pub async fn open(
         name: &str,
         config: SinkConfig<'_>,
-        transactional_id: Option<&str>,
+        transactional: Option<&Transactional>,
         acks: Arc<dyn Acks>,
         metrics: Arc<Metrics>,
     ) -> Result<Sink> {
+        let (kafka_id, redis_key) = match transactional {
+            Some(Transactional::Kafka(id)) => (Some(id.as_str()), None),
+            Some(Transactional::Redis(key)) => (None, Some(key.as_str())),
+            None => (None, None),
+        };
         Ok(match config {
-            SinkConfig::Kafka(kafka) => Sink::Kafka(KafkaSink::new(
-                name,
-                kafka,
-                transactional_id,
-                acks,
-                metrics,
-            )?),
+            SinkConfig::Kafka(kafka) => {
+                Sink::Kafka(KafkaSink::new(name, kafka, kafka_id, acks, metrics)?)
+            }
             SinkConfig::RabbitMq(rabbitmq) => Sink::RabbitMq(Box::new(
                 RabbitMqSink::new(name, rabbitmq, acks, metrics).await?,
             )),
             SinkConfig::Nats(nats) => {
                 Sink::Nats(Box::new(NatsSink::new(name, nats, acks, metrics).await?))
             }
-            SinkConfig::Redis(redis) => {
-                Sink::Redis(Box::new(RedisSink::new(redis, acks, metrics).await?))
-            }
+            SinkConfig::Redis(redis) => Sink::Redis(Box::new(
+                RedisSink::new(redis, redis_key, acks, metrics).await?,
+            )),
         })
     }
 
@@ -231,31 +267,44 @@ impl Sink {
         }
     }
 
-    /// Kafka's transactions (exactly-once); the config allows them on the Kafka sink only.
-    fn transactional(&self) -> Result<&KafkaSink> {
+    /// Takes over the pipeline's transactions (Kafka: fences every earlier producer; Redis has
+    /// nothing to take over: each commit compares the checkpoint it replaces).
+    pub async fn init_transactions(&self, limit: Duration) -> Result<()> {
         match self {
-            Sink::Kafka(sink) => Ok(sink),
-            _ => Err(Error::sink(
-                "exactly-once on a sink without transactions (a bug)",
-            )),
+            Sink::Kafka(sink) => sink.init_transactions(limit).await,
+            _ => Ok(()),
         }
     }
 
-    pub async fn init_transactions(&self, limit: Duration) -> Result<()> {
-        self.transactional()?.init_transactions(limit).await
-    }
-
+    /// Opens a transaction: the records sent from now on commit with the next [`CommitMark`].
     pub fn begin(&self) -> Result<()> {
-        self.transactional()?.begin()
+        match self {
+            Sink::Kafka(sink) => sink.begin(),
+            Sink::Redis(sink) => sink.begin(),
+            _ => Err(no_transactions()),
+        }
     }
 
-    pub async fn commit(&self, last: Record, limit: Duration) -> Result<()> {
-        self.transactional()?.commit(last, limit).await
+    /// Commits the open transaction with `mark` (the checkpoint of its end), within `limit`.
+    pub async fn commit(&self, mark: CommitMark, limit: Duration) -> Result<()> {
+        match (self, mark) {
+            (Sink::Kafka(sink), CommitMark::Record(last)) => sink.commit(last, limit).await,
+            (Sink::Redis(sink), CommitMark::Key { body, expected }) => {
+                sink.commit(body, expected, limit).await
+            }
+            _ => Err(no_transactions()),
+        }
     }
 
+    /// Gives up the open transaction (best effort: a Kafka transaction is aborted by the next
+    /// session's start otherwise; a Redis one dies with its connection at `close`).
     pub async fn abort(&self, limit: Duration) {
-        if let Ok(sink) = self.transactional() {
+        if let Sink::Kafka(sink) = self {
             sink.abort(limit).await
         }
     }
+}
+
+fn no_transactions() -> Error {
+    Error::sink("a transaction on a sink without transactions (a bug)")
 }

@@ -100,6 +100,18 @@ impl KafkaConfig {
         }
     }
 
+    /// `exactly_once`: when a Kafka transaction commits, and how long the brokers let it live.
+    pub fn transaction_limits(&self) -> delivery::TransactionLimits {
+        let broker_timeout = crate::sink::kafka::KafkaSink::transaction_timeout(self);
+        delivery::TransactionLimits {
+            interval: Duration::from_millis(self.transaction_interval_ms),
+            max_records: self.transaction_max_records,
+            max_bytes: self.transaction_max_bytes,
+            broker_timeout: Some(broker_timeout),
+            commit_timeout: broker_timeout,
+        }
+    }
+
     /// How long a record may wait for its acknowledgement before the session ends and resends:
     /// the configured `message.timeout.ms` (validated as milliseconds), librdkafka's 300 s by
     /// default; `None` for 0 (wait forever).
@@ -134,13 +146,7 @@ impl KafkaConfig {
                 "set checkpoint.store = \"kafka\" (README \"Exactly-once delivery\"), or remove exactly_once",
             );
         }
-        if !(10..=600_000).contains(&self.transaction_interval_ms) {
-            return bad(
-                "kafka.transaction_interval_ms",
-                format!("{} is out of range", self.transaction_interval_ms),
-                "use 10..=600000 milliseconds (default 100), at most half of transaction.timeout.ms",
-            );
-        }
+        delivery::validate_transactions("kafka", &self.transaction_limits())?;
         let transaction_timeout = self
             .properties
             .get("transaction.timeout.ms")
@@ -174,20 +180,6 @@ impl KafkaConfig {
                 )
             }
             _ => {}
-        }
-        if self.transaction_max_records == 0 {
-            return bad(
-                "kafka.transaction_max_records",
-                "0 records would commit nothing".into(),
-                "use a positive number (default 200000)",
-            );
-        }
-        if self.transaction_max_bytes < 1024 {
-            return bad(
-                "kafka.transaction_max_bytes",
-                format!("{} is out of range", self.transaction_max_bytes),
-                "use at least 1024 bytes (default 134217728 = 128 MiB)",
-            );
         }
         for (key, value) in &self.properties {
             let refuse = match key.as_str() {

@@ -96,23 +96,14 @@ impl Batcher {
             };
             match e.code() {
                 // The row's own fault: its key holds another type.
-                "WRONGTYPE" => copies.push(self.dead_letter_copy(q)?),
+                "WRONGTYPE" => copies.push(dead_letter_copy(
+                    self.dead_letter.as_deref(),
+                    &q.stream,
+                    &q.fields,
+                    q.dead_lettered,
+                )?),
                 // The server's state, which heals: sent again from the checkpoint.
-                code if HEALING.contains(&code) => {
-                    return Err(Error::sink(format!(
-                        "Redis refused an entry for stream {:?}: {e:?}",
-                        q.stream
-                    ))
-                    .remedy("outboxd sends the batch again from the checkpoint, in order; check the server (INFO)")
-                    .transient())
-                }
-                _ => {
-                    return Err(Error::sink(format!(
-                        "Redis refused an entry for stream {:?}: {e:?}",
-                        q.stream
-                    ))
-                    .remedy("fix what the server names, then restart outboxd (nothing was skipped)"))
-                }
+                _ => return Err(refused_entry(&q.stream, e)),
             }
         }
         if !copies.is_empty() {
@@ -151,19 +142,8 @@ impl Batcher {
         Ok(())
     }
 
-    /// `XADD`; `trim` applies `redis.maxlen` (never to a dead-letter stream: parked rows stay
-    /// until someone looks at them).
     fn xadd(&self, stream: &str, fields: &[(String, Vec<u8>)], trim: bool) -> redis::Cmd {
-        let mut cmd = redis::cmd("XADD");
-        cmd.arg(stream);
-        if let Some(n) = self.maxlen.filter(|_| trim) {
-            cmd.arg("MAXLEN").arg("~").arg(n);
-        }
-        cmd.arg("*");
-        for (name, value) in fields {
-            cmd.arg(name.as_str()).arg(value.as_slice());
-        }
-        cmd
+        xadd(stream, fields, self.maxlen.filter(|_| trim))
     }
 
     /// `MULTI`, `commands`, `EXEC`: one reply per command (a command that failed inside `EXEC`
@@ -203,54 +183,95 @@ impl Batcher {
         Ok(replies)
     }
 
-    /// The dead-letter copy of an entry whose key holds another type than a stream, or the error
-    /// that stops outboxd.
-    fn dead_letter_copy(&self, q: &Queued) -> Result<(String, Fields)> {
-        let why = format!("key {:?} holds another type than a stream", q.stream);
-        let Some(dead_letter) = self.dead_letter.clone().filter(|_| !q.dead_lettered) else {
-            let remedy = if q.dead_lettered {
-                "make redis.dead_letter_topic name a stream (or a key that does not exist), then restart outboxd (nothing was skipped)".to_string()
-            } else {
-                format!("route such rows elsewhere or remove the key {:?}, or set redis.dead_letter_topic to park them; then restart outboxd (nothing was skipped)", q.stream)
-            };
-            return Err(
-                Error::unroutable(format!("a row cannot be delivered: {why}")).remedy(remedy),
-            );
-        };
-        tracing::warn!(stream = %q.stream, dead_letter = %dead_letter, "unroutable entry sent to the dead-letter stream");
-        let mut fields = q.fields.clone();
-        fields.push((
-            "outboxd.error".into(),
-            format!("unroutable: {why}").into_bytes(),
-        ));
-        fields.push(("outboxd.stream".into(), q.stream.clone().into_bytes()));
-        Ok((dead_letter, fields))
-    }
-
-    /// `WAIT n timeout`: every write of this connection so far reached `n` replicas.
     async fn wait(&mut self) -> Result<()> {
-        // The server waits at most half the delivery timeout, and the client no longer than the
-        // whole of it (a frozen server answers nothing).
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(self.wait_replicas)
-            .arg(wait_millis(self.timeout / 2));
-        let waiting = wait.query_async::<i64>(&mut self.connection);
-        let reached = tokio::time::timeout(self.timeout, waiting)
-            .await
-            .map_err(|_| {
-                Error::sink("Redis did not answer WAIT within redis.message_timeout_ms")
-                    .remedy("outboxd sends again from the checkpoint; check the server")
-                    .transient()
-            })?
-            .map_err(|e| command_error("waiting for replicas", &e))?;
-        if reached < i64::from(self.wait_replicas) {
-            return Err(Error::sink(format!(
-                "only {reached} of redis.wait_replicas = {} replicas had a batch within redis.message_timeout_ms",
-                self.wait_replicas
-            ))
-            .remedy("outboxd sends again from the checkpoint (duplicates, no loss); check the replicas (INFO replication)")
-            .transient());
-        }
-        Ok(())
+        wait(&mut self.connection, self.wait_replicas, self.timeout).await
     }
+}
+
+/// An entry for `stream` refused for a reason of the server's (not its key's type): sent again
+/// from the checkpoint when it heals by itself, else outboxd stops with the server's words.
+pub(super) fn refused_entry(stream: &str, e: &redis::ServerError) -> Error {
+    let error = Error::sink(format!(
+        "Redis refused an entry for stream {stream:?}: {e:?}"
+    ));
+    if HEALING.contains(&e.code()) {
+        return error
+            .remedy("outboxd sends the batch again from the checkpoint, in order; check the server (INFO)")
+            .transient();
+    }
+    if e.code() == "NOPERM" {
+        return error.remedy("grant the user +xadd on the stream keys (and, with checkpoint.store = \"redis\", +watch +get +set on ~outboxd:checkpoint:*), then restart outboxd (nothing was skipped)");
+    }
+    error.remedy("fix what the server names, then restart outboxd (nothing was skipped)")
+}
+
+/// `XADD` (`maxlen`: `MAXLEN ~ n`; never given for a dead-letter stream: parked rows stay until
+/// someone looks at them).
+pub(super) fn xadd(stream: &str, fields: &[(String, Vec<u8>)], maxlen: Option<u64>) -> redis::Cmd {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(stream);
+    if let Some(n) = maxlen {
+        cmd.arg("MAXLEN").arg("~").arg(n);
+    }
+    cmd.arg("*");
+    for (name, value) in fields {
+        cmd.arg(name.as_str()).arg(value.as_slice());
+    }
+    cmd
+}
+
+/// The dead-letter copy of an entry for `stream`, whose key holds another type than a stream,
+/// or the error that stops outboxd (no dead-letter stream, or the entry is a dead letter already).
+pub(super) fn dead_letter_copy(
+    dead_letter: Option<&str>,
+    stream: &str,
+    fields: &Fields,
+    dead_lettered: bool,
+) -> Result<(String, Fields)> {
+    let why = format!("key {stream:?} holds another type than a stream");
+    let Some(dead_letter) = dead_letter.filter(|_| !dead_lettered) else {
+        let remedy = if dead_lettered {
+            "make redis.dead_letter_topic name a stream (or a key that does not exist), then restart outboxd (nothing was skipped)".to_string()
+        } else {
+            format!("route such rows elsewhere or remove the key {stream:?}, or set redis.dead_letter_topic to park them; then restart outboxd (nothing was skipped)")
+        };
+        return Err(Error::unroutable(format!("a row cannot be delivered: {why}")).remedy(remedy));
+    };
+    tracing::warn!(stream = %stream, dead_letter = %dead_letter, "unroutable entry sent to the dead-letter stream");
+    let mut fields = fields.clone();
+    fields.push((
+        "outboxd.error".into(),
+        format!("unroutable: {why}").into_bytes(),
+    ));
+    fields.push(("outboxd.stream".into(), stream.to_string().into_bytes()));
+    Ok((dead_letter.to_string(), fields))
+}
+
+/// `WAIT n timeout`: every write of this connection so far reached `n` replicas. The server waits
+/// at most half of `timeout`, the client no longer than the whole of it (a frozen server answers
+/// nothing); fewer replicas is a transient error.
+pub(super) async fn wait(
+    connection: &mut MultiplexedConnection,
+    replicas: u32,
+    timeout: Duration,
+) -> Result<()> {
+    let mut wait = redis::cmd("WAIT");
+    wait.arg(replicas).arg(wait_millis(timeout / 2));
+    let waiting = wait.query_async::<i64>(connection);
+    let reached = tokio::time::timeout(timeout, waiting)
+        .await
+        .map_err(|_| {
+            Error::sink("Redis did not answer WAIT within redis.message_timeout_ms")
+                .remedy("outboxd sends again from the checkpoint; check the server")
+                .transient()
+        })?
+        .map_err(|e| command_error("waiting for replicas", &e))?;
+    if reached < i64::from(replicas) {
+        return Err(Error::sink(format!(
+            "only {reached} of redis.wait_replicas = {replicas} replicas had a batch within redis.message_timeout_ms"
+        ))
+        .remedy("outboxd sends again from the checkpoint (duplicates, no loss); check the replicas (INFO replication)")
+        .transient());
+    }
+    Ok(())
 }

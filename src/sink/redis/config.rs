@@ -42,6 +42,29 @@ pub struct RedisConfig {
     /// Records larger than this (payload, key and headers) are dead-lettered as `too_large`.
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
+    /// `checkpoint.store = "redis"` (exactly-once): the longest one `MULTI`/`EXEC` stays open
+    /// once it holds an entry.
+    #[serde(default = "default_transaction_interval_ms")]
+    pub transaction_interval_ms: u64,
+    /// Likewise: the transaction is committed at the first source transaction boundary once it
+    /// holds this many entries…
+    #[serde(default = "default_transaction_max_records")]
+    pub transaction_max_records: u64,
+    /// … or this many bytes. Redis keeps an open transaction's commands in memory until `EXEC`.
+    #[serde(default = "default_transaction_max_bytes")]
+    pub transaction_max_bytes: u64,
+}
+
+fn default_transaction_interval_ms() -> u64 {
+    100
+}
+
+fn default_transaction_max_records() -> u64 {
+    10_000
+}
+
+fn default_transaction_max_bytes() -> u64 {
+    16 * 1024 * 1024
 }
 
 fn default_message_timeout_ms() -> u64 {
@@ -65,6 +88,9 @@ impl std::fmt::Debug for RedisConfig {
             .field("dead_letter_topic", &self.dead_letter_topic)
             .field("message_timeout_ms", &self.message_timeout_ms)
             .field("max_message_bytes", &self.max_message_bytes)
+            .field("transaction_interval_ms", &self.transaction_interval_ms)
+            .field("transaction_max_records", &self.transaction_max_records)
+            .field("transaction_max_bytes", &self.transaction_max_bytes)
             .finish()
     }
 }
@@ -85,6 +111,18 @@ impl RedisConfig {
 
     pub fn message_timeout(&self) -> Duration {
         Duration::from_millis(self.message_timeout_ms)
+    }
+
+    /// `checkpoint.store = "redis"`: when a `MULTI`/`EXEC` commits (Redis keeps an open one
+    /// until the connection closes; a commit waits at most `message_timeout_ms`).
+    pub fn transaction_limits(&self) -> delivery::TransactionLimits {
+        delivery::TransactionLimits {
+            interval: Duration::from_millis(self.transaction_interval_ms),
+            max_records: self.transaction_max_records,
+            max_bytes: self.transaction_max_bytes,
+            broker_timeout: None,
+            commit_timeout: self.message_timeout(),
+        }
     }
 
     pub fn validate(&self) -> Result<(), Refusal> {
@@ -136,6 +174,7 @@ impl RedisConfig {
                 "use 1000..=600000 milliseconds (default 30000)",
             );
         }
+        delivery::validate_transactions("redis", &self.transaction_limits())?;
         if !(1024..=512 * 1024 * 1024).contains(&self.max_message_bytes) {
             return bad(
                 "max_message_bytes",

@@ -16,7 +16,19 @@ use crate::source::config::redact_url;
 /// session publishes again from the checkpoint.
 pub(super) async fn connect(config: &RedisConfig) -> Result<MultiplexedConnection> {
     let shown = redact_url(&config.url);
-    let client = match &config.ca_file {
+    let options = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(OPEN_TIMEOUT))
+        .set_response_timeout(None);
+    client(config)?
+        .get_multiplexed_async_connection_with_config(&options)
+        .await
+        .map_err(|e| connect_error(&shown, &e))
+}
+
+/// The client for `redis.url` (and `redis.ca_file`); no connection yet.
+pub fn client(config: &RedisConfig) -> Result<Client> {
+    let shown = redact_url(&config.url);
+    match &config.ca_file {
         Some(path) => {
             let pem = std::fs::read(path).map_err(|e| {
                 Error::config(format!("cannot read redis.ca_file {}: {e}", path.display()))
@@ -35,14 +47,7 @@ pub(super) async fn connect(config: &RedisConfig) -> Result<MultiplexedConnectio
     .map_err(|e| {
         Error::config(format!("redis.url {shown}: {e}"))
             .remedy("write url = \"redis://[user:password@]host:6379/0\" (rediss:// for TLS)")
-    })?;
-    let options = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(OPEN_TIMEOUT))
-        .set_response_timeout(None);
-    client
-        .get_multiplexed_async_connection_with_config(&options)
-        .await
-        .map_err(|e| connect_error(&shown, &e))
+    })
 }
 
 fn connect_error(shown: &str, e: &RedisError) -> Error {

@@ -16,6 +16,9 @@
 //!   sends again from the checkpoint (a batch that was applied before its reply was lost is then
 //!   in the stream twice: at least once, like every sink without transactions).
 //!
+//! - With `checkpoint.store = "redis"` entries go instead into one `MULTI`/`EXEC` per group of
+//!   whole source transactions, committed with the checkpoint (exactly-once; `transaction.rs`).
+//!
 //! `config.rs` is the section, `connect.rs` connects and writes `check`'s lines, `entry.rs` turns
 //! a record into fields.
 
@@ -23,15 +26,17 @@ mod batch;
 pub mod config;
 mod connect;
 pub mod entry;
+mod transaction;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use self::batch::{Batcher, Queued};
 use self::config::RedisConfig;
-pub use self::connect::preflight;
+pub use self::connect::{client, preflight};
+use self::transaction::{Step, Transactor};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::route::Record;
@@ -42,31 +47,48 @@ use crate::source::config::redact_url;
 /// How long connecting may take.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
 
+fn task_ended() -> Error {
+    Error::sink("the Redis task ended").transient()
+}
+
+/// A connection to `redis.url`, bounded by [`OPEN_TIMEOUT`].
+async fn open(config: &RedisConfig) -> Result<redis::aio::MultiplexedConnection> {
+    tokio::time::timeout(OPEN_TIMEOUT, connect::connect(config))
+        .await
+        .map_err(|_| {
+            Error::sink(format!(
+                "Redis at {} did not answer within {OPEN_TIMEOUT:?}",
+                redact_url(&config.url)
+            ))
+            .remedy("outboxd retries; check that redis-server is up")
+            .transient()
+        })?
+}
+
 pub struct RedisSink {
     window: Window,
-    queued: mpsc::UnboundedSender<Queued>,
-    batcher: tokio::task::JoinHandle<()>,
+    lane: Lane,
+    task: tokio::task::JoinHandle<()>,
     dead_letter: Option<String>,
     metrics: Arc<Metrics>,
 }
 
+/// Where entries go: batches of their own (at least once), or the open transaction.
+enum Lane {
+    Batches(mpsc::UnboundedSender<Queued>),
+    Transaction(mpsc::UnboundedSender<Step>),
+}
+
 impl RedisSink {
+    /// The session's sink; with `checkpoint_key` (the checkpoint lives in Redis) entries are
+    /// committed with it (see `transaction.rs`).
     pub async fn new(
         config: &RedisConfig,
+        checkpoint_key: Option<&str>,
         acks: Arc<dyn Acks>,
         metrics: Arc<Metrics>,
     ) -> Result<RedisSink> {
-        let connection = tokio::time::timeout(OPEN_TIMEOUT, connect::connect(config))
-            .await
-            .map_err(|_| {
-                Error::sink(format!(
-                    "Redis at {} did not answer within {OPEN_TIMEOUT:?}",
-                    redact_url(&config.url)
-                ))
-                .remedy("outboxd retries; check that redis-server is up")
-                .transient()
-            })??;
-        let mut connection = connection;
+        let mut connection = open(config).await?;
         match tokio::time::timeout(OPEN_TIMEOUT, connect::probe_multi(&mut connection)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) if e.code().is_some() => {
@@ -82,13 +104,27 @@ impl RedisSink {
             }
         }
         let delivery = config.delivery();
-        let (queued, queue) = mpsc::unbounded_channel();
-        let batcher =
-            tokio::spawn(Batcher::new(connection, config, acks, metrics.clone()).run(queue));
+        let (lane, task) = match checkpoint_key {
+            None => {
+                let (queued, queue) = mpsc::unbounded_channel();
+                let batcher = Batcher::new(connection, config, acks, metrics.clone());
+                (Lane::Batches(queued), tokio::spawn(batcher.run(queue)))
+            }
+            Some(key) => {
+                let lookup = open(config).await?;
+                let (steps, queue) = mpsc::unbounded_channel();
+                let transactor =
+                    Transactor::new(connection, lookup, key, config, acks, metrics.clone());
+                (
+                    Lane::Transaction(steps),
+                    tokio::spawn(transactor.run(queue)),
+                )
+            }
+        };
         Ok(RedisSink {
             window: Window::new(delivery.max_in_flight, delivery.max_in_flight_bytes),
-            queued,
-            batcher,
+            lane,
+            task,
             dead_letter: config.dead_letter_topic.clone(),
             metrics,
         })
@@ -112,21 +148,71 @@ impl RedisSink {
         }
         self.metrics.produced();
         crate::fault::crash_point(crate::fault::AFTER_PRODUCE_BEFORE_ACK);
-        self.queued
-            .send(Queued {
-                ticket,
-                stream: record.topic.clone(),
-                fields,
-                dead_lettered: self.dead_letter.as_deref() == Some(record.topic.as_str()),
-                enqueued: Instant::now(),
-                room,
-            })
-            .map_err(|_| Error::sink("the Redis batch task ended").transient())
+        let queued = Queued {
+            ticket,
+            stream: record.topic.clone(),
+            fields,
+            dead_lettered: self.dead_letter.as_deref() == Some(record.topic.as_str()),
+            enqueued: Instant::now(),
+            room,
+        };
+        let sent = match &self.lane {
+            Lane::Batches(batches) => batches.send(queued).is_ok(),
+            Lane::Transaction(steps) => steps.send(Step::Entry(queued)).is_ok(),
+        };
+        if sent {
+            Ok(())
+        } else {
+            Err(task_ended())
+        }
     }
 
-    /// Ends the session: what is not acknowledged is sent again by the next one from the
-    /// checkpoint.
+    /// Opens a transaction (`checkpoint.store = "redis"` only).
+    pub fn begin(&self) -> Result<()> {
+        match &self.lane {
+            Lane::Transaction(steps) => steps.send(Step::Begin).map_err(|_| task_ended()),
+            Lane::Batches(_) => Err(Error::sink(
+                "a Redis transaction without checkpoint.store = \"redis\" (a bug)",
+            )),
+        }
+    }
+
+    /// Commits the open transaction with the checkpoint `body`, if the checkpoint key still
+    /// holds `expected`; waits at most `limit`.
+    pub async fn commit(
+        &self,
+        body: Vec<u8>,
+        expected: Option<Vec<u8>>,
+        limit: Duration,
+    ) -> Result<()> {
+        let Lane::Transaction(steps) = &self.lane else {
+            return Err(Error::sink(
+                "a Redis commit without checkpoint.store = \"redis\" (a bug)",
+            ));
+        };
+        let (done, result) = oneshot::channel();
+        steps
+            .send(Step::Commit {
+                body,
+                expected,
+                done,
+            })
+            .map_err(|_| task_ended())?;
+        crate::fault::crash_point(crate::fault::BEFORE_TRANSACTION_COMMIT);
+        match tokio::time::timeout(limit, result).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(task_ended()),
+            Err(_) => Err(Error::sink(format!(
+                "the Redis transaction did not commit within {limit:?}"
+            ))
+            .remedy("outboxd sends it again from the checkpoint (if Redis applied it after all, the checkpoint moved with it)")
+            .transient()),
+        }
+    }
+
+    /// Ends the session: what is not acknowledged (or committed) is sent again by the next one
+    /// from the checkpoint; an open transaction dies with its connection.
     pub async fn close(self) {
-        self.batcher.abort();
+        self.task.abort();
     }
 }
