@@ -755,6 +755,18 @@ listen = ""
                 "compose/outboxd-postgres.toml",
                 include_str!("../deploy/compose/outboxd-postgres.toml"),
             ),
+            (
+                "compose/outboxd-mysql-rabbitmq.toml",
+                include_str!("../deploy/compose/outboxd-mysql-rabbitmq.toml"),
+            ),
+            (
+                "compose/outboxd-mysql-nats.toml",
+                include_str!("../deploy/compose/outboxd-mysql-nats.toml"),
+            ),
+            (
+                "compose/outboxd-mysql-redis.toml",
+                include_str!("../deploy/compose/outboxd-mysql-redis.toml"),
+            ),
         ] {
             if let Err(e) = parse(text, &[]) {
                 panic!("deploy/{name}: {e}");

@@ -388,7 +388,11 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                     .remedy("write a duration like \"30s\" or \"5m\"")
             })?;
             let store = Store::open(&config, &config.name, Access::Read)?;
-            let metrics = outboxd::metrics::Metrics::new(&config.name, std::time::Duration::from_secs(1));
+            let metrics = outboxd::metrics::Metrics::new(
+                &config.name,
+                config.sink().name(),
+                std::time::Duration::from_secs(1),
+            );
             match outboxd::retention::round(&prune, &store, &metrics, wait).await? {
                 outboxd::retention::Outcome::Pruned {
                     deleted,

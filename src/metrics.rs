@@ -77,11 +77,17 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// `heartbeat` is the source's heartbeat interval; readiness fails after three of them.
-    pub fn new(pipeline: &str, heartbeat: Duration) -> Arc<Metrics> {
+    /// Every series carries `pipeline` and `sink` (`kafka`, `rabbitmq`, `nats`, `redis`: the same
+    /// names on every sink, told apart by the label). `heartbeat` is the source's heartbeat
+    /// interval; readiness fails after three of them.
+    pub fn new(pipeline: &str, sink: &str, heartbeat: Duration) -> Arc<Metrics> {
         let mut registry = Registry::with_prefix_and_labels(
             "outboxd",
-            std::iter::once(("pipeline".into(), pipeline.to_string().into())),
+            [
+                ("pipeline".into(), pipeline.to_string().into()),
+                ("sink".into(), sink.to_string().into()),
+            ]
+            .into_iter(),
         );
         let forwarded = Family::<TopicLabel, Counter>::default();
         let dead_letter = Family::<ReasonLabel, Counter>::default();
@@ -191,7 +197,7 @@ impl Metrics {
         );
         registry.register(
             "transactions",
-            "Kafka transactions (kafka.exactly_once) by result: committed (records and checkpoint visible together), aborted (taken back; sent again from the last committed checkpoint)",
+            "Exactly-once transactions (Kafka with kafka.exactly_once, Redis MULTI/EXEC with checkpoint.store = redis) by result: committed (records and checkpoint visible together), aborted (taken back; sent again from the last committed checkpoint)",
             transactions.clone(),
         );
         registry.register(
@@ -451,7 +457,7 @@ mod tests {
 
     #[test]
     fn counters_and_gauges_render_with_the_pipeline_label() {
-        let m = Metrics::new("orders", Duration::from_secs(5));
+        let m = Metrics::new("orders", "kafka", Duration::from_secs(5));
         m.forwarded("outbox.event.order");
         m.forwarded("outbox.event.order");
         m.dead_letter("invalid_topic");
@@ -461,28 +467,37 @@ mod tests {
         let text = m.render();
         assert!(
             text.contains(
-                r#"outboxd_events_forwarded_total{pipeline="orders",topic="outbox.event.order"} 2"#
+                r#"outboxd_events_forwarded_total{pipeline="orders",sink="kafka",topic="outbox.event.order"} 2"#
             ),
             "{text}"
         );
-        assert!(text
-            .contains(r#"outboxd_dead_letter_total{pipeline="orders",reason="invalid_topic"} 1"#));
-        assert!(text.contains(r#"outboxd_ignored_events_total{pipeline="orders",kind="update"} 3"#));
-        assert!(text.contains(r#"outboxd_inflight_events{pipeline="orders"} 1"#));
-        assert!(text.contains(r#"outboxd_source_reconnects_total{pipeline="orders"} 1"#));
+        assert!(text.contains(
+            r#"outboxd_dead_letter_total{pipeline="orders",sink="kafka",reason="invalid_topic"} 1"#
+        ));
+        assert!(text.contains(
+            r#"outboxd_ignored_events_total{pipeline="orders",sink="kafka",kind="update"} 3"#
+        ));
+        assert!(text.contains(r#"outboxd_inflight_events{pipeline="orders",sink="kafka"} 1"#));
+        assert!(
+            text.contains(r#"outboxd_source_reconnects_total{pipeline="orders",sink="kafka"} 1"#)
+        );
     }
 
     #[test]
     fn readiness_needs_a_recent_source_event() {
-        let m = Metrics::new("x", Duration::from_millis(1));
+        let m = Metrics::new("x", "kafka", Duration::from_millis(1));
         assert!(!m.ready(), "not ready before the source said anything");
-        assert!(m.render().contains(r#"outboxd_ready{pipeline="x"} 0"#));
+        assert!(m
+            .render()
+            .contains(r#"outboxd_ready{pipeline="x",sink="kafka"} 0"#));
         m.source_event();
         assert!(m.ready());
         std::thread::sleep(Duration::from_millis(10));
         assert!(!m.ready(), "stale after 3 heartbeats");
-        let m = Metrics::new("x", Duration::from_secs(60));
+        let m = Metrics::new("x", "kafka", Duration::from_secs(60));
         m.source_event();
-        assert!(m.render().contains(r#"outboxd_ready{pipeline="x"} 1"#));
+        assert!(m
+            .render()
+            .contains(r#"outboxd_ready{pipeline="x",sink="kafka"} 1"#));
     }
 }

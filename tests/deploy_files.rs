@@ -16,7 +16,7 @@ fn repo_file(path: &str) -> String {
 /// The sample names `/metrics` serves (counters with `_total`, the histogram's `_bucket`/`_sum`/
 /// `_count`).
 fn exported() -> BTreeSet<String> {
-    let m = Metrics::new("deploy-files", Duration::from_secs(5));
+    let m = Metrics::new("deploy-files", "kafka", Duration::from_secs(5));
     m.forwarded_n("outbox.event.order", 2);
     m.dead_letter("invalid_topic");
     m.ignored("update", 1);

@@ -336,13 +336,13 @@ fn bad_rows_each_end_where_the_contract_says_and_are_counted() {
     );
     wait_until("the dead-letter counters", LIMIT, || {
         let m = rig::http_get(port, "/metrics").1;
-        m.contains("outboxd_dead_letter_total{pipeline=\"badrows\",reason=\"invalid_topic\"} 2")
-            && m.contains("outboxd_dead_letter_total{pipeline=\"badrows\",reason=\"too_large\"} 1")
+        m.contains("outboxd_dead_letter_total{pipeline=\"badrows\",sink=\"kafka\",reason=\"invalid_topic\"} 2")
+            && m.contains("outboxd_dead_letter_total{pipeline=\"badrows\",sink=\"kafka\",reason=\"too_large\"} 1")
             && m.contains(
-                "outboxd_dead_letter_total{pipeline=\"badrows\",reason=\"missing_column\"} 1",
+                "outboxd_dead_letter_total{pipeline=\"badrows\",sink=\"kafka\",reason=\"missing_column\"} 1",
             )
             && m.contains(
-                "outboxd_dead_letter_total{pipeline=\"badrows\",reason=\"null_routing_value\"} 1",
+                "outboxd_dead_letter_total{pipeline=\"badrows\",sink=\"kafka\",reason=\"null_routing_value\"} 1",
             )
     });
     outboxd.stop();

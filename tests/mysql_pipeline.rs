@@ -370,8 +370,8 @@ fn metrics_move_with_traffic_and_readyz_follows_the_source() {
                 "outboxd_events_forwarded_total",
                 "topic=\"outbox.event.customer\"",
             ) == 10.0
-            && m.contains("outboxd_ignored_events_total{pipeline=\"metrics\",kind=\"update\"} 1")
-            && m.contains("outboxd_ignored_events_total{pipeline=\"metrics\",kind=\"delete\"} 1")
+            && m.contains("outboxd_ignored_events_total{pipeline=\"metrics\",sink=\"kafka\",kind=\"update\"} 1")
+            && m.contains("outboxd_ignored_events_total{pipeline=\"metrics\",sink=\"kafka\",kind=\"delete\"} 1")
     });
     let m = rig::http_get(port, "/metrics").1;
     assert_eq!(

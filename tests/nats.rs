@@ -101,9 +101,9 @@ fn rows_reach_jetstream_acked_with_their_ids_as_msg_ids_keys_and_headers_in_key_
     });
     let (_, metrics) = http_get(http, "/metrics");
     for line in [
-        r#"outboxd_events_forwarded_total{pipeline="nats-e2e",topic="outbox.event.order"} 200"#,
-        r#"outboxd_events_forwarded_total{pipeline="nats-e2e",topic="outbox.event.customer"} 100"#,
-        r#"outboxd_inflight_events{pipeline="nats-e2e"} 0"#,
+        r#"outboxd_events_forwarded_total{pipeline="nats-e2e",sink="nats",topic="outbox.event.order"} 200"#,
+        r#"outboxd_events_forwarded_total{pipeline="nats-e2e",sink="nats",topic="outbox.event.customer"} 100"#,
+        r#"outboxd_inflight_events{pipeline="nats-e2e",sink="nats"} 0"#,
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }

@@ -77,9 +77,9 @@ fn rows_reach_rabbitmq_confirmed_persistent_with_their_ids_keys_and_headers_in_k
     });
     let (_, metrics) = http_get(http, "/metrics");
     for line in [
-        r#"outboxd_events_forwarded_total{pipeline="rabbit-e2e",topic="outbox.event.order"} 200"#,
-        r#"outboxd_events_forwarded_total{pipeline="rabbit-e2e",topic="outbox.event.customer"} 100"#,
-        r#"outboxd_inflight_events{pipeline="rabbit-e2e"} 0"#,
+        r#"outboxd_events_forwarded_total{pipeline="rabbit-e2e",sink="rabbitmq",topic="outbox.event.order"} 200"#,
+        r#"outboxd_events_forwarded_total{pipeline="rabbit-e2e",sink="rabbitmq",topic="outbox.event.customer"} 100"#,
+        r#"outboxd_inflight_events{pipeline="rabbit-e2e",sink="rabbitmq"} 0"#,
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }

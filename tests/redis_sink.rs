@@ -82,9 +82,9 @@ fn rows_reach_redis_streams_with_their_ids_keys_payloads_and_headers_in_key_orde
     });
     let (_, metrics) = http_get(http, "/metrics");
     for line in [
-        r#"outboxd_events_forwarded_total{pipeline="redis-e2e",topic="outbox.event.order"} 200"#,
-        r#"outboxd_events_forwarded_total{pipeline="redis-e2e",topic="outbox.event.customer"} 100"#,
-        r#"outboxd_inflight_events{pipeline="redis-e2e"} 0"#,
+        r#"outboxd_events_forwarded_total{pipeline="redis-e2e",sink="redis",topic="outbox.event.order"} 200"#,
+        r#"outboxd_events_forwarded_total{pipeline="redis-e2e",sink="redis",topic="outbox.event.customer"} 100"#,
+        r#"outboxd_inflight_events{pipeline="redis-e2e",sink="redis"} 0"#,
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
@@ -600,13 +600,15 @@ fn with_the_checkpoint_in_redis_a_key_of_another_type_is_dead_lettered_inside_th
             .arg("outbox.event.customer")
             .arg("not a stream"),
     );
+    let http = free_port();
     let mut outboxd = Outboxd::with_checkpoint(
         "redis-eos-dlq",
         &config_with_redis(
             &db.cdc_url(),
             &redis.url(),
             "dead_letter_topic = \"outboxd.dlq\"",
-        ),
+        )
+        .replace("listen = \"\"", &format!("listen = \"127.0.0.1:{http}\"")),
         "store = \"redis\"",
     );
     outboxd.start();
@@ -633,6 +635,19 @@ fn with_the_checkpoint_in_redis_a_key_of_another_type_is_dead_lettered_inside_th
         !outboxd.log().contains("session ended"),
         "{}",
         outboxd.log()
+    );
+    // Dead letters count under the stream they landed in, and as dead letters.
+    let (_, metrics) = http_get(http, "/metrics");
+    for line in [
+        r#"outboxd_events_forwarded_total{pipeline="redis-eos-dlq",sink="redis",topic="outbox.event.order"} 60"#,
+        r#"outboxd_events_forwarded_total{pipeline="redis-eos-dlq",sink="redis",topic="outboxd.dlq"} 30"#,
+        r#"outboxd_dead_letter_total{pipeline="redis-eos-dlq",sink="redis",reason="unroutable"} 30"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    assert!(
+        metrics.contains(r#"outboxd_transactions_total{pipeline="redis-eos-dlq",sink="redis",result="committed"}"#),
+        "{metrics}"
     );
     outboxd.stop();
 }

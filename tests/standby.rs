@@ -156,10 +156,10 @@ fn a_standby_takes_over_from_a_killed_leader_and_loses_nothing() {
     assert!(body.contains("standby"), "{body}");
     assert!(http_get(a_port, "/metrics")
         .1
-        .contains(r#"outboxd_leader{pipeline="standby"} 1"#));
+        .contains(r#"outboxd_leader{pipeline="standby",sink="kafka"} 1"#));
     assert!(http_get(b_port, "/metrics")
         .1
-        .contains(r#"outboxd_leader{pipeline="standby"} 0"#));
+        .contains(r#"outboxd_leader{pipeline="standby",sink="kafka"} 0"#));
     assert!(!leads(&env.instances[1].0), "{}", env.instances[1].0.log());
 
     let total = 10_000u64;

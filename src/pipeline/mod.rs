@@ -394,6 +394,7 @@ async fn drive(
 fn new_metrics(config: &Config) -> Arc<Metrics> {
     Metrics::new(
         &config.name,
+        config.sink().name(),
         Duration::from_millis(config.source.heartbeat_interval_ms),
     )
 }

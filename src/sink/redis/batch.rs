@@ -90,10 +90,13 @@ impl Batcher {
             .collect();
         let replies = self.exec(commands, "adding a batch of entries").await?;
         let mut copies = Vec::new();
-        for (q, reply) in batch.iter().zip(&replies) {
+        // Where each entry ended up (a dead-lettered one counts under the dead-letter stream).
+        let mut landed: Vec<Option<String>> = vec![None; batch.len()];
+        for ((q, reply), landed) in batch.iter().zip(&replies).zip(&mut landed) {
             let Value::ServerError(e) = reply else {
                 continue;
             };
+            *landed = self.dead_letter.clone();
             match e.code() {
                 // The row's own fault: its key holds another type.
                 "WRONGTYPE" => copies.push(dead_letter_copy(
@@ -129,10 +132,10 @@ impl Batcher {
             self.wait().await?;
         }
         let mut forwarded: HashMap<String, u64> = HashMap::new();
-        for q in batch {
+        for (q, landed) in batch.into_iter().zip(landed) {
             self.metrics.acknowledged();
             self.metrics.delivered_after(q.enqueued.elapsed());
-            *forwarded.entry(q.stream).or_default() += 1;
+            *forwarded.entry(landed.unwrap_or(q.stream)).or_default() += 1;
             self.acks.acked(q.ticket);
             drop(q.room);
         }

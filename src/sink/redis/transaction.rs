@@ -229,18 +229,19 @@ impl Transactor {
                     .transient(),
             );
         }
-        self.sent.extend(sent);
         let mut forwarded: HashMap<String, u64> = HashMap::new();
-        for q in entries {
+        for (q, s) in entries.into_iter().zip(&sent) {
             self.metrics.acknowledged();
             self.metrics.delivered_after(q.enqueued.elapsed());
-            *forwarded.entry(q.stream).or_default() += 1;
+            // Where it lands (a dead letter counts under the dead-letter stream).
+            *forwarded.entry(s.stream.clone()).or_default() += 1;
             self.acks.acked(q.ticket);
             drop(q.room);
         }
         for (stream, n) in forwarded {
             self.metrics.forwarded_n(&stream, n);
         }
+        self.sent.extend(sent);
         Ok(())
     }
 
