@@ -632,10 +632,11 @@ fn main() {
     }
     if rate("rabbitmq").is_some() {
         println!(
-            "ratios (MariaDB, 10-row transactions): RabbitMQ outboxd / lapin alone = {}; NATS outboxd / async-nats alone = {}; Redis outboxd / redis-rs alone = {}",
+            "ratios (MariaDB, 10-row transactions): RabbitMQ outboxd / lapin alone = {}; NATS outboxd / async-nats alone = {}; Redis outboxd / redis-rs alone = {}; Redis exactly-once / at-least-once = {}",
             ratio("rabbitmq", "rabbitmq-raw"),
             ratio("nats", "nats-raw"),
             ratio("redis", "redis-raw"),
+            ratio("redis-eos", "redis"),
         );
     }
     if rate("eos").is_some() {
@@ -2500,10 +2501,21 @@ fn redis_section(
     outboxd.start();
     outboxd.stop();
     let checkpoint = std::fs::read(outboxd.checkpoint_path()).unwrap();
+    // The same backlog exactly once: the checkpoint in Redis, committed with the entries.
+    let mut eos = Outboxd::with_checkpoint(
+        "bench-redis-eos",
+        &config_with_redis(&db.cdc_url(), &redis.url(), ""),
+        "store = \"redis\"",
+    );
+    eos.start();
+    eos.stop();
+    let eos_key = "outboxd:checkpoint:bench-redis-eos";
+    let eos_checkpoint: Vec<u8> = redis.cmd(redis::cmd("GET").arg(eos_key));
     db.sql_socket(&load_script(from, from + n, 10));
     let target = gtid_pos(db);
     let body = payload(0, 0);
     let mut drains = Vec::new();
+    let mut eos_drains = Vec::new();
     let mut raws = Vec::new();
     for _ in 0..REPEATS {
         redis.cmd::<()>(redis::cmd("DEL").arg(TOPIC));
@@ -2514,11 +2526,24 @@ fn redis_section(
             at_gtid(&target),
         ));
         redis.cmd::<()>(redis::cmd("DEL").arg(TOPIC));
+        redis.cmd::<()>(redis::cmd("SET").arg(eos_key).arg(&eos_checkpoint));
+        eos_drains.push(timed_run(
+            &mut eos,
+            "outboxd to drain into Redis exactly once",
+            |_| {
+                let stored: Vec<u8> = redis.cmd(redis::cmd("GET").arg(eos_key));
+                serde_json::from_slice::<serde_json::Value>(&stored).unwrap()["position"]
+                    ["gtid_set"]
+                    == target.as_str()
+            },
+        ));
+        redis.cmd::<()>(redis::cmd("DEL").arg(TOPIC));
         let start = Instant::now();
         rt.block_on(redis_alone(&redis.url(), n, body.as_bytes()));
         raws.push((start.elapsed().as_secs_f64(), ()));
     }
     let (seconds, stats, spread) = median(drains, n);
+    let (eos_seconds, eos_stats, eos_spread) = median(eos_drains, n);
     let (raw_seconds, (), raw_spread) = median(raws, n);
     vec![
         Row {
@@ -2530,6 +2555,17 @@ fn redis_section(
             extra: format!(
                 "{spread}; {:.1} CPU s, peak RSS {:.0} MB, open {:.2} s",
                 stats.cpu_seconds, stats.peak_rss_mb, stats.open_seconds
+            ),
+        },
+        Row {
+            key: "redis-eos",
+            what: "the same drain exactly once (checkpoint.store = \"redis\": entries and checkpoint in one MULTI/EXEC per commit)".into(),
+            events: n,
+            seconds: eos_seconds,
+            bytes: n * record_bytes,
+            extra: format!(
+                "{eos_spread}; {:.1} CPU s, peak RSS {:.0} MB",
+                eos_stats.cpu_seconds, eos_stats.peak_rss_mb
             ),
         },
         Row {
