@@ -50,7 +50,7 @@ else
 fi
 
 step "building outboxd (release; the longest step on a fresh machine)"
-cargo build --release --locked --bin outboxd --example consume
+cargo build --release --locked --features quickstart --bin outboxd --bin consume
 TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 
 WORK=$(mktemp -d /tmp/outboxd-quickstart.XXXXXX)
@@ -182,7 +182,7 @@ COMMIT;
 SQL
 
 step "records on topic outbox.event.order"
-"$TARGET"/release/examples/consume "127.0.0.1:$KAFKA_PORT" outbox.event.order 3 30
+"$TARGET"/release/consume "127.0.0.1:$KAFKA_PORT" outbox.event.order 3 30
 
 step "stopping outboxd (SIGTERM: drains acks, writes the final checkpoint)"
 kill -TERM "$OUTBOXD"

@@ -21,7 +21,8 @@ impl Report {
     }
 
     /// The misconfigurations that stop `run`. Prune's are not among them: a round that meets one
-    /// stops pruning and forwarding goes on, so `run` logs them instead ([`Report::advisory`]).
+    /// fails (and is tried again every `prune.every`) while forwarding goes on, so `run` logs them
+    /// instead ([`Report::advisory`]).
     pub fn blocking(&self) -> Vec<&Item> {
         self.items
             .iter()

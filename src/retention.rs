@@ -518,9 +518,14 @@ async fn wait_for_checkpoint(
     }
 }
 
-/// Runs a round every `prune.every` until `shutdown`. A transient failure is logged and the next
-/// round tries again; a definite one (a missing privilege, a bad column) is logged with its fix and
-/// ends pruning for this process, while forwarding goes on.
+/// A failing round logs its error and remedy again only this often while the error stays the same
+/// (the rounds themselves go on every `prune.every`, each counted `failed`).
+const REPEAT_FAILURE_LOG: Duration = Duration::from_secs(600);
+
+/// Runs a round every `prune.every` until `shutdown`. A failed round (a missing grant, a lock, a
+/// server restart, a column the table lacks) is logged with its fix, counted, and the next round
+/// tries again: granting the privilege heals pruning without a restart, and forwarding never waits
+/// for it. The same failure is logged again at most every [`REPEAT_FAILURE_LOG`].
 pub async fn run(
     prune: Prune,
     store: Arc<Store>,
@@ -532,6 +537,7 @@ pub async fn run(
     let mut ticks =
         tokio::time::interval_at(tokio::time::Instant::now() + prune.every, prune.every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = Failing::default();
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
@@ -546,23 +552,53 @@ pub async fn run(
             _ = shutdown.changed() => return,
         };
         match result {
-            Ok(Outcome::Waiting { reason, .. }) => {
-                tracing::info!("prune: nothing deleted: {reason}")
+            Ok(outcome) => {
+                failing.healed();
+                if let Outcome::Waiting { reason, .. } = outcome {
+                    tracing::info!("prune: nothing deleted: {reason}")
+                }
             }
-            Ok(Outcome::Pruned { .. }) => {}
-            Err(e) if e.is_transient() => tracing::warn!(
-                error = %e.message(),
-                remedy = e.remedy_text().unwrap_or_default(),
-                "prune round failed; trying again next round"
-            ),
-            Err(e) => {
-                tracing::error!(
-                    error = %e.message(),
-                    remedy = e.remedy_text().unwrap_or_default(),
-                    "prune stopped (forwarding goes on)"
-                );
-                return;
-            }
+            Err(e) => failing.failed(&e, prune.every),
         }
+    }
+}
+
+/// The failures of consecutive rounds, for logging them without flooding the log.
+#[derive(Default)]
+struct Failing {
+    rounds: u64,
+    /// The message last logged, and when.
+    logged: Option<(String, Instant)>,
+}
+
+impl Failing {
+    fn failed(&mut self, e: &Error, every: Duration) {
+        self.rounds += 1;
+        let repeat = self
+            .logged
+            .as_ref()
+            .is_some_and(|(m, at)| m == e.message() && at.elapsed() < REPEAT_FAILURE_LOG);
+        if repeat {
+            tracing::debug!(error = %e.message(), rounds = self.rounds, "prune: the same failure again");
+            return;
+        }
+        let every = humantime::format_duration(every).to_string();
+        let remedy = e.remedy_text().unwrap_or_default();
+        if e.is_transient() {
+            tracing::warn!(error = %e.message(), remedy, failed_rounds = self.rounds, "prune round failed; trying again every {every} (forwarding goes on)");
+        } else {
+            tracing::error!(error = %e.message(), remedy, failed_rounds = self.rounds, "prune round failed; trying again every {every} (forwarding goes on)");
+        }
+        self.logged = Some((e.message().to_string(), Instant::now()));
+    }
+
+    fn healed(&mut self) {
+        if self.rounds > 0 {
+            tracing::info!(
+                failed_rounds = self.rounds,
+                "prune works again after failed rounds"
+            );
+        }
+        *self = Failing::default();
     }
 }

@@ -35,6 +35,11 @@ CREATE USER 'outboxd'@'%' IDENTIFIED BY 'change-me';
 GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO 'outboxd'@'%';
 -- MariaDB 10.5+ also needs:
 -- GRANT BINLOG MONITOR, SLAVE MONITOR ON *.* TO 'outboxd'@'%';   -- SLAVE MONITOR: replica checks
+
+-- With [prune] (deleting forwarded rows), the user in prune.url, or the reader above, also needs:
+-- GRANT SELECT, DELETE ON app.outbox TO 'outboxd'@'%';   -- and DROP, ALTER for drop_partitions / partitions_ahead
+-- GRANT PROCESS, BINLOG MONITOR ON *.* TO 'outboxd'@'%';  -- MariaDB 10.5+ (open transactions, binlog end)
+-- GRANT PROCESS, REPLICATION CLIENT ON *.* TO 'outboxd'@'%';  -- MySQL instead
 "#;
 
 const POSTGRES: &str = r#"-- outboxd: recommended outbox table for PostgreSQL 13+ (Debezium column names).
@@ -61,4 +66,7 @@ CREATE TABLE outbox (
 CREATE ROLE outboxd WITH LOGIN REPLICATION PASSWORD 'change-me';
 GRANT SELECT ON outbox TO outboxd;
 -- Creating the publication needs ownership of the table (or create it yourself as the owner).
+
+-- With [prune] (deleting forwarded rows), the role in prune.url, or the reader above, also needs:
+-- GRANT DELETE ON outbox TO outboxd;   -- drop_partitions: own the table; partitions_ahead: CREATE on its schema
 "#;

@@ -28,6 +28,8 @@ fn exported() -> BTreeSet<String> {
     m.source_event();
     m.source_time(Some(SystemTime::now()));
     m.checkpoint_current();
+    m.prune_run("failed");
+    m.transaction("committed");
     let text = m.render();
     let names: BTreeSet<String> = text
         .lines()

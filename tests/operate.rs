@@ -206,11 +206,20 @@ fn schema_prints_debezium_compatible_ddl_with_grants() {
                 "aggregatetype",
                 "GRANT REPLICATION SLAVE",
                 "DELETE",
+                // The prune user's grants, per server kind.
+                "GRANT PROCESS, BINLOG MONITOR ON *.*",
+                "GRANT PROCESS, REPLICATION CLIENT ON *.*",
             ][..],
         ),
         (
             "postgres",
-            &["uuid", "jsonb", "REPLICATION", "publish = 'insert'"][..],
+            &[
+                "uuid",
+                "jsonb",
+                "REPLICATION",
+                "publish = 'insert'",
+                "GRANT DELETE ON outbox",
+            ][..],
         ),
     ] {
         let (ok, text) = output(&outboxd, &["schema", "--kind", kind]);

@@ -390,7 +390,7 @@ fn mariadb_partitions_ahead_are_created_and_rows_land_in_them() {
     assert_eq!(maria_count(&env.db, "SELECT COUNT(*) FROM app.outbox"), 30);
     let later = env.outboxd.log()[mark..].to_string();
     assert!(
-        !later.contains("prune stopped") && !later.contains("could not create"),
+        !later.contains("prune round failed") && !later.contains("could not create"),
         "{later}"
     );
     env.outboxd.stop();
@@ -476,7 +476,7 @@ GRANT CREATE ON SCHEMA public TO cdc;
     assert!(partitions() <= created + 1);
     let later = env.outboxd.log()[mark..].to_string();
     assert!(
-        !later.contains("prune stopped") && !later.contains("could not create"),
+        !later.contains("prune round failed") && !later.contains("could not create"),
         "{later}"
     );
     env.outboxd.stop();
@@ -582,4 +582,78 @@ fn postgres_prune_refuses_a_checkpoint_of_another_cluster() {
     assert!(text.contains("does not exist on this server"), "{text}");
     let left = second.pg.sql("app", "SELECT COUNT(*) FROM public.outbox");
     assert_eq!(left.trim(), "20");
+}
+
+/// A prune user with what the old remedy named (SELECT, DELETE, PROCESS) cannot read MariaDB's
+/// binlog end: `check` names `BINLOG MONITOR`, `run`'s rounds fail (counted, logged once) while
+/// forwarding goes on, and granting it heals pruning at the next round, without a restart.
+#[test]
+fn a_prune_user_without_the_log_end_grant_is_named_by_check_and_heals_once_granted() {
+    const PRUNE_PASSWORD: &str = "prune-pw-35";
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    db.sql_socket(&format!(
+        "CREATE USER 'pruner'@'127.0.0.1' IDENTIFIED BY '{PRUNE_PASSWORD}';\
+         GRANT SELECT, DELETE ON app.* TO 'pruner'@'127.0.0.1';\
+         GRANT PROCESS ON *.* TO 'pruner'@'127.0.0.1';"
+    ));
+    let broker = Broker::start();
+    for topic in ["outbox.event.order", "outbox.event.customer"] {
+        create_topic(&broker.bootstrap(), topic, 3);
+    }
+    let http = crate::rig::free_port();
+    let prune_url = format!("mysql://pruner:{PRUNE_PASSWORD}@127.0.0.1:{}/app", db.port);
+    let body = format!(
+        "{}{ROUNDS}url = \"{prune_url}\"\n",
+        config_body(
+            &db.cdc_url(),
+            &broker.bootstrap(),
+            "",
+            &format!("127.0.0.1:{http}")
+        )
+    );
+    let mut outboxd = Outboxd::new("prune-grant", &body);
+    let (ok, text) = output(&outboxd, &["check"]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("FAIL  prune:") && text.contains("GRANT PROCESS, BINLOG MONITOR ON *.*"),
+        "{text}"
+    );
+    assert!(!text.contains(PRUNE_PASSWORD), "{text}");
+    outboxd.start();
+    insert_rows(&db, 0, 100, 10);
+    consume_distinct_events(&broker.bootstrap(), 100);
+    let failed = || {
+        let (_, metrics) = crate::rig::http_get(http, "/metrics");
+        metrics
+            .lines()
+            .find(|l| l.starts_with("outboxd_prune_runs_total") && l.contains("result=\"failed\""))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    wait_until("three failed rounds", Duration::from_secs(60), || {
+        failed() >= 3
+    });
+    let log = outboxd.log();
+    assert_eq!(
+        log.matches("prune round failed").count(),
+        1,
+        "the same failure is logged once, not every round:\n{log}"
+    );
+    assert!(log.contains("BINLOG MONITOR"), "{log}");
+    assert!(!log.contains(PRUNE_PASSWORD), "{log}");
+    let count = "SELECT COUNT(*) FROM app.outbox";
+    assert_eq!(maria_count(&db, count), 100, "nothing deleted yet");
+    db.sql_socket("GRANT BINLOG MONITOR ON *.* TO 'pruner'@'127.0.0.1';");
+    wait_until(
+        "the next rounds delete the forwarded rows",
+        Duration::from_secs(60),
+        || maria_count(&db, count) == 0,
+    );
+    assert!(
+        outboxd.log().contains("prune works again"),
+        "{}",
+        outboxd.log()
+    );
+    outboxd.stop();
 }

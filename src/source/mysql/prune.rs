@@ -48,6 +48,8 @@ const RETRY_NEXT_ROUND: [u16; 4] = [1205, 1213, 1317, 1969];
 pub struct Pruner {
     conn: Conn,
     config: SourceConfig,
+    /// Whether the server is MariaDB, once a sample read it (the grants differ).
+    mariadb: Option<bool>,
 }
 
 /// What a sample found: the binlog end, and the time before which rows may go once the checkpoint
@@ -71,7 +73,21 @@ impl Pruner {
         Ok(Pruner {
             conn,
             config: config.clone(),
+            mariadb: None,
         })
+    }
+
+    /// Every grant the prune user needs, for this server's kind (MariaDB reads the binlog end with
+    /// `BINLOG MONITOR`, MySQL with `REPLICATION CLIENT`).
+    fn grants(&self) -> String {
+        let log_end = match self.mariadb {
+            Some(true) => "BINLOG MONITOR",
+            Some(false) => "REPLICATION CLIENT",
+            None => "BINLOG MONITOR (MariaDB 10.5+; MySQL: REPLICATION CLIENT)",
+        };
+        format!(
+            "GRANT PROCESS, {log_end} ON *.* (the open transactions and the binlog end), and SELECT, DELETE (and DROP, ALTER for drop_partitions and partitions_ahead) ON the outbox tables, to the user in prune.url (or source.url); the next round uses them, no restart needed"
+        )
     }
 
     fn failed(&self, what: &str, e: mysql_async::Error) -> Error {
@@ -80,7 +96,7 @@ impl Pruner {
                 if [ER_SPECIFIC_ACCESS_DENIED, ER_TABLEACCESS_DENIED].contains(&se.code) =>
             {
                 Error::source(format!("prune: {what}: {}", se.message))
-                    .remedy("GRANT PROCESS (to see open transactions), and SELECT, DELETE (and DROP, ALTER for drop_partitions and partitions_ahead) on the outbox tables, to the user in prune.url (or source.url)")
+                    .remedy(self.grants())
                     .caused_by(e)
             }
             mysql_async::Error::Server(se) if se.code == ER_OPTION_PREVENTS_STATEMENT => {
@@ -136,6 +152,7 @@ impl Pruner {
         let info = ServerInfo::read(&mut self.conn)
             .await
             .map_err(|e| self.failed("reading the server's settings", e))?;
+        self.mariadb = Some(info.is_mariadb);
         let end = current_end(&mut self.conn, &info)
             .await
             .map_err(|e| self.failed("reading the binlog end", e))?;

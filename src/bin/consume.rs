@@ -1,6 +1,6 @@
 //! Prints the records of a topic as JSON lines (used by the quickstart to show what outboxd produced).
 //!
-//! `cargo run --example consume -- BROKERS TOPIC [COUNT] [SECONDS]`
+//! `cargo run --features quickstart --bin consume -- BROKERS TOPIC [COUNT] [SECONDS]`
 
 use std::time::{Duration, Instant};
 
