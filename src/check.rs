@@ -113,6 +113,7 @@ pub async fn run(config: &Config) -> Report {
         event_topic: Box::new(move |topic| route.may_name(topic)),
         checkpoint_topic: (config.checkpoint.store == crate::config::StoreKind::Kafka)
             .then(|| config.checkpoint.topic.clone()),
+        checkpoint_in_redis: config.checkpoint.store == crate::config::StoreKind::Redis,
     };
     items.extend(config.sink().preflight(wanted).await);
     Report { items }

@@ -336,6 +336,26 @@ fn rediss_verifies_the_servers_certificate_against_the_ca_file_and_refuses_a_wro
     insert_rows(&db, 0, 5, 1);
     assert_eq!(redis.read(&STREAMS, 5, READ_LIMIT).len(), 5);
     outboxd.stop();
+    // The checkpoint in Redis goes over the same verified TLS (its store connects on its own).
+    let mut eos = Outboxd::with_checkpoint(
+        "redis-tls-eos",
+        &config_with_redis(
+            &db.cdc_url(),
+            &redis.url(),
+            &format!("ca_file = \"{}\"", ca.pem.display()),
+        ),
+        "store = \"redis\"",
+    );
+    eos.start();
+    insert_rows(&db, 5, 10, 1);
+    assert_eq!(redis.read(&STREAMS, 10, READ_LIMIT).len(), 10);
+    eos.stop();
+    let end = db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    let (ok, shown) = crate::tls::output(&eos, &["checkpoint", "show"]);
+    assert!(ok && shown.contains(&end), "{shown}");
     let outboxd = pipeline("redis-tls-ca", &other_ca.pem);
     let (ok, shown) = crate::tls::output(&outboxd, &["check"]);
     assert!(
@@ -538,6 +558,21 @@ fn a_checkpoint_changed_under_a_running_instance_stops_it_before_it_commits_agai
         &config_with_redis(&db.cdc_url(), &redis.url(), ""),
         "store = \"redis\"",
     );
+    // An evicting policy could drop the checkpoint key: with the checkpoint in Redis, a FAIL.
+    redis.cmd::<()>(
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg("allkeys-lru"),
+    );
+    let check = text(outboxd.command(&["check"]).output().unwrap());
+    assert!(check.contains("FAIL  redis eviction"), "{check}");
+    redis.cmd::<()>(
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg("noeviction"),
+    );
     outboxd.start();
     insert_rows(&db, 0, 100, 10);
     assert_eq!(redis.read(&STREAMS, 100, READ_LIMIT).len(), 100);
@@ -648,6 +683,68 @@ fn with_the_checkpoint_in_redis_a_key_of_another_type_is_dead_lettered_inside_th
     assert!(
         metrics.contains(r#"outboxd_transactions_total{pipeline="redis-eos-dlq",sink="redis",result="committed"}"#),
         "{metrics}"
+    );
+    outboxd.stop();
+}
+
+#[test]
+fn with_the_checkpoint_in_redis_an_entry_refused_inside_exec_keeps_the_checkpoint_before_it() {
+    let (db, redis) = servers();
+    let mut outboxd = Outboxd::with_checkpoint(
+        "redis-eos-guard",
+        &config_with_redis(&db.cdc_url(), &redis.url(), ""),
+        "store = \"redis\"",
+    );
+    outboxd.start();
+    insert_rows(&db, 0, 30, 10);
+    assert_eq!(redis.read(&STREAMS, 30, READ_LIMIT).len(), 30);
+    let before = db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    wait_until(
+        "the checkpoint in Redis to pass the rows",
+        READ_LIMIT,
+        || stored_checkpoint(&redis, "redis-eos-guard")["position"]["gtid_set"] == before.as_str(),
+    );
+    // The order stream's IDs exhausted: its XADDs pass the type check and are queued, then fail
+    // inside EXEC while the customer rows of the same transaction are applied. The guard keeps
+    // the checkpoint before the transaction, and outboxd stops naming the rows.
+    redis.cmd::<()>(
+        redis::cmd("XSETID")
+            .arg("outbox.event.order")
+            .arg("18446744073709551615-18446744073709551615"),
+    );
+    insert_rows(&db, 30, 40, 10);
+    let status = outboxd.wait_exit(Duration::from_secs(60));
+    assert!(!status.success(), "{}", outboxd.log());
+    assert!(
+        outboxd
+            .log()
+            .contains("Redis refused entries inside a transaction"),
+        "{}",
+        outboxd.log()
+    );
+    assert_eq!(
+        stored_checkpoint(&redis, "redis-eos-guard")["position"]["gtid_set"],
+        before.as_str(),
+        "the checkpoint did not move past the refused rows"
+    );
+    // Fixed (the exhausted stream removed), the restart sends the transaction again: every row
+    // arrives; the customer rows applied with the refused transaction come twice.
+    redis.cmd::<()>(redis::cmd("DEL").arg("outbox.event.order"));
+    outboxd.start();
+    let orders = redis.read(&["outbox.event.order"], 6, READ_LIMIT);
+    let order_ids: std::collections::BTreeSet<String> =
+        orders.iter().filter_map(|g| g.field("id")).collect();
+    let expected: std::collections::BTreeSet<String> =
+        (30..40).filter(|n| n % 3 != 0).map(uuid_of).collect();
+    assert_eq!(order_ids, expected, "{}", outboxd.log());
+    let customers = redis.read(&["outbox.event.customer"], 10 + 4 + 4, READ_LIMIT);
+    assert_eq!(
+        customers.len(),
+        18,
+        "10 before, 4 applied with the refused transaction, 4 again"
     );
     outboxd.stop();
 }

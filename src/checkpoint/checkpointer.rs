@@ -71,7 +71,7 @@ impl Checkpointer {
         if !stored {
             let store = self.store.clone();
             let (identity, start) = (identity.clone(), start.clone());
-            tokio::task::spawn_blocking(move || store.write(&identity, &start))
+            tokio::task::spawn_blocking(move || store.write_first(&identity, &start))
                 .await
                 .map_err(|e| Error::checkpoint(format!("checkpoint write task died: {e}")))??;
         }

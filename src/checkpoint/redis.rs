@@ -29,9 +29,12 @@ use crate::source::config::redact_url;
 /// How long one command may take before it is a (transient) error.
 const TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Every key of the Redis store starts with this; the Redis sink never writes a stream there.
+pub const KEY_PREFIX: &str = "outboxd:checkpoint:";
+
 /// The live checkpoint's key for pipeline `name`.
 pub fn live_key(name: &str) -> String {
-    format!("outboxd:checkpoint:{name}")
+    format!("{KEY_PREFIX}{name}")
 }
 
 pub struct RedisStore {
@@ -45,6 +48,11 @@ pub struct RedisStore {
     expected: Mutex<Option<Vec<u8>>>,
     /// The body of the commit in flight, which becomes `expected` once it is applied.
     pending: Mutex<Option<Vec<u8>>>,
+    /// The body of a commit that was in flight when its session ended: it may still land.
+    uncertain: Mutex<Option<Vec<u8>>>,
+    /// `redis.wait_replicas` and the time `WAIT` may take.
+    wait_replicas: u32,
+    wait_timeout: Duration,
 }
 
 impl RedisStore {
@@ -62,6 +70,9 @@ impl RedisStore {
             connection: Mutex::new(None),
             expected: Mutex::new(None),
             pending: Mutex::new(None),
+            uncertain: Mutex::new(None),
+            wait_replicas: redis.wait_replicas,
+            wait_timeout: redis.message_timeout(),
         })
     }
 
@@ -80,9 +91,11 @@ impl RedisStore {
         *self.expected.lock().expect("store lock") = body;
     }
 
-    /// A commit carrying `body` is about to be sent.
-    pub fn committing(&self, body: Vec<u8>) {
+    /// A commit carrying `body` is about to be sent; returns the body of an earlier one whose
+    /// outcome is unknown.
+    pub fn committing(&self, body: Vec<u8>) -> Option<Vec<u8>> {
         *self.pending.lock().expect("store lock") = Some(body);
+        self.uncertain.lock().expect("store lock").clone()
     }
 
     /// The commit in flight was applied: its body is what Redis holds now.
@@ -90,6 +103,70 @@ impl RedisStore {
         if let Some(body) = self.pending.lock().expect("store lock").take() {
             self.expect(Some(body));
         }
+        *self.uncertain.lock().expect("store lock") = None;
+    }
+
+    /// The live checkpoint a session resumes from: remembered for the first commit's compare,
+    /// and, with `redis.wait_replicas`, on that many replicas before it counts as durable (an
+    /// earlier session's last commit may have reached only the primary; a Postgres slot must
+    /// never be confirmed past what a failover could take back). A commit still in flight from
+    /// the earlier session becomes uncertain.
+    pub fn resume(&self) -> Result<Option<Vec<u8>>> {
+        let body: Option<Vec<u8>> = self.with("reading", |c| c.get(&self.live))?;
+        if self.wait_replicas > 0 {
+            self.replicated()?;
+        }
+        if let Some(pending) = self.pending.lock().expect("store lock").take() {
+            *self.uncertain.lock().expect("store lock") = Some(pending);
+        }
+        self.expect(body.clone());
+        Ok(body)
+    }
+
+    /// Every write Redis had applied when this returns is on `redis.wait_replicas` replicas: a
+    /// write of this connection (`WAIT` counts a client's own writes, and replication keeps one
+    /// order), then `WAIT`.
+    fn replicated(&self) -> Result<()> {
+        let marker = format!("{}:replicated", self.live);
+        let millis = self.wait_timeout.as_millis().min(u64::MAX as u128) as u64;
+        let reached: i64 = self.with("waiting for replicas of", |c| {
+            c.set::<_, _, ()>(&marker, chrono::Utc::now().to_rfc3339())?;
+            redis::cmd("WAIT")
+                .arg(self.wait_replicas)
+                .arg(millis)
+                .query(c)
+        })?;
+        if reached < i64::from(self.wait_replicas) {
+            return Err(Error::checkpoint(format!(
+                "only {reached} of redis.wait_replicas = {} replicas have the checkpoint at {}",
+                self.wait_replicas, self.live
+            ))
+            .remedy("outboxd retries; check the replicas (INFO replication)")
+            .transient());
+        }
+        Ok(())
+    }
+
+    /// Writes the first checkpoint only if there is none (`SET … NX`): another instance that
+    /// wrote one meanwhile makes this one stop instead of overwriting it.
+    pub fn write_first(&self, body: &[u8]) -> Result<()> {
+        let set: Option<String> = self.with("writing", |c| {
+            redis::cmd("SET")
+                .arg(&self.live)
+                .arg(body)
+                .arg("NX")
+                .query(c)
+        })?;
+        if set.is_none() {
+            return Err(Error::checkpoint(format!(
+                "another instance of the pipeline wrote the first checkpoint at {} while this one started",
+                self.live
+            ))
+            .remedy("run one instance per pipeline (standbys need checkpoint.store = \"kafka\"); restart this one to resume from the stored checkpoint")
+            .superseded());
+        }
+        self.expect(Some(body.to_vec()));
+        Ok(())
     }
 
     /// Runs `f` on the connection (made first if there is none); a failure drops it.

@@ -173,9 +173,14 @@ impl Store {
 
     /// The stored checkpoint; `None` if there is none yet. A damaged one is an error, never `None`.
     pub fn load(&self) -> Result<Option<Checkpoint>> {
-        let Some(bytes) = self.backend.read(&Slot::Live)? else {
-            return Ok(None);
-        };
+        match self.backend.read(&Slot::Live)? {
+            Some(bytes) => self.parse(&bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The live checkpoint's bytes as a checkpoint of this pipeline.
+    fn parse(&self, bytes: &[u8]) -> Result<Checkpoint> {
         let damaged = |why: String| {
             Error::checkpoint(format!(
                 "checkpoint {} is damaged: {why}; outboxd will not guess a position",
@@ -187,7 +192,7 @@ impl Store {
             ))
         };
         let checkpoint: Checkpoint =
-            serde_json::from_slice(&bytes).map_err(|e| damaged(e.to_string()))?;
+            serde_json::from_slice(bytes).map_err(|e| damaged(e.to_string()))?;
         if checkpoint.version != VERSION {
             return Err(damaged(format!("unknown version {}", checkpoint.version)));
         }
@@ -200,7 +205,7 @@ impl Store {
             ))
             .remedy("use the matching `name` in the config, or move the checkpoint away"));
         }
-        Ok(Some(checkpoint))
+        Ok(checkpoint)
     }
 
     /// [`Store::load`] for a session that resumes from it: a store whose commits compare what
@@ -209,9 +214,22 @@ impl Store {
         let Some(redis) = &self.redis else {
             return self.load();
         };
-        let bytes = self.backend.read(&Slot::Live)?;
-        redis.expect(bytes);
-        self.load()
+        // One read: what is compared at the first commit is what the session resumes from.
+        match redis.resume()? {
+            Some(bytes) => self.parse(&bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes the first live checkpoint of a pipeline that has none. The Redis store refuses
+    /// when another instance wrote one meanwhile (it has no lock to keep a second one out).
+    pub fn write_first(&self, source: &SourceIdentity, position: &Position) -> Result<()> {
+        let Some(redis) = &self.redis else {
+            return self.write(source, position).map(|_| ());
+        };
+        redis.write_first(&body(&self.document(source, position)))?;
+        self.remember(source, position);
+        Ok(())
     }
 
     /// [`Store::load`] from async code: a Kafka store's read blocks for a network round trip (or
@@ -269,10 +287,11 @@ impl Store {
     pub fn live_mark(&self, source: &SourceIdentity, position: &Position) -> Result<CommitMark> {
         let body = body(&self.document(source, position));
         if let Some(redis) = &self.redis {
-            redis.committing(body.clone());
+            let uncertain = redis.committing(body.clone());
             return Ok(CommitMark::Key {
                 body,
                 expected: redis.expected(),
+                uncertain,
             });
         }
         let kafka = self.kafka.as_ref().ok_or_else(|| {

@@ -56,9 +56,12 @@ pub enum CommitMark {
     Record(Record),
     /// Redis: the checkpoint key's new value, applied only while the key still holds `expected`
     /// (what this instance last read or wrote there).
+    /// `uncertain`: the body of the instance's last commit whose outcome is unknown (found at the
+    /// key, it is this instance's own late commit, not another writer's).
     Key {
         body: Vec<u8>,
         expected: Option<Vec<u8>>,
+        uncertain: Option<Vec<u8>>,
     },
 }
 
@@ -157,7 +160,12 @@ impl SinkConfig<'_> {
                 nats::preflight(nats, wanted.fixed_event_topic.as_deref()).await
             }
             SinkConfig::Redis(redis) => {
-                self::redis::preflight(redis, wanted.fixed_event_topic.as_deref()).await
+                self::redis::preflight(
+                    redis,
+                    wanted.fixed_event_topic.as_deref(),
+                    wanted.checkpoint_in_redis,
+                )
+                .await
             }
         }
     }
@@ -289,9 +297,14 @@ impl Sink {
     pub async fn commit(&self, mark: CommitMark, limit: Duration) -> Result<()> {
         match (self, mark) {
             (Sink::Kafka(sink), CommitMark::Record(last)) => sink.commit(last, limit).await,
-            (Sink::Redis(sink), CommitMark::Key { body, expected }) => {
-                sink.commit(body, expected, limit).await
-            }
+            (
+                Sink::Redis(sink),
+                CommitMark::Key {
+                    body,
+                    expected,
+                    uncertain,
+                },
+            ) => sink.commit(body, expected, uncertain, limit).await,
             _ => Err(no_transactions()),
         }
     }

@@ -639,6 +639,8 @@ pub struct Wanted {
     pub fixed_event_topic: Option<String>,
     /// The checkpoint topic, when checkpoints live in Kafka.
     pub checkpoint_topic: Option<String>,
+    /// The checkpoint lives in the Redis sink's server (`checkpoint.store = "redis"`).
+    pub checkpoint_in_redis: bool,
 }
 
 /// What a reachable cluster told the preflight.

@@ -128,7 +128,11 @@ pub(super) fn command_error(doing: &str, e: &RedisError) -> Error {
 /// (AOF with `appendfsync always`, else WARN: an acknowledged entry can be lost in a crash),
 /// never evicting keys, and the streams it can know before running (a fixed route topic, the
 /// dead-letter stream) are streams or absent.
-pub async fn preflight(config: &RedisConfig, fixed_topic: Option<&str>) -> Vec<Item> {
+pub async fn preflight(
+    config: &RedisConfig,
+    fixed_topic: Option<&str>,
+    checkpoint_in_redis: bool,
+) -> Vec<Item> {
     let shown = redact_url(&config.url);
     let mut connection = match tokio::time::timeout(OPEN_TIMEOUT, connect(config)).await {
         Ok(Ok(c)) => c,
@@ -192,7 +196,7 @@ pub async fn preflight(config: &RedisConfig, fixed_topic: Option<&str>) -> Vec<I
     }
     items.push(transaction_item(&mut connection).await);
     items.push(durability_item(&mut connection).await);
-    items.push(eviction_item(&mut connection).await);
+    items.push(eviction_item(&mut connection, checkpoint_in_redis).await);
     if config.maxlen.is_some() {
         items.push(Item::warn(
             "redis maxlen",
@@ -288,11 +292,18 @@ async fn durability_item(connection: &mut MultiplexedConnection) -> Item {
     }
 }
 
-async fn eviction_item(connection: &mut MultiplexedConnection) -> Item {
+/// `checkpoint_in_redis`: an evicting policy is a FAIL, since losing the checkpoint key would make
+/// the next start begin at the source's end.
+async fn eviction_item(connection: &mut MultiplexedConnection, checkpoint_in_redis: bool) -> Item {
     match config_get(connection, "maxmemory-policy").await.as_deref() {
         Some(policy @ ("noeviction" | "volatile-lru" | "volatile-lfu" | "volatile-random" | "volatile-ttl")) => Item::pass(
             "redis eviction",
             format!("maxmemory-policy {policy}: streams (no TTL) are never evicted; a full server refuses writes and outboxd waits"),
+        ),
+        Some(policy) if checkpoint_in_redis => Item::fail(
+            "redis eviction",
+            format!("maxmemory-policy {policy}: a full server may evict the checkpoint key (checkpoint.store = \"redis\"), and the next start would begin at the source's end"),
+            "CONFIG SET maxmemory-policy noeviction (and in redis.conf)",
         ),
         Some(policy) => Item::warn(
             "redis eviction",

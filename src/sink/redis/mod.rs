@@ -26,6 +26,7 @@ mod batch;
 pub mod config;
 mod connect;
 pub mod entry;
+mod guard;
 mod transaction;
 
 use std::sync::Arc;
@@ -138,7 +139,27 @@ impl RedisSink {
     /// Queues `record` for the next batch; its ticket goes back through the session's [`Acks`]
     /// once `EXEC` answered for it. Does not wait.
     pub async fn send(&self, room: Room, record: &Record, ticket: Ticket) -> Result<()> {
-        let fields = entry::fields(record);
+        let mut fields = entry::fields(record);
+        let mut stream = record.topic.clone();
+        let mut dead_lettered = self.dead_letter.as_deref() == Some(record.topic.as_str());
+        // A stream at a checkpoint's key would break that pipeline's store: such a row is
+        // unroutable.
+        if stream.starts_with(crate::checkpoint::REDIS_KEY_PREFIX) {
+            let why = format!("the key {stream:?} is reserved for outboxd's checkpoints");
+            let Some(dead_letter) = self.dead_letter.clone().filter(|_| !dead_lettered) else {
+                return Err(Error::unroutable(format!("a row cannot be delivered: {why}"))
+                    .remedy("route rows to other keys (route.topic), or set redis.dead_letter_topic to park them; nothing was skipped"));
+            };
+            tracing::warn!(stream = %stream, dead_letter = %dead_letter, "unroutable entry sent to the dead-letter stream");
+            self.metrics.dead_letter("unroutable");
+            fields.push((
+                "outboxd.error".into(),
+                format!("unroutable: {why}").into_bytes(),
+            ));
+            fields.push(("outboxd.stream".into(), stream.into_bytes()));
+            stream = dead_letter;
+            dead_lettered = true;
+        }
         if fields.is_empty() {
             return Err(Error::unroutable(format!(
                 "a record for stream {:?} has no field to write",
@@ -150,9 +171,9 @@ impl RedisSink {
         crate::fault::crash_point(crate::fault::AFTER_PRODUCE_BEFORE_ACK);
         let queued = Queued {
             ticket,
-            stream: record.topic.clone(),
+            stream,
             fields,
-            dead_lettered: self.dead_letter.as_deref() == Some(record.topic.as_str()),
+            dead_lettered,
             enqueued: Instant::now(),
             room,
         };
@@ -183,6 +204,7 @@ impl RedisSink {
         &self,
         body: Vec<u8>,
         expected: Option<Vec<u8>>,
+        uncertain: Option<Vec<u8>>,
         limit: Duration,
     ) -> Result<()> {
         let Lane::Transaction(steps) = &self.lane else {
@@ -195,6 +217,7 @@ impl RedisSink {
             .send(Step::Commit {
                 body,
                 expected,
+                uncertain,
                 done,
             })
             .map_err(|_| task_ended())?;

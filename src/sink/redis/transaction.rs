@@ -13,18 +13,28 @@
 //!   the `WATCH` shows in the `GET` (the transaction is discarded); one changed after it makes
 //!   `EXEC` apply nothing. Either way this instance was superseded (another instance, or
 //!   `checkpoint set`) and stops without having written a thing.
-//! - **A key of another type is found before `EXEC`.** Inside `EXEC` an `XADD` to a key holding a
-//!   string fails alone while the checkpoint is still stored, which would skip its row. So each
-//!   stream is asked its `TYPE` once per session, on a second connection (the first one is inside
-//!   `MULTI`), and such a row is dead-lettered inside the transaction or stops outboxd. Should the
-//!   type change between that answer and `EXEC` anyway, the checkpoint is put back to the one
-//!   before the transaction and outboxd stops: its rows are sent again (duplicates), never lost.
+//! - **A key of another type is found before `EXEC`.** Each stream is asked its `TYPE` (on a
+//!   second connection: the first one is inside `MULTI`; the answer is kept a minute), so a row
+//!   whose key holds a string is dead-lettered inside the transaction or stops outboxd.
+//! - **The checkpoint is stored only if every entry was.** An `XADD` can still fail inside `EXEC`
+//!   (the type changed since, an ACL rule, an exhausted stream), and Redis has no rollback, so the
+//!   checkpoint is written by a script queued last that first checks each stream ends with the
+//!   transaction's own entry (`guard.rs`). Refused, the checkpoint stays before the transaction and
+//!   outboxd stops: its entries are sent again after the fix (duplicates), none is lost.
+//! - **A commit whose outcome is unknown** (a timeout, a lost connection) may land after the next
+//!   session read the checkpoint: that session then finds its own earlier commit at the key, not
+//!   another writer's, and starts over from it instead of stopping.
+//! - **A source transaction larger than [`MAX_OPEN_FACTOR`] × `transaction_max_bytes`** stops
+//!   outboxd with a remedy: Redis holds an open transaction in memory, and one that does not fit
+//!   would fail (out of memory, or the client evicted) on every attempt.
 //! - `redis.wait_replicas`: `WAIT` after `EXEC`; the commit is reported only then, so a Postgres
 //!   slot is never confirmed past what a failover could take back.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use super::guard::{Newest, NOT_WRITTEN};
 
 use redis::aio::MultiplexedConnection;
 use redis::Value;
@@ -40,15 +50,25 @@ use crate::sink::ack::Acks;
 /// At most this many entries go in one pipeline of `XADD`s into the open transaction.
 const MAX_PIPELINE: usize = 1_000;
 
+/// An open transaction may hold this many times `transaction_max_bytes` (one source transaction
+/// that large stops outboxd; see the module docs).
+pub(super) const MAX_OPEN_FACTOR: u64 = 4;
+
+/// How long a stream's `TYPE` answer is trusted, and how many are kept.
+const TYPE_TTL: Duration = Duration::from_secs(60);
+const TYPE_CACHE: usize = 10_000;
+
 /// What the session asks of the transaction task, in order.
 pub(super) enum Step {
     /// Open a transaction (`WATCH`, `GET`, `MULTI`).
     Begin,
     Entry(Queued),
     /// Store `body` at the checkpoint key and `EXEC`, if the key still holds `expected`.
+    /// `uncertain`: the body of this instance's last commit whose outcome is unknown.
     Commit {
         body: Vec<u8>,
         expected: Option<Vec<u8>>,
+        uncertain: Option<Vec<u8>>,
         done: oneshot::Sender<Result<()>>,
     },
 }
@@ -62,14 +82,24 @@ struct Sent {
 pub(super) struct Transactor {
     /// The transaction's connection.
     connection: MultiplexedConnection,
-    /// A second connection for `TYPE`, which inside `MULTI` would only be queued.
-    lookup: MultiplexedConnection,
+    /// A second connection for `TYPE`, which inside `MULTI` would only be queued; made again
+    /// when it fails (a server-side idle `timeout` closes it).
+    lookup: Option<MultiplexedConnection>,
+    config: RedisConfig,
     key: String,
-    /// Streams asked about this session: whether they can take entries (a stream, or absent).
-    streams: HashMap<String, bool>,
+    /// Streams asked about recently: whether they can take entries (a stream, or absent), and
+    /// when Redis said so.
+    streams: HashMap<String, (bool, Instant)>,
     /// While a transaction is open: what the checkpoint key held at its `WATCH`.
     seen: Option<Option<Vec<u8>>>,
     sent: Vec<Sent>,
+    /// Each stream's newest entry in the open transaction, for the guard.
+    newest: Newest,
+    /// Bytes queued in the open transaction, and the most it may hold.
+    open_bytes: u64,
+    max_open_bytes: u64,
+    /// Entries per stream in the open transaction (counted forwarded once it commits).
+    forwarded: HashMap<String, u64>,
     maxlen: Option<u64>,
     wait_replicas: u32,
     timeout: Duration,
@@ -89,11 +119,16 @@ impl Transactor {
     ) -> Transactor {
         Transactor {
             connection,
-            lookup,
+            lookup: Some(lookup),
+            config: config.clone(),
             key: key.to_string(),
             streams: HashMap::new(),
             seen: None,
             sent: Vec::new(),
+            newest: Newest::default(),
+            open_bytes: 0,
+            max_open_bytes: config.transaction_max_bytes.saturating_mul(MAX_OPEN_FACTOR),
+            forwarded: HashMap::new(),
             maxlen: config.maxlen,
             wait_replicas: config.wait_replicas,
             timeout: config.message_timeout(),
@@ -132,9 +167,10 @@ impl Transactor {
                 Step::Commit {
                     body,
                     expected,
+                    uncertain,
                     done,
                 } => {
-                    let result = self.commit(body, expected).await;
+                    let result = self.commit(body, expected, uncertain).await;
                     let failed = result.is_err();
                     let _ = done.send(result);
                     if failed {
@@ -169,6 +205,9 @@ impl Transactor {
         let (seen,): (Option<Vec<u8>>,) = self.query(&pipe, "opening a transaction").await?;
         self.seen = Some(seen);
         self.sent.clear();
+        self.newest.clear();
+        self.forwarded.clear();
+        self.open_bytes = 0;
         Ok(())
     }
 
@@ -200,7 +239,16 @@ impl Transactor {
                 self.metrics.dead_letter("unroutable");
                 (dead_letter, fields, false)
             };
+            self.open_bytes += super::entry::size(&fields) as u64;
+            if self.open_bytes > self.max_open_bytes {
+                return Err(Error::sink(format!(
+                    "a source transaction holds more than {} bytes of entries, {MAX_OPEN_FACTOR} × redis.transaction_max_bytes: Redis keeps an open transaction in memory until EXEC, and one this large could fail on every attempt",
+                    self.max_open_bytes
+                ))
+                .remedy("raise redis.transaction_max_bytes (and Redis's maxmemory / maxmemory-clients to match), or use checkpoint.store = \"file\" (at least once) for such transactions; nothing was skipped"));
+            }
             pipe.add_command(xadd(&stream, &fields, self.maxlen.filter(|_| trim)));
+            self.newest.wrote(&stream, &fields);
             let id = fields
                 .iter()
                 .find(|(name, _)| name == crate::route::ID_HEADER)
@@ -229,71 +277,107 @@ impl Transactor {
                     .transient(),
             );
         }
-        let mut forwarded: HashMap<String, u64> = HashMap::new();
         for (q, s) in entries.into_iter().zip(&sent) {
             self.metrics.acknowledged();
             self.metrics.delivered_after(q.enqueued.elapsed());
-            // Where it lands (a dead letter counts under the dead-letter stream).
-            *forwarded.entry(s.stream.clone()).or_default() += 1;
+            // Where it lands (a dead letter counts under the dead-letter stream), once committed.
+            *self.forwarded.entry(s.stream.clone()).or_default() += 1;
             self.acks.acked(q.ticket);
             drop(q.room);
-        }
-        for (stream, n) in forwarded {
-            self.metrics.forwarded_n(&stream, n);
         }
         self.sent.extend(sent);
         Ok(())
     }
 
-    /// Whether `stream` can take entries (a stream, or no key yet); asked once per session.
+    /// Whether `stream` can take entries (a stream, or no key yet; never a key reserved for
+    /// checkpoints); asked again after [`TYPE_TTL`].
     async fn can_take(&mut self, stream: &str) -> Result<bool> {
-        if let Some(known) = self.streams.get(stream) {
-            return Ok(*known);
+        if stream.starts_with(crate::checkpoint::REDIS_KEY_PREFIX) {
+            return Ok(false);
         }
-        let mut cmd = redis::cmd("TYPE");
-        cmd.arg(stream);
-        let asking = cmd.query_async::<String>(&mut self.lookup);
-        let kind = tokio::time::timeout(self.timeout, asking)
-            .await
-            .map_err(|_| timed_out("asking a key's type"))?
-            .map_err(|e| command_error("asking a key's type", &e))?;
+        if let Some((takes, at)) = self.streams.get(stream) {
+            if at.elapsed() < TYPE_TTL {
+                return Ok(*takes);
+            }
+        }
+        if self.streams.len() >= TYPE_CACHE {
+            self.streams.clear();
+        }
+        let kind = match self.ask_type(stream).await {
+            Ok(kind) => kind,
+            // The lookup connection may have been closed for idling: once more on a new one.
+            Err(_) => {
+                self.lookup = Some(super::open(&self.config).await?);
+                self.ask_type(stream).await?
+            }
+        };
         let takes = matches!(kind.as_str(), "stream" | "none");
-        self.streams.insert(stream.to_string(), takes);
+        self.streams
+            .insert(stream.to_string(), (takes, Instant::now()));
         Ok(takes)
     }
 
-    /// `SET key body`, `EXEC`, if the key held `expected` at `begin`.
-    async fn commit(&mut self, body: Vec<u8>, expected: Option<Vec<u8>>) -> Result<()> {
+    async fn ask_type(&mut self, stream: &str) -> Result<String> {
+        let Some(lookup) = self.lookup.as_mut() else {
+            return Err(timed_out("asking a key's type"));
+        };
+        let mut cmd = redis::cmd("TYPE");
+        cmd.arg(stream);
+        let asking = cmd.query_async::<String>(lookup);
+        let answer = tokio::time::timeout(self.timeout, asking)
+            .await
+            .map_err(|_| timed_out("asking a key's type"))
+            .and_then(|r| r.map_err(|e| command_error("asking a key's type", &e)));
+        if answer.is_err() {
+            self.lookup = None;
+        }
+        answer
+    }
+
+    /// The guard storing `body` (see `guard.rs`), then `EXEC`, if the key held `expected` at
+    /// `begin`. A key holding `uncertain` (this instance's own earlier commit, which landed late)
+    /// is not another writer: the session starts over from it.
+    async fn commit(
+        &mut self,
+        body: Vec<u8>,
+        expected: Option<Vec<u8>>,
+        uncertain: Option<Vec<u8>>,
+    ) -> Result<()> {
         let Some(seen) = self.seen.take() else {
             return Err(Error::sink("a Redis commit without a transaction (a bug)"));
         };
         if seen != expected {
             // Nothing queued is applied: the connection is given up with the session.
+            if seen.is_some() && seen == uncertain {
+                return Err(Error::sink(
+                    "an earlier commit of this instance, whose answer was lost, reached Redis after this session read the checkpoint",
+                )
+                .remedy("outboxd starts again from the checkpoint it stored then; nothing of this transaction was applied")
+                .transient());
+            }
             return Err(superseded(&self.key));
         }
         let started = Instant::now();
         let mut pipe = redis::pipe();
         pipe.ignore_errors()
-            .cmd("SET")
-            .arg(&self.key)
-            .arg(body)
+            .add_command(self.newest.store(&self.key, &body))
             .cmd("EXEC");
         let replies: Vec<Value> = self.query(&pipe, "committing a transaction").await?;
-        let [set, exec] = replies.as_slice() else {
+        let [guard, exec] = replies.as_slice() else {
             return Err(
                 Error::sink("Redis answered a commit with the wrong number of replies")
                     .remedy("outboxd sends again from the checkpoint")
                     .transient(),
             );
         };
-        if let Value::ServerError(e) = set {
+        if let Value::ServerError(e) = guard {
             return Err(if HEALING.contains(&e.code()) {
                 Error::sink(format!("Redis refused the checkpoint: {e:?}"))
                     .remedy("outboxd sends the transaction again from the checkpoint; check the server (INFO)")
                     .transient()
             } else {
                 Error::sink(format!("Redis refused the checkpoint: {e:?}")).remedy(
-                    "grant the user +set on ~outboxd:checkpoint:*, then restart outboxd (nothing was skipped)",
+                    "grant the user +eval +xrevrange +set on ~outboxd:checkpoint:* and the stream keys, then restart outboxd (nothing was skipped)",
                 )
             });
         }
@@ -313,18 +397,21 @@ impl Transactor {
                     .transient())
             }
         };
-        self.refused_inside(applied, expected).await?;
+        self.refused_inside(applied)?;
         if self.wait_replicas > 0 {
             wait(&mut self.connection, self.wait_replicas, self.timeout).await?;
+        }
+        for (stream, n) in self.forwarded.drain() {
+            self.metrics.forwarded_n(&stream, n);
         }
         tracing::debug!(entries = self.sent.len(), took = ?started.elapsed(), "Redis transaction committed");
         self.sent.clear();
         Ok(())
     }
 
-    /// Entries that failed inside `EXEC` (the checkpoint after them was stored): the checkpoint
-    /// is put back to `expected`, and outboxd stops naming them.
-    async fn refused_inside(&mut self, applied: &[Value], expected: Option<Vec<u8>>) -> Result<()> {
+    /// Entries refused inside `EXEC`. The guard (the last reply) kept the checkpoint where it
+    /// was unless every stream ends with its entry; either way outboxd stops naming them.
+    fn refused_inside(&self, applied: &[Value]) -> Result<()> {
         let refused: Vec<String> = self
             .sent
             .iter()
@@ -334,40 +421,34 @@ impl Transactor {
                 _ => None,
             })
             .collect();
-        if refused.is_empty() {
+        let guarded = match applied.last() {
+            Some(Value::ServerError(e)) if e.code() == NOT_WRITTEN => true,
+            Some(Value::ServerError(e)) => {
+                return Err(Error::sink(format!(
+                    "Redis refused the checkpoint inside the transaction: {e:?}"
+                ))
+                .remedy("the checkpoint did not move; grant the user +eval +xrevrange +set (on ~outboxd:checkpoint:* and the stream keys), then restart outboxd: the transaction's rows are sent again"))
+            }
+            _ => false,
+        };
+        if refused.is_empty() && !guarded {
             return Ok(());
         }
-        let put_back = match &expected {
-            Some(previous) => {
-                let mut cmd = redis::cmd("SET");
-                cmd.arg(&self.key).arg(previous.as_slice());
-                cmd
-            }
-            None => {
-                let mut cmd = redis::cmd("DEL");
-                cmd.arg(&self.key);
-                cmd
-            }
+        let shown = if refused.is_empty() {
+            "a stream does not end with the transaction's entry".to_string()
+        } else {
+            refused.join("; ")
         };
-        let restored = tokio::time::timeout(
-            self.timeout,
-            put_back.query_async::<()>(&mut self.connection),
-        )
-        .await;
-        let shown = refused.join("; ");
-        match restored {
-            Ok(Ok(())) => Err(Error::unroutable(format!(
-                "Redis refused entries inside a committed transaction ({shown}); the checkpoint was put back to before the transaction"
+        if guarded {
+            return Err(Error::unroutable(format!(
+                "Redis refused entries inside a transaction ({shown}); the checkpoint did not move"
             ))
-            .remedy("a key changed type while outboxd wrote to it: fix it, then restart outboxd; the transaction's other rows are sent again (duplicates), none is lost")),
-            _ => Err(Error::unroutable(format!(
-                "Redis refused entries inside a committed transaction ({shown}), and the checkpoint could not be put back"
-            ))
-            .remedy(format!(
-                "these rows are not in Redis and the checkpoint at {} is past them: set it back with `outboxd checkpoint set` (see `outboxd checkpoint list`) or re-send them, then restart outboxd",
-                self.key
-            ))),
+            .remedy("a key changed type, an ACL rule or a stream's IDs (XSETID) refused them while outboxd wrote: fix it, then restart outboxd; the transaction's other rows are sent again (duplicates), none is lost"));
         }
+        Err(Error::unroutable(format!(
+            "Redis refused entries inside a committed transaction ({shown}) although each stream ends with its entry"
+        ))
+        .remedy("these rows are not in Redis and the checkpoint is past them: set it back with `outboxd checkpoint set` (see `outboxd checkpoint list`) or re-send them, then restart outboxd"))
     }
 
     async fn query<T: redis::FromRedisValue>(
