@@ -323,6 +323,15 @@ impl Metrics {
             .inc();
     }
 
+    /// `[prune]` runs: every result's series exists (at 0) before the first round ends.
+    pub fn prune_runs_declared(&self) {
+        for result in ["pruned", "waiting", "failed"] {
+            drop(self.prune_runs.get_or_create(&ResultLabel {
+                result: result.to_string(),
+            }));
+        }
+    }
+
     /// A prune round ended: `result` is pruned, waiting or failed.
     pub fn prune_run(&self, result: &str) {
         self.prune_runs

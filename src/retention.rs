@@ -316,9 +316,15 @@ pub async fn round(
     metrics: &Metrics,
     wait: Duration,
 ) -> Result<Outcome> {
-    let mut pruner = bounded("connecting", SHORT_STEP, Pruner::connect(&prune.server)).await?;
-    let result = round_on(&mut pruner, prune, store, metrics, wait).await;
-    let _ = tokio::time::timeout(SHORT_STEP, pruner.close()).await;
+    // A round that cannot even connect (a wrong password, a host down) counts as failed too.
+    let result = match bounded("connecting", SHORT_STEP, Pruner::connect(&prune.server)).await {
+        Ok(mut pruner) => {
+            let result = round_on(&mut pruner, prune, store, metrics, wait).await;
+            let _ = tokio::time::timeout(SHORT_STEP, pruner.close()).await;
+            result
+        }
+        Err(e) => Err(e),
+    };
     metrics.prune_run(match &result {
         Ok(Outcome::Pruned { .. }) => "pruned",
         Ok(Outcome::Waiting { .. }) => "waiting",
@@ -537,6 +543,8 @@ pub async fn run(
     let mut ticks =
         tokio::time::interval_at(tokio::time::Instant::now() + prune.every, prune.every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Every result at 0 from the start, so the first failed round is an increase to alert on.
+    metrics.prune_runs_declared();
     let mut failing = Failing::default();
     loop {
         tokio::select! {

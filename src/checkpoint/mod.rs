@@ -21,7 +21,5 @@ mod tracker;
 pub use checkpointer::Checkpointer;
 pub use kafka::KafkaStore;
 pub use lease::Lease;
-/// Keys of the Redis checkpoint store start with this (the Redis sink writes no stream there).
-pub const REDIS_KEY_PREFIX: &str = redis::KEY_PREFIX;
 pub use store::{Access, Checkpoint, Store};
 pub use tracker::Tracker;

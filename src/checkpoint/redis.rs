@@ -29,8 +29,9 @@ use crate::source::config::redact_url;
 /// How long one command may take before it is a (transient) error.
 const TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Every key of the Redis store starts with this; the Redis sink never writes a stream there.
-pub const KEY_PREFIX: &str = "outboxd:checkpoint:";
+/// Every key of the Redis store starts with this (the sink owns the name: it never writes a
+/// stream there).
+const KEY_PREFIX: &str = crate::sink::redis::CHECKPOINT_KEY_PREFIX;
 
 /// The live checkpoint's key for pipeline `name`.
 pub fn live_key(name: &str) -> String {
@@ -50,6 +51,8 @@ pub struct RedisStore {
     pending: Mutex<Option<Vec<u8>>>,
     /// The body of a commit that was in flight when its session ended: it may still land.
     uncertain: Mutex<Option<Vec<u8>>>,
+    /// The first checkpoint this process tried to write (its answer may have been lost).
+    first: Mutex<Option<Vec<u8>>>,
     /// `redis.wait_replicas` and the time `WAIT` may take.
     wait_replicas: u32,
     wait_timeout: Duration,
@@ -71,8 +74,12 @@ impl RedisStore {
             expected: Mutex::new(None),
             pending: Mutex::new(None),
             uncertain: Mutex::new(None),
+            first: Mutex::new(None),
             wait_replicas: redis.wait_replicas,
-            wait_timeout: redis.message_timeout(),
+            // Within the connection's own read timeout, so a short count is named as such.
+            wait_timeout: redis
+                .message_timeout()
+                .min(TIMEOUT.saturating_sub(Duration::from_secs(3))),
         })
     }
 
@@ -150,6 +157,11 @@ impl RedisStore {
     /// Writes the first checkpoint only if there is none (`SET … NX`): another instance that
     /// wrote one meanwhile makes this one stop instead of overwriting it.
     pub fn write_first(&self, body: &[u8]) -> Result<()> {
+        let earlier = self
+            .first
+            .lock()
+            .expect("store lock")
+            .replace(body.to_vec());
         let set: Option<String> = self.with("writing", |c| {
             redis::cmd("SET")
                 .arg(&self.live)
@@ -157,16 +169,27 @@ impl RedisStore {
                 .arg("NX")
                 .query(c)
         })?;
-        if set.is_none() {
+        if set.is_some() {
+            self.expect(Some(body.to_vec()));
+            return Ok(());
+        }
+        // Refused. This process's own earlier first write (its answer lost) may have landed
+        // late: then the next session resumes from it.
+        let now: Option<Vec<u8>> = self.with("reading", |c| c.get(&self.live))?;
+        if now.is_some() && now == earlier {
             return Err(Error::checkpoint(format!(
-                "another instance of the pipeline wrote the first checkpoint at {} while this one started",
+                "an earlier first checkpoint of this instance reached {} late",
                 self.live
             ))
-            .remedy("run one instance per pipeline (standbys need checkpoint.store = \"kafka\"); restart this one to resume from the stored checkpoint")
-            .superseded());
+            .remedy("outboxd starts again from it")
+            .transient());
         }
-        self.expect(Some(body.to_vec()));
-        Ok(())
+        Err(Error::checkpoint(format!(
+            "another instance of the pipeline wrote the first checkpoint at {} while this one started",
+            self.live
+        ))
+        .remedy("run one instance per pipeline (standbys need checkpoint.store = \"kafka\"); restart this one to resume from the stored checkpoint")
+        .superseded())
     }
 
     /// Runs `f` on the connection (made first if there is none); a failure drops it.
@@ -204,7 +227,7 @@ impl RedisStore {
             .is_some_and(|c| matches!(c, "NOPERM" | "WRONGPASS" | "NOAUTH"))
         {
             return error.remedy(
-                "grant outboxd's user +get +set +del +hget +hset +hkeys +watch +multi +exec on ~outboxd:checkpoint:*",
+                "grant outboxd's user +get +set +del +hget +hset +hkeys +hdel +watch +multi +exec +eval +wait on ~outboxd:checkpoint:*",
             );
         }
         if e.code() == Some("WRONGTYPE") {

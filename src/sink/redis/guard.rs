@@ -24,6 +24,9 @@ use crate::route::{ID_HEADER, POSITION_HEADER};
 const SCRIPT: &str = r#"
 for k = 2, #KEYS do
   local want_id, want_pos = ARGV[2 * k - 2], ARGV[2 * k - 1]
+  if redis.call('TYPE', KEYS[k]).ok ~= 'stream' then
+    return redis.error_reply('OUTBOXD_NOT_WRITTEN ' .. KEYS[k])
+  end
   local newest = redis.call('XREVRANGE', KEYS[k], '+', '-', 'COUNT', 1)
   local id, pos = '', ''
   if newest[1] then

@@ -48,6 +48,10 @@ use crate::source::config::redact_url;
 /// How long connecting may take.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Keys of the Redis checkpoint store (`checkpoint.store = "redis"`) start with this; the sink
+/// never writes a stream there (such a row is unroutable).
+pub const CHECKPOINT_KEY_PREFIX: &str = "outboxd:checkpoint:";
+
 fn task_ended() -> Error {
     Error::sink("the Redis task ended").transient()
 }
@@ -144,7 +148,7 @@ impl RedisSink {
         let mut dead_lettered = self.dead_letter.as_deref() == Some(record.topic.as_str());
         // A stream at a checkpoint's key would break that pipeline's store: such a row is
         // unroutable.
-        if stream.starts_with(crate::checkpoint::REDIS_KEY_PREFIX) {
+        if stream.starts_with(CHECKPOINT_KEY_PREFIX) {
             let why = format!("the key {stream:?} is reserved for outboxd's checkpoints");
             let Some(dead_letter) = self.dead_letter.clone().filter(|_| !dead_lettered) else {
                 return Err(Error::unroutable(format!("a row cannot be delivered: {why}"))

@@ -127,7 +127,11 @@ impl Transactor {
             sent: Vec::new(),
             newest: Newest::default(),
             open_bytes: 0,
-            max_open_bytes: config.transaction_max_bytes.saturating_mul(MAX_OPEN_FACTOR),
+            // Earlier source transactions of the same Redis transaction hold up to one more
+            // `transaction_max_bytes`.
+            max_open_bytes: config
+                .transaction_max_bytes
+                .saturating_mul(MAX_OPEN_FACTOR + 1),
             forwarded: HashMap::new(),
             maxlen: config.maxlen,
             wait_replicas: config.wait_replicas,
@@ -242,8 +246,9 @@ impl Transactor {
             self.open_bytes += super::entry::size(&fields) as u64;
             if self.open_bytes > self.max_open_bytes {
                 return Err(Error::sink(format!(
-                    "a source transaction holds more than {} bytes of entries, {MAX_OPEN_FACTOR} × redis.transaction_max_bytes: Redis keeps an open transaction in memory until EXEC, and one this large could fail on every attempt",
-                    self.max_open_bytes
+                    "the open Redis transaction holds more than {} bytes of entries ({} × redis.transaction_max_bytes): a source transaction of about {MAX_OPEN_FACTOR} × or more; Redis keeps an open transaction in memory until EXEC, and one this large could fail on every attempt",
+                    self.max_open_bytes,
+                    MAX_OPEN_FACTOR + 1
                 ))
                 .remedy("raise redis.transaction_max_bytes (and Redis's maxmemory / maxmemory-clients to match), or use checkpoint.store = \"file\" (at least once) for such transactions; nothing was skipped"));
             }
@@ -292,7 +297,7 @@ impl Transactor {
     /// Whether `stream` can take entries (a stream, or no key yet; never a key reserved for
     /// checkpoints); asked again after [`TYPE_TTL`].
     async fn can_take(&mut self, stream: &str) -> Result<bool> {
-        if stream.starts_with(crate::checkpoint::REDIS_KEY_PREFIX) {
+        if stream.starts_with(super::CHECKPOINT_KEY_PREFIX) {
             return Ok(false);
         }
         if let Some((takes, at)) = self.streams.get(stream) {
@@ -382,7 +387,9 @@ impl Transactor {
             });
         }
         let applied = match exec {
-            Value::Nil => return Err(superseded(&self.key)),
+            // Changed after the WATCH: by another writer, or by this instance's own earlier
+            // commit landing late.
+            Value::Nil => return Err(self.changed_under(uncertain.as_deref()).await),
             Value::Array(applied) => applied,
             Value::ServerError(e) => return Err(Error::sink(format!(
                 "Redis refused the transaction: {e:?}"
@@ -407,6 +414,27 @@ impl Transactor {
         tracing::debug!(entries = self.sent.len(), took = ?started.elapsed(), "Redis transaction committed");
         self.sent.clear();
         Ok(())
+    }
+
+    /// The error for a checkpoint key that changed after the `WATCH`: transient when it now holds
+    /// this instance's own earlier commit (`uncertain`), which landed late; else superseded.
+    async fn changed_under(&mut self, uncertain: Option<&[u8]>) -> Error {
+        let mut get = redis::cmd("GET");
+        get.arg(&self.key);
+        let now = tokio::time::timeout(
+            self.timeout,
+            get.query_async::<Option<Vec<u8>>>(&mut self.connection),
+        )
+        .await;
+        match now {
+            Ok(Ok(Some(body))) if Some(body.as_slice()) == uncertain => Error::sink(
+                "an earlier commit of this instance, whose answer was lost, reached Redis during this transaction",
+            )
+            .remedy("outboxd starts again from the checkpoint it stored then; nothing of this transaction was applied")
+            .transient(),
+            Ok(Ok(_)) => superseded(&self.key),
+            _ => timed_out("reading the checkpoint after a refused commit"),
+        }
     }
 
     /// Entries refused inside `EXEC`. The guard (the last reply) kept the checkpoint where it
