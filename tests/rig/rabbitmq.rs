@@ -19,7 +19,7 @@ use lapin::{Connection, ConnectionProperties, ExchangeKind};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
-use super::{free_port, wait_until, Consumed};
+use super::{free_port, Consumed};
 
 pub struct RabbitMq {
     dir: tempfile::TempDir,
@@ -94,8 +94,34 @@ impl RabbitMq {
         tls: Option<(&std::path::Path, &super::certs::Issued)>,
         conf: &str,
     ) -> RabbitMq {
+        // A node that does not take logins in time (a port taken between picking and binding it,
+        // or a machine too loaded) is started once more, afresh, on other ports.
+        for attempt in 1..=2 {
+            let mut rabbit = Self::configure(user, password, tls, conf);
+            if rabbit.try_boot(Duration::from_secs(90)) {
+                return rabbit;
+            }
+            let log =
+                std::fs::read_to_string(rabbit.dir.path().join("server.out")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            eprintln!(
+                "RabbitMQ (attempt {attempt}) took no login within 90 s; its output ends:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+            rabbit.kill9();
+        }
+        panic!("RabbitMQ took no AMQP login within 90 s, twice");
+    }
+
+    /// A node's directory and configuration, on fresh ports (not started).
+    fn configure(
+        user: &str,
+        password: &str,
+        tls: Option<(&std::path::Path, &super::certs::Issued)>,
+        conf: &str,
+    ) -> RabbitMq {
         let dir = tempfile::tempdir().unwrap();
-        let mut rabbit = RabbitMq {
+        let rabbit = RabbitMq {
             dir,
             port: free_port(),
             user: user.into(),
@@ -124,12 +150,19 @@ impl RabbitMq {
         )
         .unwrap();
         std::fs::write(rabbit.dir.path().join("enabled_plugins"), "[].\n").unwrap();
-        rabbit.boot();
         rabbit
     }
 
     /// Starts epmd and the node (again, after [`RabbitMq::kill9`]: same node, same data).
     pub fn boot(&mut self) {
+        assert!(
+            self.try_boot(Duration::from_secs(90)),
+            "timed out after 90s waiting for RabbitMQ to accept AMQP logins"
+        );
+    }
+
+    /// [`RabbitMq::boot`]; `false` when the node took no login within `limit`.
+    fn try_boot(&mut self, limit: Duration) -> bool {
         let dir = self.dir.path();
         let epmd = Command::new("epmd")
             .args([
@@ -144,9 +177,14 @@ impl RabbitMq {
             .spawn()
             .expect("epmd runs (rabbitmq-server's Erlang; scripts/install-test-deps.sh)");
         let group = epmd.id() as i32;
-        wait_until("epmd to listen", Duration::from_secs(10), || {
-            std::net::TcpStream::connect(("127.0.0.1", self.epmd_port)).is_ok()
-        });
+        let listening = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.epmd_port)).is_err() {
+            if listening.elapsed() > Duration::from_secs(10) {
+                self.children = vec![epmd];
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let log = std::fs::File::create(dir.join("server.out")).unwrap();
         let server = Command::new("/usr/lib/rabbitmq/bin/rabbitmq-server")
             .env("HOME", dir)
@@ -171,18 +209,18 @@ impl RabbitMq {
             .spawn()
             .expect("rabbitmq-server runs (scripts/install-test-deps.sh installs it)");
         self.children = vec![epmd, server];
-        wait_until(
-            "RabbitMQ to accept AMQP logins",
-            Duration::from_secs(90),
-            || {
-                block_on(async {
-                    let c =
-                        Connection::connect(&self.url(), ConnectionProperties::default()).await?;
-                    c.close(200, "ready".into()).await
-                })
-                .is_ok()
-            },
-        );
+        let started = std::time::Instant::now();
+        while started.elapsed() < limit {
+            let login = block_on(async {
+                let c = Connection::connect(&self.url(), ConnectionProperties::default()).await?;
+                c.close(200, "ready".into()).await
+            });
+            if login.is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
     }
 
     /// `amqp://user:password@127.0.0.1:PORT/%2f`.
