@@ -4,6 +4,7 @@
 #    logical-replication source; the tests run private servers, the package's own service is not needed),
 #    build deps of librdkafka, a Java runtime and Maven (Apache Kafka), rabbitmq-server,
 #    nats-server and redis-server (the RabbitMQ, NATS and Redis sinks' tests run private servers).
+#  - moto's server from PyPI (the SQS and SNS sinks' tests), into a virtualenv in the test cache.
 #  - Apache Kafka (KRaft), assembled once from its released jars on Maven Central into a cache dir
 #    outside the repo by scripts/apache-kafka.sh (Java 17+ and Maven: installed from Debian when
 #    missing); every test that produces to Kafka starts a private one.
@@ -94,6 +95,17 @@ if [ "$BROKER_ONLY" = 0 ] && [ ! -x "$PROMTOOL" ] && [ ! -e "$PROMTOOL.unavailab
     echo "install-test-deps: promtool not available; the alert rules get the YAML check only"
   fi
   rm -rf "$tmp"
+fi
+
+# moto's server (SQS and SNS for the AWS sinks' tests), pinned, from PyPI into a virtualenv in the
+# test cache (about 30 s once).
+MOTO_VERSION=5.2.5
+MOTO_HOME="${OUTBOXD_TEST_CACHE:-$HOME/.cache/outboxd-test}/moto-$MOTO_VERSION"
+if [ "$BROKER_ONLY" = 0 ] && [ ! -x "$MOTO_HOME/bin/moto_server" ]; then
+  rm -rf "$MOTO_HOME"
+  python3 -m venv "$MOTO_HOME"
+  "$MOTO_HOME/bin/pip" install -q --disable-pip-version-check "moto[server]==$MOTO_VERSION"
+  echo "install-test-deps: moto $MOTO_VERSION installed in $MOTO_HOME"
 fi
 
 # Apache Kafka: the jars from Maven Central and a formatted log directory, once (about 10 s).

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 pub use crate::retention::PruneConfig;
 pub use crate::route::RouteConfig;
 pub use crate::secrets::is_secret_key;
+pub use crate::sink::aws::config::AwsConfig;
 pub use crate::sink::kafka::config::KafkaConfig;
 pub use crate::sink::nats::config::NatsConfig;
 pub use crate::sink::rabbitmq::config::RabbitMqConfig;
@@ -47,6 +48,10 @@ pub struct Config {
     pub nats: Option<NatsConfig>,
     #[serde(default)]
     pub redis: Option<RedisConfig>,
+    #[serde(default)]
+    pub sqs: Option<AwsConfig>,
+    #[serde(default)]
+    pub sns: Option<AwsConfig>,
     #[serde(default)]
     pub checkpoint: CheckpointConfig,
     #[serde(default)]
@@ -296,6 +301,8 @@ impl Config {
             self.rabbitmq.as_ref().map(SinkConfig::RabbitMq),
             self.nats.as_ref().map(SinkConfig::Nats),
             self.redis.as_ref().map(SinkConfig::Redis),
+            self.sqs.as_ref().map(SinkConfig::Sqs),
+            self.sns.as_ref().map(SinkConfig::Sns),
         ]
         .into_iter()
         .flatten()
@@ -307,7 +314,7 @@ impl Config {
         match present.as_slice() {
             [one] => Ok(*one),
             [] => Err(Error::config("no sink section: outboxd has nowhere to send the rows")
-                .remedy("add one of [kafka] (brokers = \"host:9092\"), [rabbitmq] (url, exchange), [nats] (url) or [redis] (url); README \"Configuration\"")),
+                .remedy("add one of [kafka] (brokers = \"host:9092\"), [rabbitmq] (url, exchange), [nats] (url), [redis] (url), [sqs] or [sns] (region); README \"Configuration\"")),
             many => Err(Error::config(format!(
                 "{} sink sections ({}): outboxd sends each pipeline to exactly one",
                 many.len(),
@@ -346,13 +353,15 @@ fn secrets_in(doc: &toml::Table) -> Vec<String> {
     {
         secrets.extend(url_secrets(url));
     }
-    for sink in ["rabbitmq", "nats", "redis"] {
+    for sink in ["rabbitmq", "nats", "redis", "sqs", "sns"] {
         for (key, value) in section(sink).into_iter().flatten() {
             match value.as_str() {
                 Some(urls) if key == "url" && sink == "nats" => {
                     secrets.extend(crate::sink::nats::config::url_secrets(urls))
                 }
-                Some(url) if key == "url" => secrets.extend(url_secrets(url)),
+                Some(url) if key == "url" || key == "endpoint_url" => {
+                    secrets.extend(url_secrets(url))
+                }
                 _ if is_secret_key(key) => secrets.push(text(value)),
                 _ => {}
             }
@@ -373,7 +382,7 @@ fn secrets_in(doc: &toml::Table) -> Vec<String> {
 
 /// Top-level sections an `OUTBOXD_` variable may address; other `OUTBOXD_*` variables (a platform's
 /// service links, the test rig's own) are not configuration and are left alone.
-const TOP_LEVEL: [&str; 9] = [
+const TOP_LEVEL: [&str; 11] = [
     "name",
     "source",
     "route",
@@ -381,11 +390,13 @@ const TOP_LEVEL: [&str; 9] = [
     "rabbitmq",
     "nats",
     "redis",
+    "sqs",
+    "sns",
     "checkpoint",
     "http",
 ];
 /// Keys whose values are numbers, booleans or lists: their override is read as a TOML literal.
-const TYPED_KEYS: [&str; 18] = [
+const TYPED_KEYS: [&str; 19] = [
     "server_id",
     "transaction_interval_ms",
     "transaction_max_records",
@@ -393,6 +404,7 @@ const TYPED_KEYS: [&str; 18] = [
     "maxlen",
     "wait_replicas",
     "max_message_bytes",
+    "max_batches_in_flight",
     "message_timeout_ms",
     "heartbeat_interval_ms",
     "max_in_flight",
@@ -748,6 +760,10 @@ listen = ""
                 include_str!("../deploy/outboxd-redis.example.toml"),
             ),
             (
+                "outboxd-sqs.example.toml",
+                include_str!("../deploy/outboxd-sqs.example.toml"),
+            ),
+            (
                 "compose/outboxd-mysql.toml",
                 include_str!("../deploy/compose/outboxd-mysql.toml"),
             ),
@@ -1060,6 +1076,77 @@ exchange = "outbox"
         assert!(!format!("{c:?}").contains("s3cret-rabbit"));
         let c = parse(RABBIT, &[("OUTBOXD_RABBITMQ__MESSAGE_TIMEOUT_MS", "0")]).unwrap();
         assert_eq!(c.delivery().timeout, None);
+    }
+
+    const SQS: &str = r#"
+name = "orders"
+[source]
+kind = "mysql"
+url = "mysql://cdc@127.0.0.1:3306/app"
+tables = ["app.outbox"]
+[route]
+topic = "outbox-${routedByValue}.fifo"
+[sqs]
+region = "eu-west-1"
+endpoint_url = "https://u:s3cret-endpoint@sqs.example"
+"#;
+
+    #[test]
+    fn sqs_and_sns_settings_are_checked_by_name_and_their_header_budget_is_enforced() {
+        let c = parse(SQS, &[("OUTBOXD_SQS__MAX_BATCHES_IN_FLIGHT", "3")]).unwrap();
+        assert_eq!(c.sink().name(), "sqs");
+        let Some(sqs) = &c.sqs else { unreachable!() };
+        assert_eq!(sqs.max_batches_in_flight, 3);
+        assert!(c.secret_values().contains(&"s3cret-endpoint".to_string()));
+        let sns = SQS.replace("[sqs]", "[sns]");
+        assert_eq!(parse(&sns, &[]).unwrap().sink().name(), "sns");
+        let bad = |text: &str, key: &str| {
+            let e = parse(text, &[]).unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+            assert!(!e.contains("s3cret-endpoint"), "{e}");
+        };
+        bad(
+            &format!("{SQS}message_timeout_ms = 300000\n"),
+            "sqs.message_timeout_ms",
+        );
+        bad(
+            &format!("{SQS}max_batches_in_flight = 0\n"),
+            "sqs.max_batches_in_flight",
+        );
+        bad(
+            &format!("{SQS}dead_letter_topic = \"a.b\"\n"),
+            "sqs.dead_letter_topic",
+        );
+        bad(
+            &format!("{SQS}queue_url = \"https://sqs/q\"\n"),
+            "sqs.queue_url",
+        );
+        bad(
+            &format!("{SQS}topic_arn = \"arn:x:${{topic}}\"\n"),
+            "sqs.topic_arn",
+        );
+        bad(
+            &sns.replace("[sns]", "[sns]\nqueue_url = \"https://q/${topic}\""),
+            "sns.queue_url",
+        );
+        bad(
+            &SQS.replace("https://u:s3cret", "ftp://u:s3cret"),
+            "sqs.endpoint_url",
+        );
+        bad(
+            &format!("{SQS}[route.headers]\n\"AWS.x\" = \"tenant\"\n"),
+            "route.headers.AWS.x",
+        );
+        // Ten attributes at most: outboxd may add six, so four header columns fit, five do not.
+        let headers = |n: usize| {
+            let mut text = format!("{SQS}[route.headers]\n");
+            for i in 0..n {
+                text.push_str(&format!("h{i} = \"c{i}\"\n"));
+            }
+            text
+        };
+        assert!(parse(&headers(4), &[]).is_ok());
+        bad(&headers(5), "route.headers");
     }
 
     const NATS: &str = r#"

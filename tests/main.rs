@@ -3,6 +3,7 @@
 
 mod rig;
 
+mod aws;
 mod binlog_files;
 mod debezium;
 mod deploy_files;

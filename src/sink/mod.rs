@@ -15,6 +15,7 @@
 //! bytes in a [`CommitMark`], so positions still never reach it.
 
 pub mod ack;
+pub mod aws;
 pub mod delivery;
 pub mod kafka;
 pub mod nats;
@@ -29,6 +30,8 @@ pub use ack::{Acks, Ticket};
 pub use delivery::Delivery;
 pub use window::Room;
 
+use self::aws::config::{AwsConfig, Service};
+use self::aws::AwsSink;
 use self::redis::config::RedisConfig;
 use self::redis::RedisSink;
 use crate::error::{Error, Result};
@@ -72,6 +75,8 @@ pub enum SinkConfig<'a> {
     RabbitMq(&'a RabbitMqConfig),
     Nats(&'a NatsConfig),
     Redis(&'a RedisConfig),
+    Sqs(&'a AwsConfig),
+    Sns(&'a AwsConfig),
 }
 
 impl SinkConfig<'_> {
@@ -82,6 +87,8 @@ impl SinkConfig<'_> {
             SinkConfig::RabbitMq(_) => "rabbitmq",
             SinkConfig::Nats(_) => "nats",
             SinkConfig::Redis(_) => "redis",
+            SinkConfig::Sqs(_) => "sqs",
+            SinkConfig::Sns(_) => "sns",
         }
     }
 
@@ -97,6 +104,8 @@ impl SinkConfig<'_> {
             SinkConfig::RabbitMq(rabbitmq) => rabbitmq.validate()?,
             SinkConfig::Nats(nats) => nats.validate()?,
             SinkConfig::Redis(redis) => redis.validate()?,
+            SinkConfig::Sqs(aws) => aws.validate(Service::Sqs, route.header_names().count())?,
+            SinkConfig::Sns(aws) => aws.validate(Service::Sns, route.header_names().count())?,
         }
         for header in route.header_names() {
             let refused = match self {
@@ -104,6 +113,7 @@ impl SinkConfig<'_> {
                 SinkConfig::RabbitMq(_) => RabbitMqConfig::validate_header_name(header),
                 SinkConfig::Nats(_) => NatsConfig::validate_header_name(header),
                 SinkConfig::Redis(_) => RedisConfig::validate_header_name(header),
+                SinkConfig::Sqs(_) | SinkConfig::Sns(_) => AwsConfig::validate_header_name(header),
             };
             if let Err(why) = refused {
                 let shown: String = header.chars().take(40).collect();
@@ -124,6 +134,7 @@ impl SinkConfig<'_> {
             SinkConfig::RabbitMq(rabbitmq) => rabbitmq.delivery(),
             SinkConfig::Nats(nats) => nats.delivery(),
             SinkConfig::Redis(redis) => redis.delivery(),
+            SinkConfig::Sqs(aws) | SinkConfig::Sns(aws) => aws.delivery(),
         }
     }
 
@@ -138,6 +149,7 @@ impl SinkConfig<'_> {
                 .chain(nats.token.clone())
                 .collect(),
             SinkConfig::Redis(redis) => url_secrets(&redis.url),
+            SinkConfig::Sqs(aws) | SinkConfig::Sns(aws) => aws.secret_values(),
         }
     }
 
@@ -147,7 +159,10 @@ impl SinkConfig<'_> {
         match self {
             SinkConfig::Kafka(kafka) => Some(kafka.transaction_limits()),
             SinkConfig::Redis(redis) => Some(redis.transaction_limits()),
-            SinkConfig::RabbitMq(_) | SinkConfig::Nats(_) => None,
+            SinkConfig::RabbitMq(_)
+            | SinkConfig::Nats(_)
+            | SinkConfig::Sqs(_)
+            | SinkConfig::Sns(_) => None,
         }
     }
 
@@ -167,6 +182,12 @@ impl SinkConfig<'_> {
                 )
                 .await
             }
+            SinkConfig::Sqs(aws) => {
+                aws::preflight(Service::Sqs, aws, wanted.fixed_event_topic.as_deref()).await
+            }
+            SinkConfig::Sns(aws) => {
+                aws::preflight(Service::Sns, aws, wanted.fixed_event_topic.as_deref()).await
+            }
         }
     }
 
@@ -185,6 +206,9 @@ impl SinkConfig<'_> {
             SinkConfig::Nats(nats) => Router::new(route.clone(), nats.max_message_bytes)
                 .with_max_header_bytes(nats::MAX_HEADER_BYTES),
             SinkConfig::Redis(redis) => Router::new(route.clone(), redis.max_message_bytes),
+            SinkConfig::Sqs(aws) | SinkConfig::Sns(aws) => {
+                Router::new(route.clone(), aws.max_message_bytes)
+            }
         }
     }
 }
@@ -196,6 +220,8 @@ pub enum Sink {
     RabbitMq(Box<RabbitMqSink>),
     Nats(Box<NatsSink>),
     Redis(Box<RedisSink>),
+    /// SQS or SNS.
+    Aws(Box<AwsSink>),
 }
 
 impl Sink {
@@ -225,6 +251,12 @@ impl Sink {
             SinkConfig::Redis(redis) => Sink::Redis(Box::new(
                 RedisSink::new(redis, redis_key, acks, metrics).await?,
             )),
+            SinkConfig::Sqs(aws) => Sink::Aws(Box::new(
+                AwsSink::new(Service::Sqs, aws, acks, metrics).await?,
+            )),
+            SinkConfig::Sns(aws) => Sink::Aws(Box::new(
+                AwsSink::new(Service::Sns, aws, acks, metrics).await?,
+            )),
         })
     }
 
@@ -235,6 +267,7 @@ impl Sink {
             Sink::RabbitMq(sink) => sink.reserve(record).await,
             Sink::Nats(sink) => sink.reserve(record).await,
             Sink::Redis(sink) => sink.reserve(record).await,
+            Sink::Aws(sink) => sink.reserve(record).await,
         }
     }
 
@@ -245,15 +278,16 @@ impl Sink {
             Sink::RabbitMq(sink) => sink.send(room, record, ticket).await,
             Sink::Nats(sink) => sink.send(room, record, ticket).await,
             Sink::Redis(sink) => sink.send(room, record, ticket).await,
+            Sink::Aws(sink) => sink.send(room, record, ticket).await,
         }
     }
 
-    /// Whether `topic` can take records. Only Kafka can say before sending; RabbitMQ and NATS
-    /// answer per message (a return, "no responders"), which their sinks handle.
+    /// Whether `topic` can take records. Only Kafka can say before sending; the others answer
+    /// per message (a return, "no responders", no such queue), which their sinks handle.
     pub async fn topic_state(&self, topic: &str) -> Result<TopicState> {
         match self {
             Sink::Kafka(sink) => sink.topic_state(topic).await,
-            Sink::RabbitMq(_) | Sink::Nats(_) | Sink::Redis(_) => {
+            Sink::RabbitMq(_) | Sink::Nats(_) | Sink::Redis(_) | Sink::Aws(_) => {
                 Ok(TopicState::Exists { partitions: None })
             }
         }
@@ -272,6 +306,7 @@ impl Sink {
             Sink::RabbitMq(sink) => (*sink).close().await,
             Sink::Nats(sink) => (*sink).close().await,
             Sink::Redis(sink) => (*sink).close().await,
+            Sink::Aws(sink) => (*sink).close().await,
         }
     }
 

@@ -6,6 +6,7 @@
 //! - [`rabbitmq::RabbitMq`]: Debian's `rabbitmq-server`, one private node per test.
 //! - [`nats::Nats`]: Debian's `nats-server` with JetStream, one private server per test.
 //! - [`redis::Redis`]: Debian's `redis-server` (append-only, fsync always), one per test.
+//! - [`moto::Moto`]: moto's server (PyPI), SQS and SNS in memory, one per test.
 //! - [`Outboxd`]: the real `outboxd` binary with a config written for the test.
 //! - [`consume`]: reads records back with a real rdkafka consumer.
 //!
@@ -15,6 +16,7 @@ pub mod broker;
 pub mod certs;
 pub mod kafka;
 pub mod mariadb;
+pub mod moto;
 pub mod nats;
 pub mod outboxd;
 pub mod postgres;

@@ -17,6 +17,8 @@ pub struct Outboxd {
     runs: usize,
     /// The binary run: this build's, or another one (the benchmark's `--baseline`).
     pub binary: PathBuf,
+    /// Environment every command of this pipeline gets (e.g. AWS credentials).
+    pub env: Vec<(String, String)>,
 }
 
 impl Outboxd {
@@ -50,6 +52,7 @@ impl Outboxd {
             child: None,
             runs: 0,
             binary: PathBuf::from(env!("CARGO_BIN_EXE_outboxd")),
+            env: Vec::new(),
         }
     }
 
@@ -87,7 +90,8 @@ impl Outboxd {
             .env("OUTBOXD_SOURCE__PASSWORD", CDC_PASSWORD)
             .env("RUST_LOG", "info,outboxd=debug")
             .env_remove("OUTBOXD_CONFIG")
-            .env_remove("FAILPOINTS");
+            .env_remove("FAILPOINTS")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd
     }
 

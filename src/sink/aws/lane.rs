@@ -1,0 +1,380 @@
+//! A lane: one task per destination that turns the messages handed to it into batches of up to
+//! 10, sends them, and settles each entry from the batch's reply.
+//!
+//! Order on a FIFO destination: two batches in flight never share a message group, and a batch
+//! takes a group's messages only in the order they came, so a group's messages are stored in
+//! that order whatever the replies do. A reply that fails an entry: the entries before it are
+//! stored (acknowledged); that entry and every entry after it in the batch go back to the front,
+//! in order, and are sent again with the same de-duplication ids (an entry after the failure
+//! that was stored is dropped by SQS/SNS as a repeat). Resending only the failed entries would
+//! put a group's later message ahead of its earlier one. On a standard destination only the
+//! failed entries go back (order is best-effort there; a resend of a stored one would be a
+//! duplicate).
+//!
+//! A failure time heals (throttling, a server error, no answer) pauses the lane with a growing
+//! backoff; the session's watchdog ends the session when a message waits longer than
+//! `message_timeout_ms`. A refused entry (too large, an attribute the service refuses) goes to
+//! the dead-letter destination with its reason, or stops outboxd naming it: never sent forever.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
+use tokio::sync::mpsc;
+
+use super::message::Message;
+use super::service::{Client, Destination, Failure, Outcome};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::sink::ack::{Acks, Ticket};
+use crate::sink::window::Room;
+
+/// The most entries `SendMessageBatch` and `PublishBatch` take.
+pub const BATCH_ENTRIES: usize = 10;
+
+/// How far into the waiting messages a batch looks for ones it may take.
+const LOOK_AHEAD: usize = 1_000;
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// A message on its way to a destination.
+pub struct Entry {
+    pub ticket: Ticket,
+    /// The routed topic it was meant for.
+    pub topic: String,
+    pub message: Message,
+    pub size: usize,
+    pub enqueued: Instant,
+    /// A dead letter already: a refusal stops outboxd.
+    pub dead_lettered: bool,
+    pub _room: Room,
+}
+
+impl Entry {
+    pub fn new(ticket: Ticket, topic: String, message: Message, room: Room) -> Entry {
+        Entry {
+            ticket,
+            topic,
+            size: message.size(),
+            message,
+            enqueued: Instant::now(),
+            dead_lettered: false,
+            _room: room,
+        }
+    }
+
+    /// This entry as a dead letter (`why`), with its body while it fits `max_bytes`.
+    pub fn into_dead_letter(self, why: &str, keep_body: bool, max_bytes: usize) -> Entry {
+        let mut message = self.message.dead_letter(&self.topic, why, keep_body);
+        if message.size() > max_bytes {
+            message = self.message.dead_letter(&self.topic, why, false);
+        }
+        Entry {
+            size: message.size(),
+            message,
+            dead_lettered: true,
+            ..self
+        }
+    }
+}
+
+type Sent = (Vec<Entry>, std::result::Result<Vec<Outcome>, Failure>);
+
+/// Where a lane hands what it cannot deliver.
+#[derive(Clone)]
+pub struct DeadLetters {
+    pub name: String,
+    pub max_bytes: usize,
+    pub lane: mpsc::UnboundedSender<Entry>,
+}
+
+pub struct Lane {
+    pub destination: Destination,
+    pub client: Arc<Client>,
+    pub dead_letters: Option<DeadLetters>,
+    pub acks: Arc<dyn Acks>,
+    pub metrics: Arc<Metrics>,
+    pub max_batches: usize,
+}
+
+impl Lane {
+    /// Runs until the sink drops its sender (and what it holds is settled), or an entry cannot
+    /// be delivered (reported through [`Acks::failed`]).
+    pub async fn run(self, mut queue: mpsc::UnboundedReceiver<Entry>) {
+        let mut pending: VecDeque<Entry> = VecDeque::new();
+        let mut busy: HashSet<String> = HashSet::new();
+        let mut in_flight: FuturesUnordered<BoxFuture<'static, Sent>> = FuturesUnordered::new();
+        let mut paused_until: Option<tokio::time::Instant> = None;
+        let mut backoff = FIRST_BACKOFF;
+        let mut open = true;
+        loop {
+            while paused_until.is_none() && in_flight.len() < self.max_batches {
+                let batch = self.take_batch(&mut pending, &busy);
+                if batch.is_empty() {
+                    break;
+                }
+                if self.destination.fifo {
+                    busy.extend(batch.iter().map(|e| e.message.group.clone()));
+                }
+                for _ in &batch {
+                    self.metrics.produced();
+                }
+                in_flight.push(self.send(batch));
+            }
+            if !open && pending.is_empty() && in_flight.is_empty() {
+                return;
+            }
+            let pause = async {
+                match paused_until {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                entry = queue.recv(), if open => match entry {
+                    Some(entry) => pending.push_back(entry),
+                    None => open = false,
+                },
+                Some((batch, reply)) = in_flight.next(), if !in_flight.is_empty() => {
+                    if self.destination.fifo {
+                        for entry in &batch {
+                            busy.remove(&entry.message.group);
+                        }
+                    }
+                    match self.settle(batch, reply, &mut pending) {
+                        Ok(false) => backoff = FIRST_BACKOFF,
+                        // Another batch in flight may have paused the lane already.
+                        Ok(true) if paused_until.is_some() => {}
+                        Ok(true) => {
+                            paused_until = Some(tokio::time::Instant::now() + backoff);
+                            backoff = (backoff * 2).min(MAX_BACKOFF);
+                        }
+                        Err(e) => {
+                            self.metrics.delivery_error();
+                            self.acks.failed(e);
+                            return;
+                        }
+                    }
+                }
+                () = pause => paused_until = None,
+            }
+            while let Ok(entry) = queue.try_recv() {
+                pending.push_back(entry);
+            }
+        }
+    }
+
+    /// The next batch: up to 10 waiting entries, within the destination's size, none of a group
+    /// that is in flight or has an earlier entry left waiting.
+    fn take_batch(&self, pending: &mut VecDeque<Entry>, busy: &HashSet<String>) -> Vec<Entry> {
+        let fifo = self.destination.fifo;
+        let mut blocked: HashSet<&str> = HashSet::new();
+        let mut taken = Vec::new();
+        let mut bytes = 0;
+        for (i, entry) in pending.iter().enumerate().take(LOOK_AHEAD) {
+            if taken.len() == BATCH_ENTRIES {
+                break;
+            }
+            let group = entry.message.group.as_str();
+            let fits = bytes + entry.size <= self.destination.max_bytes || taken.is_empty();
+            if fifo && (busy.contains(group) || blocked.contains(group) || !fits) {
+                blocked.insert(group);
+                continue;
+            }
+            if !fits {
+                continue;
+            }
+            bytes += entry.size;
+            taken.push(i);
+        }
+        let mut batch = Vec::with_capacity(taken.len());
+        for i in taken.into_iter().rev() {
+            batch.push(pending.remove(i).expect("index taken from the queue"));
+        }
+        batch.reverse();
+        batch
+    }
+
+    fn send(&self, batch: Vec<Entry>) -> BoxFuture<'static, Sent> {
+        let client = self.client.clone();
+        let destination = self.destination.clone();
+        async move {
+            let reply = match injected(batch.len()) {
+                Some(Err(failure)) => Err(failure),
+                Some(Ok(0)) => Ok(vec![injected_failure(); batch.len()]),
+                Some(Ok(sent)) => {
+                    let messages: Vec<&Message> =
+                        batch[..sent].iter().map(|e| &e.message).collect();
+                    client
+                        .send_batch(&destination, &messages)
+                        .await
+                        .map(|mut outcomes| {
+                            outcomes.resize(batch.len(), injected_failure());
+                            outcomes
+                        })
+                }
+                None => {
+                    let messages: Vec<&Message> = batch.iter().map(|e| &e.message).collect();
+                    client.send_batch(&destination, &messages).await
+                }
+            };
+            (batch, reply)
+        }
+        .boxed()
+    }
+
+    /// Settles a batch from its reply. `Ok(true)`: nothing was stored and something goes again,
+    /// after a pause (a batch that stored some entries sends the rest again at once).
+    fn settle(
+        &self,
+        batch: Vec<Entry>,
+        reply: std::result::Result<Vec<Outcome>, Failure>,
+        pending: &mut VecDeque<Entry>,
+    ) -> Result<bool> {
+        let outcomes = match reply {
+            Ok(outcomes) => outcomes,
+            Err(failure) if failure.transient => {
+                tracing::debug!(destination = %self.destination.name, error = %failure.text, "a batch goes again after a pause");
+                requeue(pending, batch);
+                return Ok(true);
+            }
+            Err(failure) if failure.missing => {
+                let why = format!(
+                    "unroutable: the {} {:?} no longer exists",
+                    self.client.service().noun(),
+                    self.destination.name
+                );
+                for entry in batch {
+                    self.dead_letter(entry, &why, true)?;
+                }
+                return Ok(false);
+            }
+            Err(failure) => return Err(self.refused(&failure)),
+        };
+        let fifo = self.destination.fifo;
+        let mut again = Vec::new();
+        let mut failed_from: Option<usize> = None;
+        let mut progress = false;
+        for (i, (entry, outcome)) in batch.into_iter().zip(outcomes).enumerate() {
+            match outcome {
+                Outcome::Stored if failed_from.is_none() || !fifo => {
+                    progress = true;
+                    self.stored(entry)
+                }
+                // FIFO, after an earlier failure in the batch: sent again (a stored one is a
+                // repeat SQS/SNS drop).
+                Outcome::Stored => again.push(entry),
+                Outcome::Failed(f) if f.transient => {
+                    failed_from.get_or_insert(i);
+                    again.push(entry);
+                }
+                Outcome::Failed(f) => {
+                    failed_from.get_or_insert(i);
+                    let why = if f.code.contains("TooLong") || f.text.contains("too long") {
+                        format!("too_large: {}", f.text)
+                    } else {
+                        format!("refused: {}", f.text)
+                    };
+                    let keep = !why.starts_with("too_large");
+                    progress = true;
+                    self.dead_letter(entry, &why, keep)?;
+                }
+            }
+        }
+        let pause = !again.is_empty() && !progress;
+        requeue(pending, again);
+        Ok(pause)
+    }
+
+    fn stored(&self, entry: Entry) {
+        self.metrics.acknowledged();
+        self.metrics.delivered_after(entry.enqueued.elapsed());
+        self.metrics.forwarded(&self.destination.name);
+        self.acks.acked(entry.ticket);
+    }
+
+    /// Hands `entry` to the dead-letter lane, or the error that stops outboxd.
+    fn dead_letter(&self, entry: Entry, why: &str, keep_body: bool) -> Result<()> {
+        let service = self.client.service();
+        let Some(dead_letters) = self.dead_letters.as_ref().filter(|_| !entry.dead_lettered) else {
+            let what = if entry.dead_lettered {
+                "the dead-letter"
+            } else {
+                "a"
+            };
+            return Err(Error::unroutable(format!(
+                "{what} row for {} {:?} cannot be delivered: {why}",
+                service.noun(),
+                self.destination.name
+            ))
+            .remedy(format!(
+                "fix what the service names (a {} that exists, a message it takes), then restart outboxd; or set {}.dead_letter_topic to park such rows; nothing was skipped",
+                service.noun(),
+                service.section()
+            )));
+        };
+        tracing::warn!(destination = %self.destination.name, dead_letter = %dead_letters.name, reason = %why, "a message the service refused sent to the dead-letter destination");
+        self.metrics
+            .dead_letter(why.split(':').next().unwrap_or("unroutable"));
+        let letter = entry.into_dead_letter(why, keep_body, dead_letters.max_bytes);
+        dead_letters
+            .lane
+            .send(letter)
+            .map_err(|_| Error::sink("the dead-letter lane ended").transient())
+    }
+
+    fn refused(&self, failure: &Failure) -> Error {
+        let service = self.client.service();
+        let grant = match service {
+            super::config::Service::Sqs => "sqs:SendMessage and sqs:GetQueueAttributes",
+            super::config::Service::Sns => "sns:Publish and sns:GetTopicAttributes",
+        };
+        failure.error(
+            service,
+            &self.destination.name,
+            &format!(
+                "fix what the service names: credentials (the AWS chain: env, profile, web identity, instance role) allowed {grant} on {}, a KMS key they may use; then restart outboxd; nothing was skipped",
+                self.destination.address
+            ),
+        )
+    }
+}
+
+fn injected_failure() -> Outcome {
+    Outcome::Failed(Failure {
+        code: "InternalError".into(),
+        text: "InternalError: injected by the fail point aws_batch_partial".into(),
+        transient: true,
+        missing: false,
+    })
+}
+
+/// Puts `entries` back at the front, in their order.
+fn requeue(pending: &mut VecDeque<Entry>, entries: Vec<Entry>) {
+    for entry in entries.into_iter().rev() {
+        pending.push_front(entry);
+    }
+}
+
+/// The fail points of the AWS sinks' tests (no AWS-compatible server fails part of a batch or
+/// throttles): `aws_batch_throttle` fails a whole batch as throttled before it is sent;
+/// `aws_batch_partial(k)` sends only the first k entries and reports the rest failed
+/// (`InternalError`, as SQS does). `None`: send as it is; `Some(Ok(k))`: send the first k.
+fn injected(len: usize) -> Option<std::result::Result<usize, Failure>> {
+    fail::fail_point!("aws_batch_throttle", |_| Some(Err(Failure {
+        code: "ThrottlingException".into(),
+        text: "ThrottlingException: injected by the fail point aws_batch_throttle".into(),
+        transient: true,
+        missing: false,
+    })));
+    fail::fail_point!("aws_batch_partial", |arg: Option<String>| {
+        let k = arg.and_then(|a| a.parse().ok()).unwrap_or(1usize);
+        Some(Ok(k.min(len)))
+    });
+    let _ = len;
+    None
+}

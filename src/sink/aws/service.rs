@@ -1,0 +1,483 @@
+//! The AWS calls the sinks make, each answered in outboxd's terms: a destination found (or not),
+//! a batch's per-entry outcomes, or a [`Failure`] that says whether waiting can cure it. The AWS
+//! SDK signs, resolves credentials and speaks each service's protocol; nothing above this file
+//! sees an SDK type.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use aws_sdk_sqs::config::http::HttpResponse;
+use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use tokio::sync::Mutex;
+
+use super::config::{AwsConfig, Service};
+use super::message::{Message, Value};
+use crate::error::{Error, Result};
+
+/// Where a routed topic's messages go, as read when it was first used.
+#[derive(Debug, Clone)]
+pub struct Destination {
+    /// The routed topic (queue or topic name).
+    pub name: String,
+    /// The queue URL or topic ARN.
+    pub address: String,
+    pub fifo: bool,
+    /// The largest message it takes (SQS: the queue's `MaximumMessageSize`), and so the largest
+    /// batch.
+    pub max_bytes: usize,
+    pub content_dedup: bool,
+}
+
+/// A refused or unanswered call, or a refused entry of a batch.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub code: String,
+    pub text: String,
+    /// Throttling, a server error, a lost connection: the same call may succeed later.
+    pub transient: bool,
+    /// The queue or topic does not exist.
+    pub missing: bool,
+}
+
+/// What became of one entry of a batch.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Stored,
+    Failed(Failure),
+}
+
+/// How long the SNS topic list is trusted.
+const TOPICS_TTL: Duration = Duration::from_secs(60);
+
+pub enum Client {
+    Sqs(aws_sdk_sqs::Client),
+    Sns(
+        aws_sdk_sns::Client,
+        Mutex<Option<(Instant, HashMap<String, String>)>>,
+    ),
+}
+
+impl Client {
+    pub fn new(service: Service, sdk: &aws_config::SdkConfig) -> Client {
+        match service {
+            Service::Sqs => Client::Sqs(aws_sdk_sqs::Client::new(sdk)),
+            Service::Sns => Client::Sns(aws_sdk_sns::Client::new(sdk), Mutex::new(None)),
+        }
+    }
+
+    pub fn service(&self) -> Service {
+        match self {
+            Client::Sqs(_) => Service::Sqs,
+            Client::Sns(..) => Service::Sns,
+        }
+    }
+
+    /// The destination `name` stands for (`template`: its address with `${topic}`), or `None`
+    /// when it does not exist.
+    pub async fn resolve(
+        &self,
+        name: &str,
+        template: Option<&str>,
+        config: &AwsConfig,
+    ) -> std::result::Result<Option<Destination>, Failure> {
+        let address = match template {
+            Some(template) => template.replace("${topic}", name),
+            None => match self.address(name).await? {
+                Some(address) => address,
+                None => return Ok(None),
+            },
+        };
+        let (fifo, max_bytes, content_dedup) = match self {
+            Client::Sqs(sqs) => {
+                let answer = sqs
+                    .get_queue_attributes()
+                    .queue_url(&address)
+                    .attribute_names(aws_sdk_sqs::types::QueueAttributeName::All)
+                    .send()
+                    .await;
+                let attributes = match answer {
+                    Ok(answer) => answer.attributes().cloned().unwrap_or_default(),
+                    Err(e) => match failure("GetQueueAttributes", e) {
+                        f if f.missing => return Ok(None),
+                        f => return Err(f),
+                    },
+                };
+                use aws_sdk_sqs::types::QueueAttributeName as A;
+                let get = |a: A| attributes.get(&a).map(String::as_str);
+                (
+                    get(A::FifoQueue) == Some("true"),
+                    get(A::MaximumMessageSize)
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(super::config::MAX_MESSAGE_BYTES),
+                    get(A::ContentBasedDeduplication) == Some("true"),
+                )
+            }
+            Client::Sns(sns, _) => {
+                let answer = sns.get_topic_attributes().topic_arn(&address).send().await;
+                let attributes = match answer {
+                    Ok(answer) => answer.attributes().cloned().unwrap_or_default(),
+                    Err(e) => match failure("GetTopicAttributes", e) {
+                        f if f.missing => return Ok(None),
+                        f => return Err(f),
+                    },
+                };
+                (
+                    attributes.get("FifoTopic").map(String::as_str) == Some("true"),
+                    super::config::MAX_MESSAGE_BYTES,
+                    attributes
+                        .get("ContentBasedDeduplication")
+                        .map(String::as_str)
+                        == Some("true"),
+                )
+            }
+        };
+        Ok(Some(Destination {
+            name: name.to_string(),
+            address,
+            fifo,
+            max_bytes: max_bytes.min(config.max_message_bytes.max(1024)),
+            content_dedup,
+        }))
+    }
+
+    /// The queue URL or topic ARN of `name`, looked up.
+    async fn address(&self, name: &str) -> std::result::Result<Option<String>, Failure> {
+        match self {
+            Client::Sqs(sqs) => match sqs.get_queue_url().queue_name(name).send().await {
+                Ok(answer) => Ok(answer.queue_url().map(str::to_string)),
+                Err(e) => match failure("GetQueueUrl", e) {
+                    f if f.missing => Ok(None),
+                    f => Err(f),
+                },
+            },
+            Client::Sns(sns, cache) => {
+                let mut cache = cache.lock().await;
+                if let Some((read, topics)) = cache.as_ref() {
+                    if read.elapsed() < TOPICS_TTL && topics.contains_key(name) {
+                        return Ok(topics.get(name).cloned());
+                    }
+                }
+                let mut topics = HashMap::new();
+                let mut next: Option<String> = None;
+                loop {
+                    let page = sns
+                        .list_topics()
+                        .set_next_token(next.take())
+                        .send()
+                        .await
+                        .map_err(|e| failure("ListTopics", e))?;
+                    for arn in page.topics().iter().filter_map(|t| t.topic_arn()) {
+                        if let Some((_, topic)) = arn.rsplit_once(':') {
+                            topics.insert(topic.to_string(), arn.to_string());
+                        }
+                    }
+                    match page.next_token() {
+                        Some(token) if !token.is_empty() => next = Some(token.to_string()),
+                        _ => break,
+                    }
+                }
+                let found = topics.get(name).cloned();
+                *cache = Some((Instant::now(), topics));
+                Ok(found)
+            }
+        }
+    }
+
+    /// Sends `messages` (at most 10) in one `SendMessageBatch` / `PublishBatch`; the outcomes
+    /// are in the messages' order.
+    pub async fn send_batch(
+        &self,
+        destination: &Destination,
+        messages: &[&Message],
+    ) -> std::result::Result<Vec<Outcome>, Failure> {
+        let (stored, failed): (Vec<String>, Vec<(String, Failure)>) = match self {
+            Client::Sqs(sqs) => {
+                let entries = messages
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| sqs_entry(i, m, destination))
+                    .collect();
+                let answer = sqs
+                    .send_message_batch()
+                    .queue_url(&destination.address)
+                    .set_entries(Some(entries))
+                    .send()
+                    .await
+                    .map_err(|e| failure("SendMessageBatch", e))?;
+                (
+                    answer
+                        .successful()
+                        .iter()
+                        .map(|s| s.id().to_string())
+                        .collect(),
+                    answer
+                        .failed()
+                        .iter()
+                        .map(|f| {
+                            (
+                                f.id().to_string(),
+                                entry_failure(f.code(), f.message(), f.sender_fault()),
+                            )
+                        })
+                        .collect(),
+                )
+            }
+            Client::Sns(sns, _) => {
+                let entries = messages
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| sns_entry(i, m, destination))
+                    .collect();
+                let answer = sns
+                    .publish_batch()
+                    .topic_arn(&destination.address)
+                    .set_publish_batch_request_entries(Some(entries))
+                    .send()
+                    .await
+                    .map_err(|e| failure("PublishBatch", e))?;
+                (
+                    answer
+                        .successful()
+                        .iter()
+                        .filter_map(|s| s.id().map(str::to_string))
+                        .collect(),
+                    answer
+                        .failed()
+                        .iter()
+                        .map(|f| {
+                            (
+                                f.id().to_string(),
+                                entry_failure(f.code(), f.message(), f.sender_fault()),
+                            )
+                        })
+                        .collect(),
+                )
+            }
+        };
+        let mut outcomes = vec![None; messages.len()];
+        for id in stored {
+            if let Some(slot) = id.parse::<usize>().ok().and_then(|i| outcomes.get_mut(i)) {
+                *slot = Some(Outcome::Stored);
+            }
+        }
+        for (id, why) in failed {
+            if let Some(slot) = id.parse::<usize>().ok().and_then(|i| outcomes.get_mut(i)) {
+                *slot = Some(Outcome::Failed(why));
+            }
+        }
+        // An entry the reply does not mention was not stored as far as outboxd can tell: sent
+        // again (FIFO drops the repeat by its de-duplication id).
+        Ok(outcomes
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Outcome::Failed(Failure {
+                        code: "NotInReply".into(),
+                        text: "the batch reply does not mention this entry".into(),
+                        transient: true,
+                        missing: false,
+                    })
+                })
+            })
+            .collect())
+    }
+}
+
+fn sqs_entry(
+    i: usize,
+    m: &Message,
+    destination: &Destination,
+) -> aws_sdk_sqs::types::SendMessageBatchRequestEntry {
+    use aws_sdk_sqs::primitives::Blob;
+    use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
+    let attributes: HashMap<String, MessageAttributeValue> = m
+        .attributes
+        .iter()
+        .filter_map(|(name, value)| {
+            let v = match value {
+                Value::Text(t) => MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(t),
+                Value::Binary(b) => MessageAttributeValue::builder()
+                    .data_type("Binary")
+                    .binary_value(Blob::new(b.clone())),
+            };
+            Some((name.clone(), v.build().ok()?))
+        })
+        .collect();
+    let mut entry = SendMessageBatchRequestEntry::builder()
+        .id(i.to_string())
+        .message_body(&m.body)
+        .set_message_attributes((!attributes.is_empty()).then_some(attributes));
+    if destination.fifo {
+        entry = entry
+            .message_group_id(&m.group)
+            .message_deduplication_id(&m.dedup);
+    }
+    entry.build().expect("id and body are set")
+}
+
+fn sns_entry(
+    i: usize,
+    m: &Message,
+    destination: &Destination,
+) -> aws_sdk_sns::types::PublishBatchRequestEntry {
+    use aws_sdk_sns::primitives::Blob;
+    use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
+    let attributes: HashMap<String, MessageAttributeValue> = m
+        .attributes
+        .iter()
+        .filter_map(|(name, value)| {
+            let v = match value {
+                Value::Text(t) => MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(t),
+                Value::Binary(b) => MessageAttributeValue::builder()
+                    .data_type("Binary")
+                    .binary_value(Blob::new(b.clone())),
+            };
+            Some((name.clone(), v.build().ok()?))
+        })
+        .collect();
+    let mut entry = PublishBatchRequestEntry::builder()
+        .id(i.to_string())
+        .message(&m.body)
+        .set_message_attributes((!attributes.is_empty()).then_some(attributes));
+    if destination.fifo {
+        entry = entry
+            .message_group_id(&m.group)
+            .message_deduplication_id(&m.dedup);
+    }
+    entry.build().expect("id and message are set")
+}
+
+/// Codes that time heals: throttling, the service's own trouble, credentials being refreshed.
+fn transient_code(code: &str) -> bool {
+    let code = code.rsplit('.').next().unwrap_or(code);
+    code.contains("Throttl")
+        || matches!(
+            code,
+            "RequestThrottled"
+                | "RequestLimitExceeded"
+                | "TooManyRequestsException"
+                | "ServiceUnavailable"
+                | "InternalError"
+                | "InternalFailure"
+                | "InternalErrorException"
+                | "RequestTimeout"
+                | "RequestExpired"
+                | "ExpiredToken"
+                | "KMSThrottlingException"
+                | "KmsThrottled"
+                | "KMSUnavailable"
+                | "NotInReply"
+        )
+}
+
+fn missing_code(code: &str) -> bool {
+    matches!(
+        code,
+        "AWS.SimpleQueueService.NonExistentQueue"
+            | "QueueDoesNotExist"
+            | "NonExistentQueue"
+            | "NotFound"
+            | "NotFoundException"
+    )
+}
+
+fn entry_failure(code: &str, message: Option<&str>, sender_fault: bool) -> Failure {
+    Failure {
+        code: code.to_string(),
+        text: format!("{code}: {}", message.unwrap_or("(no message)")),
+        transient: !sender_fault || transient_code(code),
+        missing: missing_code(code),
+    }
+}
+
+/// A failed call as a [`Failure`]: the service's code when it answered, transient when it did
+/// not (timeout, connection) or answered with throttling or a server error.
+fn failure<E>(call: &str, e: SdkError<E, HttpResponse>) -> Failure
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let text = format!("{call}: {}", DisplayErrorContext(&e));
+    match &e {
+        SdkError::ServiceError(service) => {
+            let code = service.err().code().unwrap_or("").to_string();
+            let status = service.raw().status().as_u16();
+            Failure {
+                transient: status >= 500 || status == 429 || transient_code(&code),
+                missing: missing_code(&code),
+                code,
+                text,
+            }
+        }
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
+            Failure {
+                code: "Unanswered".into(),
+                text,
+                transient: true,
+                missing: false,
+            }
+        }
+        _ => Failure {
+            code: "Refused".into(),
+            text,
+            transient: false,
+            missing: false,
+        },
+    }
+}
+
+impl Failure {
+    /// As outboxd's error: transient ones end the session (sent again from the checkpoint); the
+    /// others stop outboxd with `remedy`.
+    pub fn error(&self, service: Service, destination: &str, remedy: &str) -> Error {
+        let e = Error::sink(format!(
+            "{} {} {destination:?}: {}",
+            service.section().to_uppercase(),
+            service.noun(),
+            self.text
+        ));
+        if self.transient {
+            e.remedy("outboxd sends again from the checkpoint (FIFO drops repeats by their de-duplication id within 5 minutes)")
+                .transient()
+        } else {
+            e.remedy(remedy.to_string())
+        }
+    }
+}
+
+/// The SDK's settings: credentials from the standard chain, `region` and `endpoint_url` from the
+/// section when set, HTTPS by rustls with ring, and attempts bounded in time.
+pub async fn sdk_config(config: &AwsConfig) -> Result<aws_config::SdkConfig> {
+    use aws_config::retry::RetryConfig;
+    use aws_config::timeout::TimeoutConfig;
+    use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(Provider::Rustls(CryptoMode::Ring))
+        .build_https();
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .http_client(http)
+        .retry_config(RetryConfig::standard().with_max_attempts(2))
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .operation_attempt_timeout(config.message_timeout().min(Duration::from_secs(20)))
+                .build(),
+        );
+    if let Some(region) = &config.region {
+        loader = loader.region(aws_config::Region::new(region.clone()));
+    }
+    if let Some(endpoint) = &config.endpoint_url {
+        loader = loader.endpoint_url(endpoint);
+    }
+    let sdk = loader.load().await;
+    if sdk.region().is_none() {
+        return Err(Error::config(
+            "no AWS region: neither the section's region, AWS_REGION nor the profile names one",
+        )
+        .remedy("set region = \"eu-west-1\" in the section (or AWS_REGION)"));
+    }
+    Ok(sdk)
+}

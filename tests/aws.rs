@@ -1,0 +1,441 @@
+//! The SQS and SNS sinks end to end, on a private moto server (PyPI) and MariaDB or PostgreSQL:
+//! every row stored with its key as the FIFO message group, its id as the de-duplication id and
+//! attribute, in per-key order; a queue that does not exist and a message over a queue's size
+//! dead-lettered or stopping outboxd; partial batch failures, throttling (fail points: moto has
+//! neither), kill -9 of outboxd and a frozen endpoint lose nothing and reorder nothing; the AWS
+//! secret is never printed.
+
+use std::time::Duration;
+
+use crate::rig::moto::{config_with_aws, Got, Moto, SECRET_KEY, SESSION_TOKEN};
+use crate::rig::scenario::{
+    check_per_key_order, check_records, insert_rows, kill_9_and_restart, spawn_writer, SCHEMA,
+};
+use crate::rig::{free_port, http_get, wait_until, Consumed, MariaDb, Outboxd};
+
+const READ_LIMIT: Duration = Duration::from_secs(90);
+
+/// The route for SQS and SNS names (no dots but `.fifo`).
+const FIFO_ROUTE: &str = "\n[route]\ntopic = \"outbox-event-${routedByValue}.fifo\"\n";
+
+fn queue_of(kind: &str) -> String {
+    format!("outbox-event-{kind}.fifo")
+}
+
+/// Messages read from the queue of `kind`, as the Kafka checks read records (topic
+/// `outbox.event.<kind>`).
+fn consumed(kind: &str, got: &[Got]) -> Vec<Consumed> {
+    got.iter()
+        .enumerate()
+        .map(|(i, g)| g.as_consumed(&format!("outbox.event.{kind}"), i as i64))
+        .collect()
+}
+
+fn servers() -> (MariaDb, Moto) {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let moto = Moto::start();
+    for kind in ["order", "customer"] {
+        moto.create_queue(&queue_of(kind), &[]);
+    }
+    (db, moto)
+}
+
+fn pipeline(name: &str, db: &MariaDb, moto: &Moto, extra: &str) -> Outboxd {
+    pipeline_listening(name, db, moto, extra, "")
+}
+
+fn pipeline_listening(name: &str, db: &MariaDb, moto: &Moto, extra: &str, http: &str) -> Outboxd {
+    let body = config_with_aws(&db.cdc_url(), "sqs", &moto.endpoint(), extra)
+        .replace("listen = \"\"", &format!("listen = \"{http}\""));
+    let mut outboxd = Outboxd::new(name, &format!("{body}{FIFO_ROUTE}"));
+    outboxd.env = Moto::env();
+    outboxd
+}
+
+fn text(out: std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Reads both FIFO queues (while outboxd sends: see [`Moto::take`]) until `total` distinct rows
+/// came and the queues stayed empty for a second, or `READ_LIMIT` passed; all of them, as
+/// records. Every message carries its key as group and its id as de-duplication id, and a
+/// repeat of a row came within the 5 minutes in which SQS drops it by that id (moto does not).
+fn read_all(moto: &Moto, total: usize) -> Vec<Consumed> {
+    let (mut orders, mut customers) = (Vec::new(), Vec::new());
+    let mut ids = std::collections::HashMap::new();
+    let deadline = std::time::Instant::now() + READ_LIMIT * 2;
+    let mut quiet_since = std::time::Instant::now();
+    loop {
+        let (o, c) = (
+            moto.take(&queue_of("order")),
+            moto.take(&queue_of("customer")),
+        );
+        if o.is_empty() && c.is_empty() {
+            if ids.len() >= total && quiet_since.elapsed() > Duration::from_secs(1)
+                || std::time::Instant::now() > deadline
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        quiet_since = std::time::Instant::now();
+        for g in o.iter().chain(&c) {
+            assert_eq!(
+                g.group.as_deref(),
+                g.attribute("outboxd.key").as_deref(),
+                "group = key"
+            );
+            assert_eq!(
+                g.dedup.as_deref(),
+                g.attribute("id").as_deref(),
+                "dedup id = row id"
+            );
+            let first = *ids.entry(g.dedup.clone()).or_insert(g.sent_ms);
+            assert!(
+                g.sent_ms.saturating_sub(first) < 300_000,
+                "a repeat of {:?} came after SQS's 5-minute de-duplication window ({} ms after the first)",
+                g.dedup,
+                g.sent_ms.saturating_sub(first)
+            );
+        }
+        orders.extend(o);
+        customers.extend(c);
+    }
+    consumed("order", &orders)
+        .into_iter()
+        .chain(consumed("customer", &customers))
+        .collect()
+}
+
+#[test]
+fn rows_reach_fifo_queues_with_the_key_as_group_and_the_id_as_dedup_id_in_key_order() {
+    let (db, moto) = servers();
+    moto.create_queue("outboxd-dlq.fifo", &[]);
+    moto.create_queue("outboxd-standard", &[]);
+    let http = free_port();
+    let mut outboxd = pipeline_listening(
+        "sqs-e2e",
+        &db,
+        &moto,
+        "dead_letter_topic = \"outboxd-dlq.fifo\"",
+        &format!("127.0.0.1:{http}"),
+    );
+    // With every library's trace on, the secret key and session token are still never printed.
+    let check = outboxd
+        .command(&["check"])
+        .env("RUST_LOG", "trace")
+        .output()
+        .unwrap();
+    let ok = check.status.success();
+    let shown = text(check);
+    assert!(ok, "{shown}");
+    for line in [
+        format!(
+            "PASS  sqs: credentials found; region eu-west-1, endpoint {}",
+            moto.endpoint()
+        ),
+        "PASS  sqs dead-letter queue: \"outboxd-dlq.fifo\" is FIFO".to_string(),
+    ] {
+        assert!(shown.contains(&line), "{line} in\n{shown}");
+    }
+    assert!(
+        !shown.contains(SECRET_KEY) && !shown.contains(SESSION_TOKEN),
+        "{shown}"
+    );
+    // A standard dead-letter queue: check warns that order is best-effort there.
+    let standard = pipeline(
+        "sqs-standard",
+        &db,
+        &moto,
+        "dead_letter_topic = \"outboxd-standard\"",
+    );
+    let shown = text(standard.command(&["check"]).output().unwrap());
+    assert!(
+        shown.contains("WARN  sqs dead-letter queue: \"outboxd-standard\" is a standard queue"),
+        "{shown}"
+    );
+    outboxd.start_with_env(&[], &[("RUST_LOG", "trace,hyper=info,h2=info")]);
+    insert_rows(&db, 0, 300, 7);
+    let records = read_all(&moto, 300);
+    assert_eq!(records.len(), 300, "{}", outboxd.log());
+    assert_eq!(check_records(&records, 0..300), 0, "no duplicates");
+    check_per_key_order(&records);
+    wait_until("the checkpoint to pass the last row", READ_LIMIT, || {
+        outboxd.checkpoint()["position"]["gtid_set"]
+            == db.sql_socket("SELECT @@gtid_binlog_pos;").trim()
+    });
+    let (_, metrics) = http_get(http, "/metrics");
+    for line in [
+        r#"outboxd_events_forwarded_total{pipeline="sqs-e2e",sink="sqs",topic="outbox-event-order.fifo"} 200"#,
+        r#"outboxd_events_forwarded_total{pipeline="sqs-e2e",sink="sqs",topic="outbox-event-customer.fifo"} 100"#,
+        r#"outboxd_inflight_events{pipeline="sqs-e2e",sink="sqs"} 0"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    outboxd.stop();
+    let log = outboxd.log();
+    assert!(
+        log.contains("aws_sigv4") || log.contains("canonical"),
+        "trace was on"
+    );
+    assert!(
+        !log.contains(SECRET_KEY) && !log.contains(SESSION_TOKEN),
+        "secret in the log"
+    );
+}
+
+#[test]
+fn a_missing_queue_or_a_message_over_the_queues_size_is_dead_lettered_or_stops_outboxd() {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let moto = Moto::start();
+    // Only orders have a queue, and it takes 2 KiB at most; customer rows have none.
+    moto.create_queue(&queue_of("order"), &[("MaximumMessageSize", "2048")]);
+    moto.create_queue("outboxd-dlq", &[]);
+    let mut outboxd = pipeline("sqs-dlq", &db, &moto, "dead_letter_topic = \"outboxd-dlq\"");
+    outboxd.start();
+    insert_rows(&db, 0, 90, 9);
+    db.sql_socket("INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('00000000000000000000000000009999'), 'order', 'big', 'Created', CONCAT('\"', REPEAT('x', 3000), '\"'));");
+    let orders = moto.read(&queue_of("order"), 60, READ_LIMIT);
+    let parked = moto.read("outboxd-dlq", 31, READ_LIMIT);
+    assert_eq!(orders.len(), 60, "{}", outboxd.log());
+    assert_eq!(parked.len(), 31, "{}", outboxd.log());
+    let unroutable = parked
+        .iter()
+        .filter(|g| {
+            g.attribute("outboxd.reason").is_some_and(|r| {
+                r.starts_with("unroutable: no queue named \"outbox-event-customer.fifo\"")
+            })
+        })
+        .count();
+    assert_eq!(unroutable, 30, "{parked:?}");
+    let big = parked
+        .iter()
+        .find(|g| g.attribute("outboxd.key").as_deref() == Some("big"))
+        .expect("the large row is parked");
+    assert!(
+        big.attribute("outboxd.reason")
+            .unwrap()
+            .starts_with("too_large:"),
+        "{big:?}"
+    );
+    assert_eq!(big.attribute("outboxd.body").as_deref(), Some("omitted"));
+    assert_eq!(big.body, "-");
+    outboxd.stop();
+
+    // Without a dead-letter queue: outboxd stops naming the queue, and the checkpoint stays
+    // before the row (a restart stops on it again: nothing is skipped).
+    let mut strict = pipeline("sqs-strict", &db, &moto, "");
+    strict.start();
+    insert_rows(&db, 90, 93, 1);
+    let end = db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    let status = strict.wait_exit(Duration::from_secs(60));
+    let log = strict.log();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("no queue named \"outbox-event-customer.fifo\""),
+        "{log}"
+    );
+    let stopped_at = strict.checkpoint()["position"]["gtid_set"].clone();
+    assert_ne!(stopped_at, end.as_str(), "stopped before the row");
+    let (ok, log) = crate::tls::output(&strict, &["run", "--skip-checks"]);
+    assert!(!ok && log.contains("no queue named"), "{log}");
+    assert_eq!(strict.checkpoint()["position"]["gtid_set"], stopped_at);
+}
+
+#[test]
+fn partial_batch_failures_throttling_and_kill_9s_lose_nothing_and_keep_each_keys_order() {
+    let (db, moto) = servers();
+    // A checkpoint written once a second: each kill leaves up to a second of stored rows behind
+    // it, which the next start sends again (the FIFO queue must drop every one).
+    let mut outboxd = Outboxd::with_checkpoint(
+        "sqs-faults",
+        &format!(
+            "{}{FIFO_ROUTE}",
+            config_with_aws(
+                &db.cdc_url(),
+                "sqs",
+                &moto.endpoint(),
+                "message_timeout_ms = 20000"
+            )
+        ),
+        "interval_ms = 1000",
+    );
+    outboxd.env = Moto::env();
+    // One batch in five is cut short after 3 entries (the rest reported failed, as SQS does
+    // under load), one in ten is throttled whole.
+    outboxd.env.push((
+        "FAILPOINTS".into(),
+        "aws_batch_partial=20%return(3);aws_batch_throttle=10%return".into(),
+    ));
+    outboxd.start();
+    // moto's FIFO queues slow down with every message they hold: a load it can keep up with.
+    let total = 600u64;
+    let records = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| read_all(&moto, total as usize));
+        let writer = spawn_writer(db.socket_path(), total, &[1, 9, 40], 1);
+        kill_9_and_restart(&mut outboxd, 3);
+        writer.join().unwrap();
+        let end = db
+            .sql_socket("SELECT @@gtid_binlog_pos;")
+            .trim()
+            .to_string();
+        let start = std::time::Instant::now();
+        while outboxd.checkpoint()["position"]["gtid_set"] != end.as_str() {
+            assert!(
+                start.elapsed() < Duration::from_secs(180),
+                "the checkpoint did not reach the end; outboxd's log:\n{}",
+                outboxd.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        reader.join().unwrap()
+    });
+    let resends = check_records(&records, 0..total);
+    // Each repeat carries its row's id as de-duplication id and came within 5 minutes of the
+    // first (read_all checks both): SQS drops every one; moto keeps none of deleted messages.
+    println!(
+        "sqs: {} messages for {total} rows after 3 kill -9 of outboxd, partial batches and throttling: {resends} resends, each inside SQS's de-duplication window",
+        records.len()
+    );
+    check_per_key_order(&records);
+    outboxd.stop();
+}
+
+#[test]
+fn a_frozen_endpoint_past_the_message_timeout_resumes_without_losing_a_row() {
+    let (db, moto) = servers();
+    let mut outboxd = pipeline("sqs-frozen", &db, &moto, "message_timeout_ms = 2000");
+    outboxd.start();
+    let all = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| read_all(&moto, 300));
+        insert_rows(&db, 0, 100, 5);
+        let first = db
+            .sql_socket("SELECT @@gtid_binlog_pos;")
+            .trim()
+            .to_string();
+        wait_until("the first rows checkpointed", READ_LIMIT, || {
+            outboxd.checkpoint()["position"]["gtid_set"] == first.as_str()
+        });
+        moto.freeze();
+        insert_rows(&db, 100, 300, 5);
+        // The session ends on the delivery timeout and starts again, while the endpoint is
+        // down.
+        wait_until(
+            "the delivery timeout to end a session",
+            Duration::from_secs(60),
+            || outboxd.log().contains("waited"),
+        );
+        moto.thaw();
+        reader.join().unwrap()
+    });
+    check_records(&all, 0..300);
+    check_per_key_order(&all);
+    outboxd.stop();
+}
+
+#[test]
+fn postgres_rows_reach_sqs_fifo_queues_in_key_order_across_kill_9s_each_resend_inside_the_dedup_window(
+) {
+    use crate::postgres_pipeline::{insert_rows as pg_insert, pg_payload, SCHEMA as PG_SCHEMA};
+    use crate::rig::scenario::check_records_by;
+    let pg = crate::rig::Postgres::start(&[]);
+    pg.sql("postgres", "CREATE DATABASE app;");
+    pg.sql("app", PG_SCHEMA);
+    let moto = Moto::start();
+    for kind in ["order", "customer"] {
+        moto.create_queue(&queue_of(kind), &[]);
+    }
+    let body = format!(
+        "[source]\nkind = \"postgres\"\nurl = \"{}\"\ntables = [\"public.outbox\"]\nslot = \"outboxd_sqs\"\n\
+         publication = \"outboxd_sqs\"\nheartbeat_interval_ms = 1000\n\
+         [sqs]\nregion = \"eu-west-1\"\nendpoint_url = \"{}\"\n[http]\nlisten = \"\"\n{FIFO_ROUTE}",
+        pg.url("cdc", "app"),
+        moto.endpoint()
+    );
+    let mut outboxd = Outboxd::new("sqs-pg", &body);
+    outboxd.env = Moto::env();
+    outboxd.start();
+    let total = 500u64;
+    let records = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| read_all(&moto, total as usize));
+        scope.spawn(|| {
+            for from in (0..total).step_by(25) {
+                pg_insert(&pg, from, from + 25, 5);
+            }
+        });
+        kill_9_and_restart(&mut outboxd, 2);
+        reader.join().unwrap()
+    });
+    let resends = check_records_by(&records, 0..total, pg_payload);
+    println!(
+        "sqs from postgres: {} messages for {total} rows after 2 kill -9: {resends} resends, each inside SQS's de-duplication window",
+        records.len()
+    );
+    check_per_key_order(&records);
+    outboxd.stop();
+}
+
+#[test]
+fn rows_reach_sns_fifo_topics_in_key_order_and_a_missing_topic_is_dead_lettered() {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let moto = Moto::start();
+    // Orders have a FIFO topic, read through a FIFO queue subscribed to it; customers none.
+    let arn = moto.create_topic("outbox-event-order.fifo");
+    let queue = moto.create_queue("order-reader.fifo", &[]);
+    moto.subscribe(&arn, &queue);
+    let dlq_arn = moto.create_topic("outboxd-dlq");
+    let parked = moto.create_queue("parked", &[]);
+    moto.subscribe(&dlq_arn, &parked);
+    let mut outboxd = Outboxd::new(
+        "sns-e2e",
+        &format!(
+            "{}{FIFO_ROUTE}",
+            config_with_aws(
+                &db.cdc_url(),
+                "sns",
+                &moto.endpoint(),
+                "dead_letter_topic = \"outboxd-dlq\""
+            )
+        ),
+    );
+    outboxd.env = Moto::env();
+    let shown = text(outboxd.command(&["check"]).output().unwrap());
+    assert!(
+        shown.contains("WARN  sns dead-letter topic: \"outboxd-dlq\" is a standard topic"),
+        "{shown}"
+    );
+    outboxd.start();
+    insert_rows(&db, 0, 150, 5);
+    let orders = moto.read("order-reader.fifo", 100, READ_LIMIT);
+    let dead = moto.read("parked", 50, READ_LIMIT);
+    assert_eq!(orders.len(), 100, "{}", outboxd.log());
+    assert_eq!(dead.len(), 50, "{}", outboxd.log());
+    for g in &orders {
+        assert_eq!(
+            g.group.as_deref(),
+            g.attribute("outboxd.key").as_deref(),
+            "group = key"
+        );
+    }
+    let records = consumed("order", &orders);
+    let duplicates = check_records(&records, 0..0);
+    assert_eq!(duplicates, 0);
+    check_per_key_order(&records);
+    assert!(dead
+        .iter()
+        .all(|g| g.attribute("outboxd.reason").is_some_and(
+            |r| r.starts_with("unroutable: no topic named \"outbox-event-customer.fifo\"")
+        )));
+    outboxd.stop();
+}
