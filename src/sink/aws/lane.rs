@@ -169,7 +169,9 @@ impl Lane {
     }
 
     /// The next batch: up to 10 waiting entries, within the destination's size, none of a group
-    /// that is in flight or has an earlier entry left waiting.
+    /// that is in flight or has an earlier entry left waiting; on FIFO at most one per group (a
+    /// reply may fail a group's first entry and store its second: sent again, the first would
+    /// land after the second).
     fn take_batch(&self, pending: &mut VecDeque<Entry>, busy: &HashSet<String>) -> Vec<Entry> {
         let fifo = self.destination.fifo;
         let mut blocked: HashSet<&str> = HashSet::new();
@@ -190,6 +192,9 @@ impl Lane {
             }
             bytes += entry.size;
             taken.push(i);
+            if fifo {
+                blocked.insert(group);
+            }
         }
         let mut batch = Vec::with_capacity(taken.len());
         for i in taken.into_iter().rev() {
@@ -272,6 +277,7 @@ impl Lane {
                     failed_from.get_or_insert(i);
                     again.push(entry);
                 }
+                Outcome::Failed(f) if destination_wide(&f.code) => return Err(self.refused(&f)),
                 Outcome::Failed(f) => {
                     failed_from.get_or_insert(i);
                     let why = if f.code.contains("TooLong") || f.text.contains("too long") {
@@ -351,6 +357,18 @@ fn injected_failure() -> Outcome {
         transient: true,
         missing: false,
     })
+}
+
+/// Refusals that would meet every message (a KMS key or a grant): they stop outboxd instead of
+/// dead-lettering all traffic.
+fn destination_wide(code: &str) -> bool {
+    code.starts_with("KMS")
+        || code.contains("AccessDenied")
+        || code.contains("AuthorizationError")
+        || matches!(
+            code,
+            "InvalidClientTokenId" | "UnrecognizedClientException" | "ExpiredToken"
+        )
 }
 
 /// Puts `entries` back at the front, in their order.

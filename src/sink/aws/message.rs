@@ -41,6 +41,8 @@ pub struct Message {
     pub group: String,
     /// FIFO: the de-duplication id (from the row id).
     pub dedup: String,
+    /// The row id is empty: no de-duplication id to give it on a FIFO destination.
+    pub no_id: bool,
 }
 
 impl Message {
@@ -94,6 +96,7 @@ impl Message {
             body,
             attributes,
             group,
+            no_id: id.is_empty(),
             dedup: fifo_id(id),
         }
     }
@@ -132,6 +135,10 @@ impl Message {
                 .push((BODY_ATTRIBUTE.into(), Value::Text("omitted".into())));
             copy.body = "-".into();
         }
+        // The position gives way to the reason.
+        if copy.attributes.len() > MAX_ATTRIBUTES {
+            copy.attributes.retain(|(name, _)| name != POSITION_HEADER);
+        }
         copy
     }
 }
@@ -166,7 +173,12 @@ fn clean_text(text: &str) -> String {
 /// A FIFO group or de-duplication id for `bytes`: as it is when it is 1–128 printable ASCII
 /// characters (what SQS and SNS take), else `sha256:` and its hex SHA-256.
 pub fn fifo_id(bytes: &[u8]) -> String {
-    if !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(u8::is_ascii_graphic) {
+    // An id that looks like a hashed one is hashed too: it cannot stand for another row's.
+    if !bytes.is_empty()
+        && bytes.len() <= 128
+        && bytes.iter().all(u8::is_ascii_graphic)
+        && !bytes.starts_with(b"sha256:")
+    {
         return String::from_utf8_lossy(bytes).into_owned();
     }
     let digest = openssl::sha::sha256(bytes);
@@ -265,6 +277,12 @@ mod tests {
         }
         assert_ne!(fifo_id("ключ".as_bytes()), fifo_id(b"with space"));
         assert_eq!(fifo_id(b"a!~/"), "a!~/");
+        let hashed = fifo_id(b"with space");
+        assert_ne!(
+            fifo_id(hashed.as_bytes()),
+            hashed,
+            "a forged hash is hashed again"
+        );
     }
 
     #[test]

@@ -54,6 +54,7 @@ enum Route {
     Lane {
         queue: mpsc::UnboundedSender<Entry>,
         max_bytes: usize,
+        fifo: bool,
     },
     Missing(Instant),
 }
@@ -106,16 +107,21 @@ impl AwsSink {
                     service.section()
                 )));
             };
-            let max_bytes = destination.max_bytes;
+            let (max_bytes, fifo) = (destination.max_bytes, destination.fifo);
             let queue = sink.spawn_lane(destination, None);
             sink.dead_letters = Some(DeadLetters {
                 name: name.clone(),
                 max_bytes,
                 lane: queue.clone(),
             });
-            sink.routes
-                .get_mut()
-                .insert(name, Route::Lane { queue, max_bytes });
+            sink.routes.get_mut().insert(
+                name,
+                Route::Lane {
+                    queue,
+                    max_bytes,
+                    fifo,
+                },
+            );
         }
         Ok(sink)
     }
@@ -143,16 +149,28 @@ impl AwsSink {
         if stale {
             let route = match self.resolve(&record.topic).await? {
                 Some(destination) => {
-                    let max_bytes = destination.max_bytes;
+                    let (max_bytes, fifo) = (destination.max_bytes, destination.fifo);
                     let queue = self.spawn_lane(destination, self.dead_letters.clone());
-                    Route::Lane { queue, max_bytes }
+                    Route::Lane {
+                        queue,
+                        max_bytes,
+                        fifo,
+                    }
                 }
                 None => Route::Missing(Instant::now()),
             };
             routes.insert(record.topic.clone(), route);
         }
         match routes.get(&record.topic) {
-            Some(Route::Lane { queue, max_bytes }) => {
+            Some(Route::Lane { fifo: true, .. }) if entry.message.no_id => {
+                drop(routes);
+                let why =
+                    "invalid_id: the row id is empty, and a FIFO destination de-duplicates by it";
+                self.dead_letter(entry, why, true)
+            }
+            Some(Route::Lane {
+                queue, max_bytes, ..
+            }) => {
                 if entry.size > *max_bytes {
                     let why = format!(
                         "too_large: a message of {} bytes exceeds the {}'s limit ({max_bytes} bytes)",
@@ -181,19 +199,18 @@ impl AwsSink {
     /// Looks `name` up, bounded in time.
     async fn resolve(&self, name: &str) -> Result<Option<Destination>> {
         let template = self.config.template(self.service);
-        let looked = tokio::time::timeout(
-            RESOLVE_TIMEOUT,
-            self.client.resolve(name, template, &self.config),
-        )
-        .await
-        .map_err(|_| {
-            Error::sink(format!(
-                "looking up the {} {name:?} took longer than {RESOLVE_TIMEOUT:?}",
-                self.service.noun()
-            ))
-            .remedy("outboxd retries; check the endpoint and the network")
-            .transient()
-        })?;
+        // Within the delivery timeout: the row waiting for it holds a ticket already.
+        let limit = RESOLVE_TIMEOUT.min(self.config.message_timeout() / 2);
+        let looked = tokio::time::timeout(limit, self.client.resolve(name, template, &self.config))
+            .await
+            .map_err(|_| {
+                Error::sink(format!(
+                    "looking up the {} {name:?} took longer than {limit:?}",
+                    self.service.noun()
+                ))
+                .remedy("outboxd retries; check the endpoint and the network")
+                .transient()
+            })?;
         looked.map_err(|failure| {
             let grant = match self.service {
                 Service::Sqs => "sqs:GetQueueUrl and sqs:GetQueueAttributes",

@@ -152,8 +152,10 @@ impl Client {
             },
             Client::Sns(sns, cache) => {
                 let mut cache = cache.lock().await;
+                // A fresh list answers misses too: routing values naming no topic must not list
+                // every topic again each time.
                 if let Some((read, topics)) = cache.as_ref() {
-                    if read.elapsed() < TOPICS_TTL && topics.contains_key(name) {
+                    if read.elapsed() < TOPICS_TTL {
                         return Ok(topics.get(name).cloned());
                     }
                 }
@@ -283,38 +285,55 @@ impl Client {
     }
 }
 
+/// One batch entry, for either SDK: their entry and attribute types are twins generated from the
+/// same shapes, so one body serves both.
+macro_rules! batch_entry {
+    ($sdk:ident, $entry:ident, $body:ident, $i:expr, $m:expr, $destination:expr) => {{
+        use $sdk::primitives::Blob;
+        use $sdk::types::{$entry, MessageAttributeValue};
+        let (m, destination): (&Message, &Destination) = ($m, $destination);
+        let attributes: HashMap<String, MessageAttributeValue> = m
+            .attributes
+            .iter()
+            .filter_map(|(name, value)| {
+                let v = match value {
+                    Value::Text(t) => MessageAttributeValue::builder()
+                        .data_type("String")
+                        .string_value(t),
+                    Value::Binary(b) => MessageAttributeValue::builder()
+                        .data_type("Binary")
+                        .binary_value(Blob::new(b.clone())),
+                };
+                // Only a missing data type fails, and it is always set.
+                Some((name.clone(), v.build().ok()?))
+            })
+            .collect();
+        let mut entry = $entry::builder()
+            .id($i.to_string())
+            .$body(&m.body)
+            .set_message_attributes((!attributes.is_empty()).then_some(attributes));
+        if destination.fifo {
+            entry = entry
+                .message_group_id(&m.group)
+                .message_deduplication_id(&m.dedup);
+        }
+        entry.build().expect("the id and the body are set")
+    }};
+}
+
 fn sqs_entry(
     i: usize,
     m: &Message,
     destination: &Destination,
 ) -> aws_sdk_sqs::types::SendMessageBatchRequestEntry {
-    use aws_sdk_sqs::primitives::Blob;
-    use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
-    let attributes: HashMap<String, MessageAttributeValue> = m
-        .attributes
-        .iter()
-        .filter_map(|(name, value)| {
-            let v = match value {
-                Value::Text(t) => MessageAttributeValue::builder()
-                    .data_type("String")
-                    .string_value(t),
-                Value::Binary(b) => MessageAttributeValue::builder()
-                    .data_type("Binary")
-                    .binary_value(Blob::new(b.clone())),
-            };
-            Some((name.clone(), v.build().ok()?))
-        })
-        .collect();
-    let mut entry = SendMessageBatchRequestEntry::builder()
-        .id(i.to_string())
-        .message_body(&m.body)
-        .set_message_attributes((!attributes.is_empty()).then_some(attributes));
-    if destination.fifo {
-        entry = entry
-            .message_group_id(&m.group)
-            .message_deduplication_id(&m.dedup);
-    }
-    entry.build().expect("id and body are set")
+    batch_entry!(
+        aws_sdk_sqs,
+        SendMessageBatchRequestEntry,
+        message_body,
+        i,
+        m,
+        destination
+    )
 }
 
 fn sns_entry(
@@ -322,33 +341,14 @@ fn sns_entry(
     m: &Message,
     destination: &Destination,
 ) -> aws_sdk_sns::types::PublishBatchRequestEntry {
-    use aws_sdk_sns::primitives::Blob;
-    use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
-    let attributes: HashMap<String, MessageAttributeValue> = m
-        .attributes
-        .iter()
-        .filter_map(|(name, value)| {
-            let v = match value {
-                Value::Text(t) => MessageAttributeValue::builder()
-                    .data_type("String")
-                    .string_value(t),
-                Value::Binary(b) => MessageAttributeValue::builder()
-                    .data_type("Binary")
-                    .binary_value(Blob::new(b.clone())),
-            };
-            Some((name.clone(), v.build().ok()?))
-        })
-        .collect();
-    let mut entry = PublishBatchRequestEntry::builder()
-        .id(i.to_string())
-        .message(&m.body)
-        .set_message_attributes((!attributes.is_empty()).then_some(attributes));
-    if destination.fifo {
-        entry = entry
-            .message_group_id(&m.group)
-            .message_deduplication_id(&m.dedup);
-    }
-    entry.build().expect("id and message are set")
+    batch_entry!(
+        aws_sdk_sns,
+        PublishBatchRequestEntry,
+        message,
+        i,
+        m,
+        destination
+    )
 }
 
 /// Codes that time heals: throttling, the service's own trouble, credentials being refreshed.
@@ -365,8 +365,6 @@ fn transient_code(code: &str) -> bool {
                 | "InternalFailure"
                 | "InternalErrorException"
                 | "RequestTimeout"
-                | "RequestExpired"
-                | "ExpiredToken"
                 | "KMSThrottlingException"
                 | "KmsThrottled"
                 | "KMSUnavailable"
@@ -400,7 +398,12 @@ fn failure<E>(call: &str, e: SdkError<E, HttpResponse>) -> Failure
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
-    let text = format!("{call}: {}", DisplayErrorContext(&e));
+    let mut text = format!("{call}: {}", DisplayErrorContext(&e));
+    // A signature refusal quotes the canonical request, session token included.
+    if let Some(at) = text.find("The Canonical String") {
+        text.truncate(at);
+        text.push_str("(the canonical request is not shown)");
+    }
     match &e {
         SdkError::ServiceError(service) => {
             let code = service.err().code().unwrap_or("").to_string();
@@ -412,14 +415,20 @@ where
                 text,
             }
         }
-        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
-            Failure {
-                code: "Unanswered".into(),
-                text,
-                transient: true,
-                missing: false,
-            }
-        }
+        SdkError::TimeoutError(_) => Failure {
+            code: "Unanswered".into(),
+            text,
+            transient: true,
+            missing: false,
+        },
+        // A lost or refused connection heals; no credentials or no auth scheme does not, and a
+        // reply that is not the service's means endpoint_url names something else.
+        SdkError::DispatchFailure(d) if d.is_timeout() || d.is_io() => Failure {
+            code: "Unanswered".into(),
+            text,
+            transient: true,
+            missing: false,
+        },
         _ => Failure {
             code: "Refused".into(),
             text,
@@ -473,6 +482,19 @@ pub async fn sdk_config(config: &AwsConfig) -> Result<aws_config::SdkConfig> {
         loader = loader.endpoint_url(endpoint);
     }
     let sdk = loader.load().await;
+    // The secrets the chain found (a profile, a role, web identity) join the scrubber, as the
+    // environment's did at load; a failure here shows at the first call instead.
+    if let Some(provider) = sdk.credentials_provider() {
+        use aws_sdk_sqs::config::ProvideCredentials;
+        if let Ok(Ok(credentials)) =
+            tokio::time::timeout(Duration::from_secs(10), provider.provide_credentials()).await
+        {
+            crate::secrets::register(
+                std::iter::once(credentials.secret_access_key().to_string())
+                    .chain(credentials.session_token().map(str::to_string)),
+            );
+        }
+    }
     if sdk.region().is_none() {
         return Err(Error::config(
             "no AWS region: neither the section's region, AWS_REGION nor the profile names one",
