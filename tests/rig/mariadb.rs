@@ -82,9 +82,10 @@ impl MariaDb {
             .expect("mariadbd");
         self.child = Some(child);
         let socket = self.socket();
+        // 120 s: a loaded 2-core machine once kept a fresh server from accepting for over 60.
         wait_until(
             "mariadbd to accept connections",
-            Duration::from_secs(60),
+            Duration::from_secs(120),
             || {
                 Command::new("mariadb")
                     .arg(format!("--socket={}", socket.display()))
