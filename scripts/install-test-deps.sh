@@ -8,6 +8,8 @@
 #  - Apache Kafka (KRaft), assembled once from its released jars on Maven Central into a cache dir
 #    outside the repo by scripts/apache-kafka.sh (Java 17+ and Maven: installed from Debian when
 #    missing); every test that produces to Kafka starts a private one.
+#  - Debezium 3.5 and Kafka Connect, from Maven Central by scripts/debezium.sh (the tests that run it
+#    beside outboxd).
 set -euo pipefail
 
 # --quickstart: only what deploy/quickstart.sh needs (MariaDB and the build tools); no PostgreSQL, no
@@ -110,4 +112,9 @@ fi
 
 # Apache Kafka: the jars from Maven Central and a formatted log directory, once (about 10 s).
 KAFKA_HOME=$("$(dirname "$0")/apache-kafka.sh" install)
+# Debezium under Kafka Connect (the conformance and cutover tests run it beside outboxd): its jars
+# from Maven Central, once (about 50 MB).
+if [ "$BROKER_ONLY" = 0 ]; then
+  "$(dirname "$0")/debezium.sh" install >/dev/null
+fi
 echo "install-test-deps: ready (Apache Kafka: $KAFKA_HOME)"

@@ -4,6 +4,7 @@
 mod rig;
 
 mod aws;
+mod beside_debezium;
 mod binlog_files;
 mod debezium;
 mod deploy_files;

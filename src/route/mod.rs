@@ -50,6 +50,21 @@ pub struct RouteConfig {
     pub tracing_span_context: String,
     /// What an UPDATE or DELETE of an outbox row does (Debezium `table.op.invalid.behavior`).
     pub on_update_delete: OnUpdateDelete,
+    /// How 16-byte binary columns (BINARY(16) ids and keys) become header, key and topic text.
+    pub binary_16: Binary16,
+}
+
+/// 16-byte binaries as text: a UUID, or base64 as Debezium writes every binary column by default
+/// (`binary.handling.mode=bytes` through the `SimpleHeaderConverter`). Other binaries are always
+/// base64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Binary16 {
+    /// Canonical UUID text (`00010203-0405-…`).
+    #[default]
+    Uuid,
+    /// Base64 (`AAECAwQFBgcICQoLDA0ODw==`), byte-for-byte what Debezium wrote.
+    Base64,
 }
 
 /// UPDATEs of outbox rows are never forwarded; this says how loudly (DELETEs, the usual cleanup, are
@@ -84,6 +99,7 @@ impl Default for RouteConfig {
             expand_json_payload: false,
             tracing_span_context: "tracingspancontext".into(),
             on_update_delete: OnUpdateDelete::Warn,
+            binary_16: Binary16::Uuid,
         }
     }
 }
@@ -427,12 +443,12 @@ impl Router {
 
     pub fn route(&self, row: &Row) -> Result<Record, Unroutable> {
         let c = &self.config;
-        let by = text(row, &c.by)?.ok_or_else(|| Unroutable {
+        let by = text(row, &c.by, c.binary_16)?.ok_or_else(|| Unroutable {
             reason: "null_routing_value",
             detail: format!("column {} is NULL, so there is no topic for the row", c.by),
         })?;
         let topic = self.topic(&by)?;
-        let key = text(row, &c.key)?.map(String::into_bytes);
+        let key = text(row, &c.key, c.binary_16)?.map(String::into_bytes);
         let payload = column(row, &c.payload)?;
         if let Value::BadText { charset, .. } = payload {
             return Err(Unroutable {
@@ -450,14 +466,17 @@ impl Router {
         {
             value = None;
         }
-        let id = text(row, &c.id)?.ok_or_else(|| Unroutable {
+        let id = text(row, &c.id, c.binary_16)?.ok_or_else(|| Unroutable {
             reason: "null_id",
             detail: format!("column {} (the event id) is NULL", c.id),
         })?;
         let mut headers = Vec::with_capacity(3 + c.headers.len() + c.additional.len());
         headers.push((ID_HEADER.to_string(), Some(id.into_bytes())));
         for (header, col) in &c.headers {
-            headers.push((header.clone(), text(row, col)?.map(String::into_bytes)));
+            headers.push((
+                header.clone(),
+                text(row, col, c.binary_16)?.map(String::into_bytes),
+            ));
         }
         // Envelope fields as JSON text, in the configured order.
         let mut envelope: Option<Vec<(&str, String)>> = None;
@@ -478,7 +497,7 @@ impl Router {
             match extra.placement {
                 Placement::Header => headers.push((
                     extra.name().to_string(),
-                    text(row, &extra.column)?.map(String::into_bytes),
+                    text(row, &extra.column, c.binary_16)?.map(String::into_bytes),
                 )),
                 Placement::Envelope => envelope
                     .get_or_insert_with(Vec::new)
@@ -491,8 +510,11 @@ impl Router {
                 }
             }
         }
-        // A tombstone stays a tombstone (Debezium's too); otherwise the payload and the fields.
-        if let (Some(fields), Some(_)) = (envelope, &value) {
+        // Debezium 3.5's Event Router (tests/beside_debezium.rs): with envelope fields a NULL
+        // payload is `{"payload":null,…}`, not a tombstone; only `tombstone_on_empty_payload`
+        // makes one there.
+        let tombstone = value.is_none() && c.tombstone_on_empty_payload;
+        if let (Some(fields), false) = (envelope, tombstone) {
             let mut text = String::from("{\"payload\":");
             text.push_str(&json_text(payload, c.expand_json_payload));
             for (name, field) in fields {
@@ -663,14 +685,14 @@ fn column<'r>(row: &'r Row, name: &str) -> Result<&'r Value, Unroutable> {
 }
 
 /// The column rendered as text; `None` for NULL.
-fn text(row: &Row, name: &str) -> Result<Option<String>, Unroutable> {
+fn text(row: &Row, name: &str, binary_16: Binary16) -> Result<Option<String>, Unroutable> {
     match column(row, name)? {
         Value::Null => Ok(None),
         Value::BadText { charset, .. } => Err(Unroutable {
             reason: "invalid_text",
             detail: format!("column {name} is not valid {charset}"),
         }),
-        v => Ok(v.render()),
+        v => Ok(v.render_as(binary_16 == Binary16::Uuid)),
     }
 }
 
@@ -770,6 +792,25 @@ mod tests {
                 ),
                 ("outboxd.position".to_string(), Some(b"gtid:0-1-7".to_vec())),
             ]
+        );
+    }
+
+    #[test]
+    fn binary_16_base64_writes_binary_ids_and_keys_as_debezium_does() {
+        let router = Router::new(
+            RouteConfig {
+                binary_16: Binary16::Base64,
+                ..RouteConfig::default()
+            },
+            1_000_000,
+        );
+        let mut columns = debezium_row();
+        columns[2].1 = Value::Binary(vec![0xff; 16]);
+        let r = router.route(&row(&columns)).unwrap();
+        assert_eq!(r.key.as_deref(), Some(&b"/////////////////////w=="[..]));
+        assert_eq!(
+            r.headers[0].1.as_deref(),
+            Some(&b"AAECAwQFBgcICQoLDA0ODw=="[..])
         );
     }
 
@@ -962,11 +1003,14 @@ mod tests {
             r#"{"payload":{"big": 12345678901234567890123, "b": 1, "a": 2},"eventType":"OrderCreated","aggregateid":"o-1"}"#,
             "the payload is embedded as stored"
         );
-        // A NULL payload stays a tombstone.
+        // A NULL payload in an envelope is a null field, as Debezium writes it.
         let mut cols = debezium_row();
         cols[4].1 = Value::Null;
         cols.push(("shard", Value::Int(0)));
-        assert_eq!(router.route(&row(&cols)).unwrap().value, None);
+        assert_eq!(
+            router.route(&row(&cols)).unwrap().value.as_deref(),
+            Some(&br#"{"payload":null,"eventType":"OrderCreated","aggregateid":"o-1"}"#[..])
+        );
         assert_eq!(r.partition, Some(4));
         // A missing column: unroutable by default, skipped with missing = "ignore".
         assert_eq!(

@@ -31,13 +31,20 @@ impl Value {
     /// The value as text, the way headers, keys and topic names carry it.
     /// `None` for NULL and for text that is not valid in its character set.
     pub fn render(&self) -> Option<String> {
+        self.render_as(true)
+    }
+
+    /// [`Value::render`], with 16-byte binaries as base64 rather than UUID text when `uuid16` is
+    /// false (as Debezium's default `binary.handling.mode=bytes` writes them).
+    pub fn render_as(&self, uuid16: bool) -> Option<String> {
         Some(match self {
             Value::Null | Value::BadText { .. } => return None,
             Value::Int(v) => v.to_string(),
             Value::UInt(v) => v.to_string(),
             Value::Float(v) => v.to_string(),
             Value::Decimal(s) | Value::Text(s) | Value::Json(s) | Value::Temporal(s) => s.clone(),
-            Value::Binary(b) => render_binary(b),
+            Value::Binary(b) if uuid16 => render_binary(b),
+            Value::Binary(b) => base64::engine::general_purpose::STANDARD.encode(b),
         })
     }
 
@@ -100,6 +107,10 @@ mod tests {
             "00010203-0405-0607-0809-0a0b0c0d0e0f"
         );
         assert_eq!(Value::Binary(vec![0xff, 0]).render().unwrap(), "/wA=");
+        assert_eq!(
+            Value::Binary((0u8..16).collect()).render_as(false).unwrap(),
+            "AAECAwQFBgcICQoLDA0ODw=="
+        );
         assert_eq!(Value::Int(-5).render().unwrap(), "-5");
         assert_eq!(
             Value::UInt(u64::MAX).render().unwrap(),

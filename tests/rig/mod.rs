@@ -2,11 +2,12 @@
 //!
 //! - [`MariaDb`]: `mariadb-install-db` + `mariadbd` with a ROW binlog.
 //! - [`Postgres`]: PostgreSQL 15 `initdb` + `pg_ctl` with `wal_level=logical` (run as the `postgres` OS user).
-//! - [`Broker`]: the nisshi Kafka-protocol broker, in memory (built by `.ci/run`; see README).
+//! - [`Broker`]: Apache Kafka 4.x (KRaft, one node), assembled from Maven jars by `scripts/apache-kafka.sh`.
 //! - [`rabbitmq::RabbitMq`]: Debian's `rabbitmq-server`, one private node per test.
 //! - [`nats::Nats`]: Debian's `nats-server` with JetStream, one private server per test.
 //! - [`redis::Redis`]: Debian's `redis-server` (append-only, fsync always), one per test.
 //! - [`moto::Moto`]: moto's server (PyPI), SQS and SNS in memory, one per test.
+//! - [`debezium::Connect`]: Debezium under Kafka Connect standalone (Maven jars), beside outboxd.
 //! - [`Outboxd`]: the real `outboxd` binary with a config written for the test.
 //! - [`consume`]: reads records back with a real rdkafka consumer.
 //!
@@ -14,6 +15,7 @@
 
 pub mod broker;
 pub mod certs;
+pub mod debezium;
 pub mod kafka;
 pub mod mariadb;
 pub mod moto;

@@ -1,0 +1,376 @@
+//! outboxd beside Debezium itself (3.5, Kafka Connect standalone, the Outbox Event Router): the same
+//! outbox rows read by both into separate topics and compared record by record, and a cutover in
+//! which outboxd continues from the offsets Debezium actually wrote.
+//!
+//! Two Debezium connectors run in one worker, each with the converters Debezium's outbox docs give
+//! for its case: `StringConverter` for keys and values (payloads forwarded as stored; the `header`
+//! placement), and `JsonConverter` without schemas plus `table.expand.json.payload` (the `envelope`
+//! placement, a JSON value). Every difference that remains is named in [`KNOWN`], and README's
+//! "Switching from Debezium" table says why and which option removes it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use crate::rig::debezium::{Connect, Connector};
+use crate::rig::{consume, create_topic, Broker, Consumed, MariaDb, Outboxd, Postgres};
+
+const LIMIT: Duration = Duration::from_secs(120);
+const PARTITIONS: i32 = 4;
+const TYPES: [&str; 3] = ["order", "customer", "payment"];
+const PARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+/// The differences that remain between Debezium's records and outboxd's, each explained in README.
+const KNOWN: &[&str] = &[
+    // Debezium 3.x stamps every record with its connector's context (name, task, run id).
+    "header __debezium.context.connectorLogicalName only from Debezium",
+    "header __debezium.context.connectorName only from Debezium",
+    "header __debezium.context.runId only from Debezium",
+    "header __debezium.context.taskId only from Debezium",
+    // outboxd names the row's transaction in the source log (audits, the exactly-once guards).
+    "header outboxd.position only from outboxd",
+    // outboxd forwards the trace context column's parent as W3C headers; Debezium does so only with
+    // OpenTelemetry on Connect's classpath (and then as a span of its own).
+    "header traceparent only from outboxd",
+];
+
+/// Debezium's `route.topic.replacement` prefixes (`plain`: StringConverter, `json`: JsonConverter)
+/// and outboxd's, per pipeline.
+const DBZ_PLAIN: &str = "dbz";
+const DBZ_JSON: &str = "dbzj";
+const OB_PLAIN: &str = "ob";
+const OB_JSON: &str = "obj";
+
+fn create_topics(broker: &Broker) {
+    for prefix in [DBZ_PLAIN, DBZ_JSON, OB_PLAIN, OB_JSON] {
+        for t in TYPES {
+            create_topic(&broker.bootstrap(), &format!("{prefix}.{t}"), PARTITIONS);
+        }
+    }
+}
+
+/// Row `n` of the shared set: (aggregate type, key, payload SQL literal, trace context literal).
+fn row(n: usize) -> (&'static str, String, String, String) {
+    let kind = TYPES[n % TYPES.len()];
+    // Non-ASCII keys too; 20 distinct keys reach all four partitions.
+    let key = if n.is_multiple_of(5) {
+        format!("ключ-{}", n % 20)
+    } else {
+        format!("k-{}", n % 20)
+    };
+    let payload = match n % 7 {
+        6 => "NULL".to_string(),
+        _ => format!("'{{\"n\": {n}, \"name\": \"Zoë ✓\", \"list\": [1, 2.5, true, null]}}'"),
+    };
+    let trace = if n.is_multiple_of(4) {
+        format!("'traceparent={PARENT}'")
+    } else {
+        "NULL".into()
+    };
+    (kind, key, payload, trace)
+}
+
+/// The Event Router options both connectors share (the defaults plus a timestamp column).
+fn router(c: Connector) -> Connector {
+    c.with(
+        "transforms.outbox.table.field.event.timestamp",
+        "created_at",
+    )
+}
+
+fn plain(c: Connector) -> Connector {
+    router(c).with(
+        "transforms.outbox.table.fields.additional.placement",
+        "type:header:eventType",
+    )
+}
+
+fn json(c: Connector) -> Connector {
+    router(c)
+        .with(
+            "value.converter",
+            "org.apache.kafka.connect.json.JsonConverter",
+        )
+        .with("value.converter.schemas.enable", "false")
+        .with("transforms.outbox.table.expand.json.payload", "true")
+        .with(
+            "transforms.outbox.table.fields.additional.placement",
+            "aggregatetype:envelope:kind",
+        )
+}
+
+/// outboxd's `[route]` for the same two setups. Not `expand_json_payload`: Debezium 3.5 leaves a
+/// payload in an envelope a JSON string even with `table.expand.json.payload` (this test showed it).
+fn route(prefix: &str, json: bool) -> String {
+    let additional = if json {
+        r#"{ column = "aggregatetype", placement = "envelope", as = "kind" }"#
+    } else {
+        r#"{ column = "type", placement = "header", as = "eventType" }"#
+    };
+    format!(
+        "[route]\ntopic = \"{prefix}.${{routedByValue}}\"\ntimestamp = \"created_at\"\nbinary_16 = \"base64\"\n\
+         additional = [{additional}]\n"
+    )
+}
+
+fn read_all(broker: &Broker, prefix: &str, expected: usize) -> BTreeMap<String, Consumed> {
+    let mut all = BTreeMap::new();
+    let mut count = 0;
+    for t in TYPES {
+        let topic = format!("{prefix}.{t}");
+        let want = expected_per_type(expected, t);
+        for r in consume(&broker.bootstrap(), &topic, want, LIMIT) {
+            count += 1;
+            let id = r.header("id").expect("every record has an id header");
+            all.insert(id, r);
+        }
+    }
+    assert_eq!(count, expected, "records under {prefix}.*");
+    assert_eq!(all.len(), expected, "distinct ids under {prefix}.*");
+    all
+}
+
+fn expected_per_type(total: usize, kind: &str) -> usize {
+    (0..total).filter(|n| row(*n).0 == kind).count()
+}
+
+/// Every difference between Debezium's record and outboxd's for the same id, as short sentences.
+fn differences(dbz: &Consumed, ob: &Consumed, json: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    let topic_suffix = |r: &Consumed| r.topic.split_once('.').unwrap().1.to_string();
+    if topic_suffix(dbz) != topic_suffix(ob) {
+        out.push(format!(
+            "topic: Debezium {} outboxd {}",
+            dbz.topic, ob.topic
+        ));
+    }
+    if dbz.partition != ob.partition {
+        out.push("partition".into());
+    }
+    if dbz.key != ob.key {
+        out.push(format!(
+            "key: Debezium {:?} outboxd {:?}",
+            dbz.key.as_deref().map(String::from_utf8_lossy),
+            ob.key.as_deref().map(String::from_utf8_lossy)
+        ));
+    }
+    if dbz.value != ob.value {
+        let parsed = |v: &Option<Vec<u8>>| {
+            v.as_deref()
+                .map(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+        };
+        let same_json = json && parsed(&dbz.value) == parsed(&ob.value);
+        out.push(format!(
+            "value{}: Debezium {:?} outboxd {:?}",
+            if same_json { " bytes (same JSON)" } else { "" },
+            dbz.value.as_deref().map(String::from_utf8_lossy),
+            ob.value.as_deref().map(String::from_utf8_lossy)
+        ));
+    }
+    for (name, value) in &dbz.headers {
+        match ob.headers.get(name) {
+            None => out.push(format!("header {name} only from Debezium")),
+            Some(o) if o != value => out.push(format!(
+                "header {name}: Debezium {:?} outboxd {:?}",
+                value.as_deref().map(String::from_utf8_lossy),
+                o.as_deref().map(String::from_utf8_lossy)
+            )),
+            Some(_) => {}
+        }
+    }
+    for name in ob.headers.keys() {
+        if !dbz.headers.contains_key(name) {
+            out.push(format!("header {name} only from outboxd"));
+        }
+    }
+    if dbz.timestamp != ob.timestamp {
+        out.push(format!(
+            "timestamp: Debezium {:?} outboxd {:?}",
+            dbz.timestamp, ob.timestamp
+        ));
+    }
+    out
+}
+
+/// Compares both sides id by id; panics listing every difference not in [`KNOWN`].
+fn compare(
+    dbz: &BTreeMap<String, Consumed>,
+    ob: &BTreeMap<String, Consumed>,
+    json: bool,
+) -> BTreeSet<String> {
+    assert_eq!(
+        dbz.keys().collect::<Vec<_>>(),
+        ob.keys().collect::<Vec<_>>(),
+        "the same ids on both sides"
+    );
+    let mut kinds = BTreeSet::new();
+    let mut unexplained = Vec::new();
+    for (id, d) in dbz {
+        for diff in differences(d, &ob[id], json) {
+            if !KNOWN.contains(&diff.as_str()) {
+                unexplained.push(format!("{id}: {diff}"));
+            }
+            kinds.insert(diff);
+        }
+    }
+    assert!(
+        unexplained.is_empty(),
+        "differences from Debezium not in README's switching table ({} of them):\n{}",
+        unexplained.len(),
+        unexplained.join("\n")
+    );
+    let partitions: BTreeSet<i32> = ob.values().map(|r| r.partition).collect();
+    assert_eq!(
+        partitions.len(),
+        PARTITIONS as usize,
+        "the keys reach every partition"
+    );
+    kinds
+}
+
+#[test]
+fn mariadb_outbox_rows_reach_kafka_exactly_as_debeziums_outbox_event_router_writes_them() {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(
+        "CREATE DATABASE app;
+         CREATE TABLE app.outbox (
+           id CHAR(36) PRIMARY KEY, aggregatetype VARCHAR(64), aggregateid VARCHAR(64), type VARCHAR(64),
+           payload JSON, created_at DATETIME(3), tracingspancontext TEXT
+         ) DEFAULT CHARSET utf8mb4;
+         CREATE TABLE app.outbox_bin (
+           id BINARY(16) PRIMARY KEY, aggregatetype VARCHAR(64), aggregateid VARCHAR(64), type VARCHAR(64),
+           payload JSON, created_at DATETIME(3), tracingspancontext TEXT
+         ) DEFAULT CHARSET utf8mb4;",
+    );
+    let broker = Broker::start();
+    create_topics(&broker);
+    let tables = "app.outbox,app.outbox_bin";
+    let mut connect = Connect::start(
+        &broker.bootstrap(),
+        vec![
+            plain(Connector::mariadb("plain", &db, 5401, tables, DBZ_PLAIN)),
+            json(Connector::mariadb("json", &db, 5402, tables, DBZ_JSON)),
+        ],
+    );
+    let mut pipelines = Vec::new();
+    for (name, prefix, json, server_id) in [
+        ("beside-plain", OB_PLAIN, false, 5403),
+        ("beside-json", OB_JSON, true, 5404),
+    ] {
+        let body = format!(
+            "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.outbox\", \"app.outbox_bin\"]\n\
+             server_id = {server_id}\n[kafka]\nbrokers = \"{}\"\n[http]\nlisten = \"\"\n{}",
+            db.cdc_url(),
+            broker.bootstrap(),
+            route(prefix, json)
+        );
+        let mut outboxd = Outboxd::new(name, &body);
+        outboxd.start();
+        pipelines.push(outboxd);
+    }
+    // 60 rows in six transactions; every fifth in the BINARY(16) table.
+    let total = 60;
+    for tx in 0..6 {
+        let mut sql = String::from("BEGIN;\n");
+        for n in tx * 10..tx * 10 + 10 {
+            let (kind, key, payload, trace) = row(n);
+            let (table, id) = if n % 5 == 4 {
+                ("outbox_bin", format!("UNHEX('{n:032x}')"))
+            } else {
+                ("outbox", format!("'00000000-0000-4000-8000-{n:012}'"))
+            };
+            sql.push_str(&format!(
+                "INSERT INTO app.{table} VALUES ({id}, '{kind}', '{key}', '{kind}.Created', {payload}, \
+                 '2024-05-01 10:00:{:02}.{:03}', {trace});\n",
+                n % 60,
+                n * 7 % 1000
+            ));
+        }
+        sql.push_str("COMMIT;");
+        db.sql_socket(&sql);
+    }
+    let report = [(DBZ_PLAIN, OB_PLAIN, false), (DBZ_JSON, OB_JSON, true)].map(|(d, o, json)| {
+        let ours = read_all(&broker, o, total);
+        connect.assert_running();
+        compare(&read_all(&broker, d, total), &ours, json)
+    });
+    eprintln!("differences (plain, json): {report:#?}");
+    connect.stop();
+    for mut p in pipelines {
+        p.stop();
+    }
+}
+
+#[test]
+fn postgres_outbox_rows_reach_kafka_exactly_as_debeziums_outbox_event_router_writes_them() {
+    let pg = Postgres::start(&[]);
+    pg.sql("postgres", "CREATE DATABASE app;");
+    pg.sql(
+        "app",
+        "CREATE TABLE public.outbox (
+           id uuid PRIMARY KEY, aggregatetype text, aggregateid text, type text, payload jsonb,
+           created_at timestamp(3), tracingspancontext text
+         );",
+    );
+    let broker = Broker::start();
+    create_topics(&broker);
+    let mut connect = Connect::start(
+        &broker.bootstrap(),
+        vec![
+            plain(Connector::postgres(
+                "plain",
+                &pg,
+                "dbz_plain",
+                "public.outbox",
+                DBZ_PLAIN,
+            )),
+            json(Connector::postgres(
+                "json",
+                &pg,
+                "dbz_json",
+                "public.outbox",
+                DBZ_JSON,
+            )),
+        ],
+    );
+    let mut pipelines = Vec::new();
+    for (name, prefix, json) in [
+        ("beside_plain", OB_PLAIN, false),
+        ("beside_json", OB_JSON, true),
+    ] {
+        let body = format!(
+            "[source]\nkind = \"postgres\"\nurl = \"{}\"\ntables = [\"public.outbox\"]\nslot = \"{name}\"\n\
+             publication = \"{name}\"\n[kafka]\nbrokers = \"{}\"\n[http]\nlisten = \"\"\n{}",
+            pg.url("debezium", "app"),
+            broker.bootstrap(),
+            route(prefix, json)
+        );
+        let mut outboxd = Outboxd::new(name, &body);
+        outboxd.start();
+        pipelines.push(outboxd);
+    }
+    let total = 60;
+    for tx in 0..6 {
+        let mut sql = String::from("BEGIN;\n");
+        for n in tx * 10..tx * 10 + 10 {
+            let (kind, key, payload, trace) = row(n);
+            sql.push_str(&format!(
+                "INSERT INTO public.outbox VALUES ('00000000-0000-4000-8000-{n:012}', '{kind}', '{key}', \
+                 '{kind}.Created', {payload}, '2024-05-01 10:00:{:02}.{:03}', {trace});\n",
+                n % 60,
+                n * 7 % 1000
+            ));
+        }
+        sql.push_str("COMMIT;");
+        pg.sql("app", &sql);
+    }
+    let report = [(DBZ_PLAIN, OB_PLAIN, false), (DBZ_JSON, OB_JSON, true)].map(|(d, o, json)| {
+        let ours = read_all(&broker, o, total);
+        connect.assert_running();
+        compare(&read_all(&broker, d, total), &ours, json)
+    });
+    eprintln!("differences (plain, json): {report:#?}");
+    connect.stop();
+    for mut p in pipelines {
+        p.stop();
+    }
+}
