@@ -374,3 +374,289 @@ fn postgres_outbox_rows_reach_kafka_exactly_as_debeziums_outbox_event_router_wri
         p.stop();
     }
 }
+
+/// Rows per transaction and transactions in a cutover run.
+const TX_ROWS: usize = 5;
+const TXS: usize = 400;
+/// The one topic of a cutover (one partition: its order is the commit order).
+const CUT_TOPIC: &str = "outbox.event.order";
+
+fn cut_id(n: usize) -> String {
+    format!("00000000-0000-4000-8000-{n:012}")
+}
+
+fn cut_n(id: &str) -> usize {
+    id.rsplit('-').next().unwrap().parse().unwrap()
+}
+
+/// The SQL of cutover transaction `tx` (its rows `tx * TX_ROWS ..`), for `table`.
+fn cut_tx(table: &str, tx: usize) -> String {
+    let mut sql = String::from("BEGIN;\n");
+    for n in tx * TX_ROWS..(tx + 1) * TX_ROWS {
+        sql.push_str(&format!(
+            "INSERT INTO {table} (id, aggregatetype, aggregateid, type, payload) VALUES \
+             ('{}', 'order', 'k-{}', 'order.Created', '{{\"n\": {n}}}');\n",
+            cut_id(n),
+            n % 13
+        ));
+    }
+    sql.push_str("COMMIT;\n");
+    sql
+}
+
+/// Everything in the cutover topic once nothing more arrives (Debezium stopped: its whole output).
+fn read_settled(broker: &Broker) -> usize {
+    consume(
+        &broker.bootstrap(),
+        CUT_TOPIC,
+        usize::MAX,
+        Duration::from_secs(5),
+    )
+    .len()
+}
+
+/// What Debezium and then outboxd wrote, checked: nothing lost, outboxd resumed at the start of
+/// the transaction `first` (the one after what the offset committed), and the duplicates are
+/// exactly Debezium's records from there on. Returns (Debezium's records, duplicates).
+fn check_cutover(records: &[Consumed], total: usize, first: usize) -> (usize, usize) {
+    let from_debezium = |r: &Consumed| r.headers.contains_key("__debezium.context.connectorName");
+    let dbz: Vec<usize> = records
+        .iter()
+        .filter(|r| from_debezium(r))
+        .map(|r| cut_n(&r.header("id").unwrap()))
+        .collect();
+    let ours: Vec<usize> = records
+        .iter()
+        .filter(|r| !from_debezium(r))
+        .map(|r| cut_n(&r.header("id").unwrap()))
+        .collect();
+    assert!(
+        records
+            .iter()
+            .all(|r| from_debezium(r) != r.headers.contains_key("outboxd.position")),
+        "every record is Debezium's or outboxd's"
+    );
+    assert_eq!(
+        dbz,
+        (0..dbz.len()).collect::<Vec<_>>(),
+        "Debezium forwarded a prefix of the rows, in commit order, once each"
+    );
+    assert_eq!(
+        ours,
+        (first..total).collect::<Vec<_>>(),
+        "outboxd forwarded every row from the offset's next transaction on, in commit order, once each"
+    );
+    assert!(
+        first <= dbz.len(),
+        "no row between Debezium's last and outboxd's first"
+    );
+    (dbz.len(), dbz.len() - first)
+}
+
+/// The offset JSON Connect standalone's offsets file holds for one connector (a Java-serialised
+/// map whose values are JSON text).
+fn offset_json(connect: &Connect) -> serde_json::Value {
+    let bytes = std::fs::read(connect.offsets_file()).expect("Connect wrote its offsets file");
+    let text = String::from_utf8_lossy(&bytes);
+    // Every `{…}` that parses as a JSON object and is not the key (a JSON array's element).
+    let mut found = Vec::new();
+    for (i, _) in text.match_indices('{') {
+        let mut stream =
+            serde_json::Deserializer::from_str(&text[i..]).into_iter::<serde_json::Value>();
+        if let Some(Ok(v)) = stream.next() {
+            if v.get("server").is_none() && v.is_object() {
+                found.push(v);
+            }
+        }
+    }
+    assert_eq!(found.len(), 1, "one offset in {text:?}");
+    found.pop().unwrap()
+}
+
+#[test]
+fn a_mariadb_cutover_from_debezium_under_load_loses_nothing_and_repeats_only_what_its_offset_had_not_committed(
+) {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(
+        "CREATE DATABASE app;
+         CREATE TABLE app.outbox (
+           id CHAR(36) PRIMARY KEY, aggregatetype VARCHAR(64), aggregateid VARCHAR(64), type VARCHAR(64),
+           payload JSON
+         ) DEFAULT CHARSET utf8mb4;",
+    );
+    // The transactions before the load: the GTID of load transaction `tx` is `before + 1 + tx`.
+    let before: usize = db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .rsplit('-')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let broker = Broker::start();
+    create_topic(&broker.bootstrap(), CUT_TOPIC, 1);
+    let mut connect = Connect::start(
+        &broker.bootstrap(),
+        vec![Connector::mariadb(
+            "cut",
+            &db,
+            5501,
+            "app.outbox",
+            "outbox.event",
+        )],
+    );
+    let total = TX_ROWS * TXS;
+    let socket = db.socket_path();
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            for tx in 0..TXS {
+                crate::rig::mariadb::sql_at(&socket, &cut_tx("app.outbox", tx));
+            }
+        });
+        // Debezium forwards part of the stream, then is stopped the way README's cutover says.
+        crate::rig::wait_until("Debezium to forward 500 rows", LIMIT, || {
+            consume(&broker.bootstrap(), CUT_TOPIC, 500, Duration::from_secs(2)).len() >= 500
+        });
+        connect.stop();
+        let offset = offset_json(&connect);
+        eprintln!("Debezium's offset: {offset}");
+        let body = format!(
+            "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.outbox\"]\nserver_id = 5502\n\
+             [kafka]\nbrokers = \"{}\"\n[http]\nlisten = \"\"\n",
+            db.cdc_url(),
+            broker.bootstrap()
+        );
+        let mut outboxd = Outboxd::new("cutover-maria", &body);
+        let out = outboxd
+            .command(&[
+                "checkpoint",
+                "import-debezium",
+                connect.offsets_file().to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("import-debezium: {said}");
+        // The offset's `gtids` counts the transactions Debezium finished, also when it stopped
+        // inside the next one (`event`/`row` > 0; `file`/`pos` is then that one's start).
+        let completed: usize = offset["gtids"]
+            .as_str()
+            .unwrap()
+            .rsplit('-')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let first_tx = completed - before;
+        let sent = read_settled(&broker);
+        outboxd.start();
+        writer.join().unwrap();
+        let expected = sent + total - first_tx * TX_ROWS;
+        let records = consume(&broker.bootstrap(), CUT_TOPIC, expected, LIMIT);
+        assert_eq!(records.len(), expected, "outboxd's log:\n{}", outboxd.log());
+        let (sent, duplicates) = check_cutover(&records, total, first_tx * TX_ROWS);
+        eprintln!(
+            "cutover: Debezium sent {sent} rows, its offset committed {} ; {duplicates} sent again by outboxd",
+            first_tx * TX_ROWS
+        );
+        outboxd.stop();
+    });
+}
+
+#[test]
+fn a_postgres_cutover_onto_debeziums_slot_after_it_crashed_under_load_loses_nothing() {
+    let pg = Postgres::start(&[]);
+    pg.sql("postgres", "CREATE DATABASE app;");
+    pg.sql(
+        "app",
+        "CREATE TABLE public.outbox (
+           id uuid PRIMARY KEY, aggregatetype text, aggregateid text, type text, payload jsonb
+         );",
+    );
+    let broker = Broker::start();
+    create_topic(&broker.bootstrap(), CUT_TOPIC, 1);
+    let mut connect = Connect::start(
+        &broker.bootstrap(),
+        vec![Connector::postgres(
+            "cut",
+            &pg,
+            "debezium",
+            "public.outbox",
+            "outbox.event",
+        )],
+    );
+    let total = TX_ROWS * TXS;
+    // Where each load transaction's commit lies, to find the first one after Debezium's offset.
+    let commits = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            for tx in 0..TXS {
+                // The WAL position just before the commit record: below the commit's own LSN,
+                // above every earlier transaction's.
+                let sql = cut_tx("public.outbox", tx).replace(
+                    "COMMIT;\n",
+                    "SELECT pg_current_wal_insert_lsn() - '0/0';\nCOMMIT;\n",
+                );
+                let lsn: u64 = pg
+                    .sql("app", &sql)
+                    .lines()
+                    .find_map(|l| l.trim().parse().ok())
+                    .unwrap();
+                commits.lock().unwrap().push(lsn);
+            }
+        });
+        // Debezium forwards part of the stream and crashes: its offsets file is as last flushed
+        // (at most a second old), the slot where it last confirmed.
+        crate::rig::wait_until("Debezium to forward 500 rows", LIMIT, || {
+            consume(&broker.bootstrap(), CUT_TOPIC, 500, Duration::from_secs(2)).len() >= 500
+        });
+        connect.kill();
+        let offset = offset_json(&connect);
+        eprintln!("Debezium's offset: {offset}");
+        let body = format!(
+            "[source]\nkind = \"postgres\"\nurl = \"{}\"\ntables = [\"public.outbox\"]\n\
+             slot = \"debezium\"\npublication = \"debezium_publication\"\n\
+             [kafka]\nbrokers = \"{}\"\n[http]\nlisten = \"\"\n",
+            pg.url("debezium", "app"),
+            broker.bootstrap()
+        );
+        let mut outboxd = Outboxd::new("cutover_pg", &body);
+        let out = outboxd
+            .command(&[
+                "checkpoint",
+                "import-debezium",
+                connect.offsets_file().to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("import-debezium: {said}");
+        let sent = read_settled(&broker);
+        outboxd.start();
+        writer.join().unwrap();
+        // `lsn_commit` is the commit of the last transaction Debezium finished: outboxd starts
+        // with the first transaction that commits after it.
+        let lsn_commit = offset["lsn_commit"].as_u64().expect("lsn_commit");
+        let commits = commits.lock().unwrap().clone();
+        let first_tx = commits.iter().take_while(|c| **c < lsn_commit).count();
+        let expected = sent + total - first_tx * TX_ROWS;
+        let records = consume(&broker.bootstrap(), CUT_TOPIC, expected, LIMIT);
+        assert_eq!(records.len(), expected, "outboxd's log:\n{}", outboxd.log());
+        let (sent, duplicates) = check_cutover(&records, total, first_tx * TX_ROWS);
+        eprintln!(
+            "cutover: Debezium sent {sent} rows, its offset committed {} ; {duplicates} sent again by outboxd",
+            first_tx * TX_ROWS
+        );
+        outboxd.stop();
+    });
+}

@@ -163,7 +163,7 @@ fn properties_text(properties: &[(String, String)]) -> String {
 
 impl Connect {
     /// Starts a standalone worker on `bootstrap` with `connectors`, and waits until each one's task
-    /// runs (streaming has begun: rows committed afterwards are read).
+    /// runs and has begun streaming (rows committed afterwards are read).
     pub fn start(bootstrap: &str, connectors: Vec<Connector>) -> Connect {
         let dir = tempfile::Builder::new()
             .prefix("outboxd-debezium-")
@@ -211,9 +211,19 @@ impl Connect {
         connect
     }
 
+    /// How many times the log says a connector began streaming (its start position is fixed by
+    /// then: rows committed afterwards are read; a task that merely runs may still be before it).
+    fn streams_started(&self) -> usize {
+        std::fs::read_to_string(self.log_path())
+            .unwrap_or_default()
+            .matches("ChangeEventSourceCoordinator Starting streaming")
+            .count()
+    }
+
     /// (Re)starts the worker process with the files written by [`Connect::start`].
     pub fn launch(&mut self) {
         assert!(self.child.is_none(), "the worker is running");
+        let streams_before = self.streams_started();
         let mut command = Command::new(script());
         command
             .arg("run")
@@ -240,6 +250,12 @@ impl Connect {
             );
             assert!(!exited, "Kafka Connect exited:\n{}", self.log_tail());
         }
+        let wanted = streams_before + self.connectors.len();
+        wait_until(
+            "Debezium's connectors to start streaming",
+            Duration::from_secs(120),
+            || self.streams_started() >= wanted,
+        );
     }
 
     fn task_running(&self, name: &str) -> bool {
