@@ -21,12 +21,18 @@
 //!   settings (RabbitMQ: persistent, mandatory, confirms, a window of 10,000; NATS: `Nats-Msg-Id`,
 //!   every `PubAck` awaited; Redis: `MULTI`/`EXEC` batches of 1,000), interleaved run by run.
 //!
+//! - Debezium 3.5 under Kafka Connect (`--only debezium`) and outboxd draining the same MariaDB
+//!   backlogs (1-, 10- and 100-row transactions) into the same Apache Kafka, interleaved run by run.
+//!
 //! It prints a Markdown table for BENCHMARKS.md. Numbers are not asserted anywhere.
 
 // The benchmark borrows the test rig and uses only part of it.
 #[allow(dead_code, unused_imports)]
 #[path = "../tests/rig/mod.rs"]
 mod rig;
+
+#[path = "throughput/debezium.rs"]
+mod debezium;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -500,6 +506,13 @@ fn main() {
         loaded += n;
         rows.extend(redis_section(&db, &rt, loaded, n, record_bytes));
         loaded += n;
+    }
+
+    if args.wants("debezium") {
+        let (dbz_rows, now_loaded) = debezium::section(&db, loaded, n, record_bytes);
+        rows.extend(dbz_rows);
+        loaded = now_loaded;
+        eprintln!("Debezium's settings: {}", debezium::settings());
     }
 
     if let Some(binary) = args.peer.as_ref().filter(|_| args.wants("peer")) {

@@ -5,7 +5,9 @@
 #
 #   debezium.sh install                   assemble the jars into the cache (idempotent); prints the home
 #   debezium.sh run WORKER CONNECTOR...   Connect standalone in the foreground (exec), logging to the file
-#                                         named by $DEBEZIUM_LOG (default: the worker file's dir/connect.log)
+#                                         named by $DEBEZIUM_LOG (default: the worker file's dir/connect.log);
+#                                         JVM options: $DEBEZIUM_HEAP_OPTS (default -Xmx512m -Xms128m) and
+#                                         $DEBEZIUM_JVM_OPTS (default -XX:+UseSerialGC), small for tests
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 POM="$HERE/debezium/pom.xml"
@@ -18,6 +20,9 @@ die() { echo "debezium: $*" >&2; exit 1; }
 install() {
   if [ -e "$HOME_DIR/lib/.complete" ]; then echo "$HOME_DIR"; return; fi
   command -v java >/dev/null 2>&1 || die "java (17 or newer) is missing: apt-get install default-jre-headless"
+  local major
+  major=$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = //p')
+  [ "${major%%.*}" -ge 17 ] 2>/dev/null || die "Debezium $VERSION needs Java 17 or newer; java here is ${major:-unknown}"
   command -v mvn >/dev/null 2>&1 || die "mvn is missing: apt-get install maven"
   echo "debezium: assembling Debezium $VERSION and Kafka Connect from Maven Central into $HOME_DIR" >&2
   rm -rf "$HOME_DIR.tmp"
@@ -46,7 +51,7 @@ appender.file.layout.type=PatternLayout
 appender.file.layout.pattern=%d %p %c{1} %m%n
 PROPS
   # shellcheck disable=SC2086
-  exec java ${DEBEZIUM_HEAP_OPTS:--Xmx512m -Xms128m} -XX:+UseSerialGC \
+  exec java ${DEBEZIUM_HEAP_OPTS:--Xmx512m -Xms128m} ${DEBEZIUM_JVM_OPTS:--XX:+UseSerialGC} \
     -Dlog4j2.configurationFile="$props" -cp "$HOME_DIR/lib/*" \
     org.apache.kafka.connect.cli.ConnectStandalone "$worker" "$@"
 }

@@ -118,7 +118,13 @@ fn read_all(broker: &Broker, prefix: &str, expected: usize) -> BTreeMap<String, 
     for t in TYPES {
         let topic = format!("{prefix}.{t}");
         let want = expected_per_type(expected, t);
-        for r in consume(&broker.bootstrap(), &topic, want, LIMIT) {
+        let records = consume(&broker.bootstrap(), &topic, want, LIMIT);
+        assert_eq!(
+            crate::rig::topic_end(&broker.bootstrap(), &topic),
+            records.len(),
+            "{topic} holds no more than it should"
+        );
+        for r in records {
             count += 1;
             let id = r.header("id").expect("every record has an id header");
             all.insert(id, r);
@@ -404,15 +410,12 @@ fn cut_tx(table: &str, tx: usize) -> String {
     sql
 }
 
-/// Everything in the cutover topic once nothing more arrives (Debezium stopped: its whole output).
-fn read_settled(broker: &Broker) -> usize {
-    consume(
-        &broker.bootstrap(),
-        CUT_TOPIC,
-        usize::MAX,
-        Duration::from_secs(5),
-    )
-    .len()
+/// Every record of the cutover topic (its end asked of the broker first), in offset order.
+fn read_everything(broker: &Broker) -> Vec<Consumed> {
+    let end = crate::rig::topic_end(&broker.bootstrap(), CUT_TOPIC);
+    let records = consume(&broker.bootstrap(), CUT_TOPIC, end, LIMIT);
+    assert_eq!(records.len(), end, "the topic's records up to its end");
+    records
 }
 
 /// What Debezium and then outboxd wrote, checked: nothing lost, outboxd resumed at the start of
@@ -453,24 +456,16 @@ fn check_cutover(records: &[Consumed], total: usize, first: usize) -> (usize, us
     (dbz.len(), dbz.len() - first)
 }
 
-/// The offset JSON Connect standalone's offsets file holds for one connector (a Java-serialised
-/// map whose values are JSON text).
+/// The one connector's offset in Connect standalone's offsets file.
 fn offset_json(connect: &Connect) -> serde_json::Value {
-    let bytes = std::fs::read(connect.offsets_file()).expect("Connect wrote its offsets file");
-    let text = String::from_utf8_lossy(&bytes);
-    // Every `{…}` that parses as a JSON object and is not the key (a JSON array's element).
-    let mut found = Vec::new();
-    for (i, _) in text.match_indices('{') {
-        let mut stream =
-            serde_json::Deserializer::from_str(&text[i..]).into_iter::<serde_json::Value>();
-        if let Some(Ok(v)) = stream.next() {
-            if v.get("server").is_none() && v.is_object() {
-                found.push(v);
-            }
-        }
-    }
-    assert_eq!(found.len(), 1, "one offset in {text:?}");
-    found.pop().unwrap()
+    let mut offsets = connect.offsets();
+    assert_eq!(
+        offsets.len(),
+        1,
+        "one offset in {:?}",
+        connect.offsets_file()
+    );
+    offsets.pop().unwrap()
 }
 
 #[test]
@@ -507,10 +502,12 @@ fn a_mariadb_cutover_from_debezium_under_load_loses_nothing_and_repeats_only_wha
     );
     let total = TX_ROWS * TXS;
     let socket = db.socket_path();
+    let written = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {
         let writer = s.spawn(|| {
             for tx in 0..TXS {
                 crate::rig::mariadb::sql_at(&socket, &cut_tx("app.outbox", tx));
+                written.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
         });
         // Debezium forwards part of the stream, then is stopped the way README's cutover says.
@@ -518,6 +515,11 @@ fn a_mariadb_cutover_from_debezium_under_load_loses_nothing_and_repeats_only_wha
             consume(&broker.bootstrap(), CUT_TOPIC, 500, Duration::from_secs(2)).len() >= 500
         });
         connect.stop();
+        let at_stop = written.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            at_stop < TXS,
+            "the load was still being written when Debezium stopped"
+        );
         let offset = offset_json(&connect);
         eprintln!("Debezium's offset: {offset}");
         let body = format!(
@@ -553,18 +555,27 @@ fn a_mariadb_cutover_from_debezium_under_load_loses_nothing_and_repeats_only_wha
             .parse()
             .unwrap();
         let first_tx = completed - before;
-        let sent = read_settled(&broker);
+        let sent = read_everything(&broker).len();
         outboxd.start();
         writer.join().unwrap();
         let expected = sent + total - first_tx * TX_ROWS;
-        let records = consume(&broker.bootstrap(), CUT_TOPIC, expected, LIMIT);
+        crate::rig::wait_until("outboxd to forward the rest", LIMIT, || {
+            crate::rig::topic_end(&broker.bootstrap(), CUT_TOPIC) >= expected
+        });
+        outboxd.stop();
+        // Nothing more than expected either: the whole topic is read.
+        let records = read_everything(&broker);
         assert_eq!(records.len(), expected, "outboxd's log:\n{}", outboxd.log());
         let (sent, duplicates) = check_cutover(&records, total, first_tx * TX_ROWS);
         eprintln!(
             "cutover: Debezium sent {sent} rows, its offset committed {} ; {duplicates} sent again by outboxd",
             first_tx * TX_ROWS
         );
-        outboxd.stop();
+        // A graceful stop commits everything acked: at most the transaction it was in comes again.
+        assert!(
+            duplicates <= TX_ROWS,
+            "{duplicates} duplicates after a graceful stop"
+        );
     });
 }
 
@@ -611,11 +622,17 @@ fn a_postgres_cutover_onto_debeziums_slot_after_it_crashed_under_load_loses_noth
             }
         });
         // Debezium forwards part of the stream and crashes: its offsets file is as last flushed
-        // (at most a second old), the slot where it last confirmed.
+        // (at most a second old here; Connect's default is a minute), the slot where it last
+        // confirmed.
         crate::rig::wait_until("Debezium to forward 500 rows", LIMIT, || {
             consume(&broker.bootstrap(), CUT_TOPIC, 500, Duration::from_secs(2)).len() >= 500
         });
-        connect.kill();
+        connect.crash();
+        let at_crash = commits.lock().unwrap().len();
+        assert!(
+            at_crash < TXS,
+            "the load was still being written when Debezium crashed"
+        );
         let offset = offset_json(&connect);
         eprintln!("Debezium's offset: {offset}");
         let body = format!(
@@ -641,7 +658,7 @@ fn a_postgres_cutover_onto_debeziums_slot_after_it_crashed_under_load_loses_noth
             String::from_utf8_lossy(&out.stderr)
         );
         eprintln!("import-debezium: {said}");
-        let sent = read_settled(&broker);
+        let sent = read_everything(&broker).len();
         outboxd.start();
         writer.join().unwrap();
         // `lsn_commit` is the commit of the last transaction Debezium finished: outboxd starts
@@ -650,13 +667,17 @@ fn a_postgres_cutover_onto_debeziums_slot_after_it_crashed_under_load_loses_noth
         let commits = commits.lock().unwrap().clone();
         let first_tx = commits.iter().take_while(|c| **c < lsn_commit).count();
         let expected = sent + total - first_tx * TX_ROWS;
-        let records = consume(&broker.bootstrap(), CUT_TOPIC, expected, LIMIT);
+        crate::rig::wait_until("outboxd to forward the rest", LIMIT, || {
+            crate::rig::topic_end(&broker.bootstrap(), CUT_TOPIC) >= expected
+        });
+        outboxd.stop();
+        // Nothing more than expected either: the whole topic is read.
+        let records = read_everything(&broker);
         assert_eq!(records.len(), expected, "outboxd's log:\n{}", outboxd.log());
         let (sent, duplicates) = check_cutover(&records, total, first_tx * TX_ROWS);
         eprintln!(
             "cutover: Debezium sent {sent} rows, its offset committed {} ; {duplicates} sent again by outboxd",
             first_tx * TX_ROWS
         );
-        outboxd.stop();
     });
 }

@@ -41,7 +41,8 @@ pub struct RouteConfig {
     pub additional: Vec<Additional>,
     /// What an `additional` column missing from a row does.
     pub missing: Missing,
-    /// An empty (or all-whitespace) payload becomes a tombstone, as a NULL one does.
+    /// An empty (or all-whitespace) payload becomes a tombstone, as a NULL one does (in an
+    /// envelope, where a NULL payload is otherwise a `null` field, both).
     pub tombstone_on_empty_payload: bool,
     /// In an envelope, a JSON payload is embedded as JSON (Debezium `table.expand.json.payload`);
     /// by default it is a string there, as Debezium writes it.
@@ -443,7 +444,8 @@ impl Router {
 
     pub fn route(&self, row: &Row) -> Result<Record, Unroutable> {
         let c = &self.config;
-        let by = text(row, &c.by, c.binary_16)?.ok_or_else(|| Unroutable {
+        // UUID text always: base64's `+`, `/` and `=` are not valid in topic names.
+        let by = text(row, &c.by, Binary16::Uuid)?.ok_or_else(|| Unroutable {
             reason: "null_routing_value",
             detail: format!("column {} is NULL, so there is no topic for the row", c.by),
         })?;
@@ -501,7 +503,7 @@ impl Router {
                 )),
                 Placement::Envelope => envelope
                     .get_or_insert_with(Vec::new)
-                    .push((extra.name(), json_text(v, true))),
+                    .push((extra.name(), json_text(v, true, c.binary_16))),
                 Placement::Partition => {
                     partition = Some(partition_of(v).map_err(|why| Unroutable {
                         reason: "invalid_partition",
@@ -516,7 +518,7 @@ impl Router {
         let tombstone = value.is_none() && c.tombstone_on_empty_payload;
         if let (Some(fields), false) = (envelope, tombstone) {
             let mut text = String::from("{\"payload\":");
-            text.push_str(&json_text(payload, c.expand_json_payload));
+            text.push_str(&json_text(payload, c.expand_json_payload, c.binary_16));
             for (name, field) in fields {
                 text.push(',');
                 text.push_str(&serde_json::Value::from(name).to_string());
@@ -643,7 +645,7 @@ impl Router {
 /// A column as JSON text inside an envelope. A JSON column is embedded verbatim (not re-encoded:
 /// big numbers, key order and duplicate keys stay as stored) when `expand` is set and it is valid
 /// JSON, and as a string otherwise; other values as [`Value::to_json`].
-fn json_text(v: &Value, expand: bool) -> String {
+fn json_text(v: &Value, expand: bool, binary_16: Binary16) -> String {
     match v {
         Value::Json(text)
             if expand && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() =>
@@ -651,6 +653,9 @@ fn json_text(v: &Value, expand: bool) -> String {
             text.clone()
         }
         Value::Json(text) => serde_json::Value::from(text.as_str()).to_string(),
+        Value::Binary(_) => {
+            serde_json::Value::from(v.render_as(binary_16 == Binary16::Uuid)).to_string()
+        }
         other => other.to_json().to_string(),
     }
 }
@@ -796,6 +801,37 @@ mod tests {
     }
 
     #[test]
+    fn an_envelope_null_payload_is_a_null_field_unless_empty_payloads_are_tombstones() {
+        let envelope = |tombstone_on_empty_payload| {
+            Router::new(
+                RouteConfig {
+                    additional: vec![Additional {
+                        column: "type".into(),
+                        placement: Placement::Envelope,
+                        name: None,
+                    }],
+                    tombstone_on_empty_payload,
+                    ..RouteConfig::default()
+                },
+                1_000_000,
+            )
+        };
+        let mut columns = debezium_row();
+        columns[4].1 = Value::Null;
+        assert_eq!(
+            envelope(false)
+                .route(&row(&columns))
+                .unwrap()
+                .value
+                .as_deref(),
+            Some(&br#"{"payload":null,"type":"OrderCreated"}"#[..])
+        );
+        assert_eq!(envelope(true).route(&row(&columns)).unwrap().value, None);
+        columns[4].1 = Value::Text("  ".into());
+        assert_eq!(envelope(true).route(&row(&columns)).unwrap().value, None);
+    }
+
+    #[test]
     fn binary_16_base64_writes_binary_ids_and_keys_as_debezium_does() {
         let router = Router::new(
             RouteConfig {
@@ -806,8 +842,11 @@ mod tests {
         );
         let mut columns = debezium_row();
         columns[2].1 = Value::Binary(vec![0xff; 16]);
+        columns[1].1 = Value::Binary(vec![0xff; 16]);
         let r = router.route(&row(&columns)).unwrap();
         assert_eq!(r.key.as_deref(), Some(&b"/////////////////////w=="[..]));
+        // The topic keeps UUID text: base64 is no valid topic name.
+        assert_eq!(r.topic, "outbox.event.ffffffff-ffff-ffff-ffff-ffffffffffff");
         assert_eq!(
             r.headers[0].1.as_deref(),
             Some(&b"AAECAwQFBgcICQoLDA0ODw=="[..])

@@ -30,7 +30,7 @@ impl Connector {
              GRANT SELECT, RELOAD, SHOW DATABASES, REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR, LOCK TABLES \
              ON *.* TO 'debezium'@'127.0.0.1';"
         ));
-        let dir = db.dir().join(format!("debezium-{name}.history"));
+        let dir = Connector::mariadb_history(db, name);
         Connector::new(
             name,
             &[
@@ -59,6 +59,11 @@ impl Connector {
             ],
             prefix,
         )
+    }
+
+    /// Where [`Connector::mariadb`]'s schema history lives (a file beside the server's data).
+    pub fn mariadb_history(db: &MariaDb, name: &str) -> PathBuf {
+        db.dir().join(format!("debezium-{name}.history"))
     }
 
     /// Debezium's Postgres connector with `pgoutput` on database `app` of `pg`, creating (or
@@ -147,6 +152,8 @@ pub struct Connect {
     child: Option<Child>,
     dir: tempfile::TempDir,
     connectors: Vec<String>,
+    /// "Starting streaming" lines in the log before the running process began.
+    streams_before: usize,
 }
 
 /// The script that assembles and runs Debezium (the one the benchmark calls too).
@@ -165,6 +172,15 @@ impl Connect {
     /// Starts a standalone worker on `bootstrap` with `connectors`, and waits until each one's task
     /// runs and has begun streaming (rows committed afterwards are read).
     pub fn start(bootstrap: &str, connectors: Vec<Connector>) -> Connect {
+        Connect::start_with(bootstrap, connectors, &[])
+    }
+
+    /// [`Connect::start`] with more worker properties (e.g. `producer.linger.ms`).
+    pub fn start_with(
+        bootstrap: &str,
+        connectors: Vec<Connector>,
+        worker_extra: &[(&str, &str)],
+    ) -> Connect {
         let dir = tempfile::Builder::new()
             .prefix("outboxd-debezium-")
             .tempdir()
@@ -174,6 +190,7 @@ impl Connect {
             child: None,
             dir,
             connectors: connectors.iter().map(|c| c.name.clone()).collect(),
+            streams_before: 0,
         };
         let worker = [
             ("bootstrap.servers", bootstrap.to_string()),
@@ -194,7 +211,14 @@ impl Connect {
             ("listeners", format!("http://127.0.0.1:{}", connect.port)),
             ("plugin.discovery", "only_scan".into()),
         ]
-        .map(|(k, v)| (k.to_string(), v));
+        .map(|(k, v)| (k.to_string(), v))
+        .into_iter()
+        .chain(
+            worker_extra
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+        .collect::<Vec<_>>();
         std::fs::write(
             connect.dir.path().join("worker.properties"),
             properties_text(&worker),
@@ -220,10 +244,38 @@ impl Connect {
             .count()
     }
 
-    /// (Re)starts the worker process with the files written by [`Connect::start`].
+    /// (Re)starts the worker process with the files written by [`Connect::start`], and waits
+    /// until its connectors run and stream.
     pub fn launch(&mut self) {
+        self.spawn();
+        for name in self.connectors.clone() {
+            let mut exited = false;
+            wait_until(
+                &format!("Debezium connector {name} to run"),
+                Duration::from_secs(120),
+                || {
+                    exited = self.exited();
+                    exited || self.task_running(&name)
+                },
+            );
+            assert!(!exited, "Kafka Connect exited:\n{}", self.log_tail());
+        }
+        let mut exited = false;
+        wait_until(
+            "Debezium's connectors to start streaming",
+            Duration::from_secs(120),
+            || {
+                exited = self.exited();
+                exited || self.streaming()
+            },
+        );
+        assert!(!exited, "Kafka Connect exited:\n{}", self.log_tail());
+    }
+
+    /// Starts the worker process and returns its pid (the JVM's: the script execs it).
+    pub fn spawn(&mut self) -> i32 {
         assert!(self.child.is_none(), "the worker is running");
-        let streams_before = self.streams_started();
+        self.streams_before = self.streams_started();
         let mut command = Command::new(script());
         command
             .arg("run")
@@ -237,25 +289,22 @@ impl Connect {
             .stdout(Stdio::null())
             // The binlog client logs through java.util.logging, to stderr: kept beside the log.
             .stderr(std::fs::File::create(self.dir.path().join("connect.stderr")).unwrap());
-        self.child = Some(command.spawn().expect("scripts/debezium.sh run"));
-        for name in self.connectors.clone() {
-            let mut exited = false;
-            wait_until(
-                &format!("Debezium connector {name} to run"),
-                Duration::from_secs(120),
-                || {
-                    exited = matches!(self.child.as_mut().unwrap().try_wait(), Ok(Some(_)));
-                    exited || self.task_running(&name)
-                },
-            );
-            assert!(!exited, "Kafka Connect exited:\n{}", self.log_tail());
-        }
-        let wanted = streams_before + self.connectors.len();
-        wait_until(
-            "Debezium's connectors to start streaming",
-            Duration::from_secs(120),
-            || self.streams_started() >= wanted,
-        );
+        let child = command.spawn().expect("scripts/debezium.sh run");
+        let pid = child.id() as i32;
+        self.child = Some(child);
+        pid
+    }
+
+    /// Whether the process started last has exited.
+    pub fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_none_or(|c| matches!(c.try_wait(), Ok(Some(_))))
+    }
+
+    /// Whether every connector of the running process has begun streaming.
+    pub fn streaming(&self) -> bool {
+        self.streams_started() >= self.streams_before + self.connectors.len()
     }
 
     fn task_running(&self, name: &str) -> bool {
@@ -293,19 +342,88 @@ impl Connect {
         self.dir.path().join("connect.log")
     }
 
+    /// The log's last lines and the process's stderr (the script's own errors go there).
     pub fn log_tail(&self) -> String {
         let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        let stderr =
+            std::fs::read_to_string(self.dir.path().join("connect.stderr")).unwrap_or_default();
+        let err: Vec<&str> = stderr.lines().collect();
+        format!(
+            "{}\n--- stderr ---\n{}",
+            lines[lines.len().saturating_sub(40)..].join("\n"),
+            err[err.len().saturating_sub(20)..].join("\n")
+        )
     }
 
-    /// SIGTERM and wait: Connect stops its tasks and commits the offsets of what the producer acked.
+    /// Every connector offset in the offsets file: the JSON objects in Connect's Java-serialised
+    /// map that are values (its keys are JSON arrays of the connector name and a partition
+    /// object with `server`).
+    pub fn offsets(&self) -> Vec<serde_json::Value> {
+        let bytes = std::fs::read(self.offsets_file()).unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes);
+        let mut found = Vec::new();
+        let mut from = 0;
+        while let Some(i) = text[from..].find('{') {
+            let at = from + i;
+            let mut stream =
+                serde_json::Deserializer::from_str(&text[at..]).into_iter::<serde_json::Value>();
+            match stream.next() {
+                Some(Ok(v)) if v.is_object() => {
+                    from = at + stream.byte_offset();
+                    if v.get("server").is_none() {
+                        found.push(v);
+                    }
+                }
+                _ => from = at + 1,
+            }
+        }
+        found
+    }
+
+    /// SIGTERM and wait: Connect stops its tasks and commits the offsets of what the producer
+    /// acked. A worker that has not exited after 60 s is killed (and the test told so).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let pid = nix::unistd::Pid::from_raw(child.id() as i32);
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            let _ = child.wait();
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while child.try_wait().ok().flatten().is_none() {
+                if std::time::Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!(
+                        "Kafka Connect did not stop within 60 s of SIGTERM:\n{}",
+                        self.log_tail()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
+    }
+
+    /// A crash (SIGKILL) at a moment when the offsets file is whole: Connect rewrites it in place
+    /// every flush, so the worker is paused (SIGSTOP) until the file holds `connectors` offsets,
+    /// then killed. What it had sent past that offset is what a crash leaves behind.
+    pub fn crash(&mut self) {
+        let Some(child) = self.child.as_ref() else {
+            return;
+        };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        use nix::sys::signal::{kill, Signal};
+        wait_until(
+            "Connect's offsets file to be whole while the worker is paused",
+            Duration::from_secs(60),
+            || {
+                let _ = kill(pid, Signal::SIGSTOP);
+                if self.offsets().len() == self.connectors.len() {
+                    return true;
+                }
+                let _ = kill(pid, Signal::SIGCONT);
+                false
+            },
+        );
+        self.kill();
     }
 
     /// SIGKILL: offsets stay as last flushed (at most `offset.flush.interval.ms` old).

@@ -157,6 +157,26 @@ pub fn consume_using(
     out
 }
 
+/// Records in `topic` right now: the sum of its partitions' high watermarks (from offset 0).
+pub fn topic_end(bootstrap: &str, topic: &str) -> usize {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let meta = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    let partitions = meta.topics().first().map_or(0, |t| t.partitions().len());
+    (0..partitions as i32)
+        .map(|p| {
+            consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("the watermarks of {topic}/{p}: {e}"))
+                .1 as usize
+        })
+        .sum()
+}
+
 /// Produces `(key, value)` pairs to `topic` with Kafka's own Java producer (the console producer of
 /// the assembled Apache Kafka: kafka-clients' default partitioner, string serializers). Keys and
 /// values must hold no tab or newline.

@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 
 pub use broker::Broker;
 pub use kafka::{
-    consume, consume_using, create_topic, create_topic_using, create_topic_with, Consumed,
+    consume, consume_using, create_topic, create_topic_using, create_topic_with, topic_end,
+    Consumed,
 };
 pub use mariadb::MariaDb;
 pub use outboxd::Outboxd;
