@@ -512,6 +512,7 @@ fn main() {
         let (dbz_rows, now_loaded) = debezium::section(&db, loaded, n, record_bytes);
         rows.extend(dbz_rows);
         loaded = now_loaded;
+        rows.extend(debezium::postgres_section(n, record_bytes));
         eprintln!("Debezium's settings: {}", debezium::settings());
     }
 

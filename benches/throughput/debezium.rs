@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 
 use super::rig::debezium::{Connect, Connector};
 use super::rig::scenario::config_body;
-use super::rig::{create_topic, wait_until, Broker, MariaDb, Outboxd};
+use super::rig::scenario::uuid_of;
+use super::rig::{create_topic, wait_until, Broker, MariaDb, Outboxd, Postgres};
 use super::{
-    at_gtid, gtid_pos, load_script, median, peer_cpu, peer_cpu_since, process_stats, timed_run,
-    topic_end, topic_probe, ProcessStats, Row, PEERS, REPEATS, TOPIC,
+    at_gtid, gtid_pos, load_script, median, payload, peer_cpu, peer_cpu_since, process_stats,
+    timed_run, topic_end, topic_probe, ProcessStats, Row, KEYS, PEERS, REPEATS, TOPIC,
 };
 
 /// The connector settings Debezium's docs advise for throughput (see the module docs).
@@ -113,46 +114,34 @@ pub fn section(db: &MariaDb, from: u64, n: u64, record_bytes: u64) -> (Vec<Row>,
             }
             let end = topic_end(&probe, TOPIC) + n;
             theirs.push(timed_drain(&mut connect, || {
-                topic_end(&probe, TOPIC) >= end
+                (topic_end(&probe, TOPIC) >= end).then(Instant::now)
             }));
         }
         *PEERS.lock().unwrap() = saved_peers;
-        for (key, what, runs) in [
-            (
-                "dbz-outboxd",
-                format!("outboxd, MariaDB backlog drain, {per_txn}-row transactions (beside Debezium)"),
-                ours,
-            ),
-            (
-                "dbz-debezium",
-                format!("Debezium 3.5.0 + Connect 4.1.1 standalone, the same backlog, {per_txn}-row transactions"),
-                theirs,
-            ),
-        ] {
-            let (seconds, stats, spread) = median(runs, n);
-            rows.push(Row {
-                key,
-                what,
-                events: n,
-                seconds,
-                bytes: n * record_bytes,
-                extra: format!(
-                    "{spread}; {:.1} CPU s ({}), peak RSS {:.0} MB; start→streaming {:.1} s",
-                    stats.cpu_seconds, stats.peers_cpu, stats.peak_rss_mb, stats.open_seconds
-                ),
-            });
-        }
+        rows.extend(rows_of(
+            [
+                ("dbz-outboxd", format!("outboxd, MariaDB backlog drain, {per_txn}-row transactions (beside Debezium)"), ours),
+                ("dbz-debezium", format!("Debezium 3.5.0 + Connect 4.1.1 standalone, the same MariaDB backlog, {per_txn}-row transactions"), theirs),
+            ],
+            n,
+            record_bytes,
+        ));
     }
     (rows, loaded)
 }
 
-/// Starts the worker, waits until `arrived` holds, stops it: (seconds, JVM stats).
-fn timed_drain(connect: &mut Connect, mut arrived: impl FnMut() -> bool) -> (f64, ProcessStats) {
+/// Starts the worker, waits until `arrived` names the moment the last record arrived, stops it:
+/// (seconds from start to that moment, JVM stats).
+fn timed_drain(
+    connect: &mut Connect,
+    mut arrived: impl FnMut() -> Option<Instant>,
+) -> (f64, ProcessStats) {
     let peers_before = peer_cpu();
     let start = Instant::now();
     let pid = connect.spawn();
     let mut stats = process_stats(pid);
     let mut streaming = None;
+    let mut last = None;
     wait_until(
         "Debezium to drain the backlog",
         Duration::from_secs(1800),
@@ -166,12 +155,199 @@ fn timed_drain(connect: &mut Connect, mut arrived: impl FnMut() -> bool) -> (f64
                 streaming = Some(start.elapsed().as_secs_f64());
             }
             stats = process_stats(pid);
-            arrived()
+            last = arrived();
+            last.is_some()
         },
     );
-    let seconds = start.elapsed().as_secs_f64();
+    let seconds = (last.unwrap() - start).as_secs_f64();
     stats.peers_cpu = peer_cpu_since(&peers_before);
     stats.open_seconds = streaming.unwrap_or(seconds);
     connect.stop();
     (seconds, stats)
+}
+
+/// The same on Postgres (`pgoutput`): a slot only moves forward, so each repeat drains the backlog
+/// with a Debezium worker and an outboxd pipeline of its own (own slot, publication, offsets or
+/// checkpoint), all started, streaming and stopped before the backlog is written.
+pub fn postgres_section(n: u64, record_bytes: u64) -> Vec<Row> {
+    let pg = Postgres::start(&["max_replication_slots = 30", "max_wal_senders = 30"]);
+    pg.sql("postgres", "CREATE DATABASE app;");
+    pg.sql(
+        "app",
+        "CREATE TABLE public.outbox (id uuid PRIMARY KEY, aggregatetype text, aggregateid text, type text, payload jsonb);",
+    );
+    let postmaster = pg.postmaster_pid().expect("postmaster.pid").as_raw();
+    let mut rows = Vec::new();
+    let mut loaded = 0;
+    for per_txn in [1u64, 10, 100] {
+        let broker = Broker::start();
+        let saved_peers = std::mem::replace(
+            &mut *PEERS.lock().unwrap(),
+            vec![("Postgres", postmaster), ("broker", broker.pid())],
+        );
+        let probe = topic_probe(&broker);
+        let mut workers = Vec::new();
+        let mut pipelines = Vec::new();
+        for rep in 0..REPEATS {
+            // A topic per run: each counts exactly what one tool forwarded (the warm-up row, and
+            // once more if a stop left it unconfirmed), so the end is "n more than the warm-up".
+            let slot = format!("dbz{per_txn}r{rep}");
+            create_topic(&broker.bootstrap(), &format!("{slot}.order"), 6);
+            let connector = TUNING.iter().fold(
+                Connector::postgres(&slot, &pg, &slot, "public.outbox", &slot),
+                |c, (k, v)| c.with(k, v),
+            );
+            workers.push(Connect::start_with(&broker.bootstrap(), vec![connector], WORKER));
+            let name = format!("ob{per_txn}r{rep}");
+            create_topic(&broker.bootstrap(), &format!("{name}.order"), 6);
+            let body = format!(
+                "[source]\nkind = \"postgres\"\nurl = \"{}\"\ntables = [\"public.outbox\"]\n\
+                 slot = \"{name}\"\npublication = \"{name}\"\n[kafka]\nbrokers = \"{}\"\n[http]\nlisten = \"\"\n\
+                 [route]\ntopic = \"{name}.${{routedByValue}}\"\n",
+                pg.url("debezium", "app"),
+                broker.bootstrap()
+            );
+            let mut outboxd = Outboxd::new(&name, &body);
+            outboxd.start();
+            pipelines.push(outboxd);
+        }
+        // One row each forwards gives every worker and pipeline a position to resume from.
+        pg.sql("app", &pg_load(loaded, loaded + 1, 1));
+        loaded += 1;
+        let topics: Vec<(String, String)> = (0..REPEATS)
+            .map(|rep| (format!("ob{per_txn}r{rep}.order"), format!("dbz{per_txn}r{rep}.order")))
+            .collect();
+        wait_until("the warm-up row from each", Duration::from_secs(120), || {
+            topics
+                .iter()
+                .all(|(a, b)| topic_end(&probe, a) >= 1 && topic_end(&probe, b) >= 1)
+        });
+        for w in &mut workers {
+            w.stop();
+        }
+        for p in &mut pipelines {
+            p.stop();
+        }
+        pg.sql("app", &pg_load(loaded, loaded + n, per_txn));
+        loaded += n;
+        let mut ours = Vec::new();
+        let mut theirs = Vec::new();
+        let mut short = Vec::new();
+        for ((outboxd, connect), (ours_topic, theirs_topic)) in
+            pipelines.iter_mut().zip(&mut workers).zip(&topics)
+        {
+            ours.push(timed_run(
+                outboxd,
+                "outboxd to drain the Postgres backlog beside Debezium",
+                |_| topic_end(&probe, ours_topic) > n,
+            ));
+            theirs.push(timed_drain(connect, drained(&probe, theirs_topic, n)));
+            let (a, b) = (topic_end(&probe, ours_topic), topic_end(&probe, theirs_topic));
+            if a <= n || b <= n {
+                short.push(format!("run {}: outboxd {a}, Debezium {b} of 1 + {n}", ours.len()));
+            }
+        }
+        *PEERS.lock().unwrap() = saved_peers;
+        if !short.is_empty() {
+            eprintln!("Postgres {per_txn}-row runs that forwarded less than the backlog: {short:?}");
+        }
+        rows.extend(rows_of(
+            [
+                ("dbz-pg-outboxd", format!("outboxd, Postgres backlog drain, {per_txn}-row transactions (beside Debezium)"), ours),
+                ("dbz-pg-debezium", format!("Debezium 3.5.0 + Connect 4.1.1 standalone, the same Postgres backlog, {per_txn}-row transactions"), theirs),
+            ],
+            n,
+            record_bytes,
+        ));
+        // Slots hold WAL: drop this size's.
+        drop(workers);
+        for p in pipelines {
+            drop(p);
+        }
+        pg.sql(
+            "app",
+            &format!(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE slot_name LIKE 'dbz{per_txn}r%' OR slot_name LIKE 'ob{per_txn}r%';"
+            ),
+        );
+    }
+    rows
+}
+
+/// Done when `topic` holds the warm-up row and `n` more (now), or, for a tool that forwarded
+/// fewer (the run reports it), when it has held at least `n` unchanged for 10 s (then: the moment
+/// its last record arrived, so the quiet period is not counted).
+fn drained<'a>(
+    probe: &'a rdkafka::consumer::BaseConsumer,
+    topic: &'a str,
+    n: u64,
+) -> impl FnMut() -> Option<Instant> + 'a {
+    let mut last = (0, Instant::now());
+    move || {
+        let now = topic_end(probe, topic);
+        if now != last.0 {
+            last = (now, Instant::now());
+        }
+        if now > n {
+            Some(last.1)
+        } else {
+            (now >= n && last.1.elapsed() > Duration::from_secs(10)).then_some(last.1)
+        }
+    }
+}
+
+/// `INSERT`s into Postgres's outbox of rows `from..to` in transactions of `per_txn` rows.
+fn pg_load(from: u64, to: u64, per_txn: u64) -> String {
+    let mut script = String::new();
+    let mut m = from;
+    while m < to {
+        let values: Vec<String> = (m..(m + per_txn).min(to))
+            .map(|k| {
+                format!(
+                    "('{}','order','key-{}','Created','{}')",
+                    uuid_of(k),
+                    k % KEYS,
+                    payload(k, 0)
+                )
+            })
+            .collect();
+        script.push_str(&format!(
+            "BEGIN;INSERT INTO public.outbox (id,aggregatetype,aggregateid,type,payload) VALUES {};COMMIT;\n",
+            values.join(",")
+        ));
+        m += per_txn;
+    }
+    script
+}
+
+/// One tool's timed runs: (row key, what, runs).
+type Runs = (&'static str, String, Vec<(f64, ProcessStats)>);
+
+/// The table rows of one comparison, one per tool.
+fn rows_of(
+    runs: [Runs; 2],
+    n: u64,
+    record_bytes: u64,
+) -> Vec<Row> {
+    runs.into_iter()
+        .map(|(key, what, runs)| {
+            let (seconds, stats, spread) = median(runs, n);
+            Row {
+                key,
+                what,
+                events: n,
+                seconds,
+                bytes: n * record_bytes,
+                extra: format!(
+                    "{spread}; {:.1} CPU s ({}), peak RSS {:.0} MB; start→streaming {:.1} s, {:.0} events/s after",
+                    stats.cpu_seconds,
+                    stats.peers_cpu,
+                    stats.peak_rss_mb,
+                    stats.open_seconds,
+                    n as f64 / (seconds - stats.open_seconds).max(0.001)
+                ),
+            }
+        })
+        .collect()
 }
