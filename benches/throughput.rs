@@ -88,6 +88,30 @@ fn load_script(from: u64, to: u64, per_txn: u64) -> String {
     script
 }
 
+/// The same for Postgres's `public.outbox` (uuid ids), routed by `kind`.
+fn pg_load_script(from: u64, to: u64, per_txn: u64, kind: &str) -> String {
+    let mut script = String::new();
+    let mut m = from;
+    while m < to {
+        let values: Vec<String> = (m..(m + per_txn).min(to))
+            .map(|k| {
+                format!(
+                    "('{}','{kind}','key-{}','Created','{}')",
+                    uuid_of(k),
+                    k % KEYS,
+                    payload(k, 0)
+                )
+            })
+            .collect();
+        script.push_str(&format!(
+            "BEGIN;INSERT INTO public.outbox (id,aggregatetype,aggregateid,type,payload) VALUES {};COMMIT;\n",
+            values.join(",")
+        ));
+        m += per_txn;
+    }
+    script
+}
+
 struct ProcessStats {
     cpu_seconds: f64,
     peak_rss_mb: f64,
@@ -1468,26 +1492,10 @@ fn postgres_section(
                     .collect()
             })
             .unwrap_or_default();
-        let mut script = String::new();
-        let mut m = loaded;
-        while m < loaded + n {
-            let values: Vec<String> = (m..(m + per_txn).min(loaded + n))
-                .map(|k| {
-                    format!(
-                        "('{}','pgbench','key-{}','Created','{}')",
-                        uuid_of(k),
-                        k % KEYS,
-                        payload(k, 0)
-                    )
-                })
-                .collect();
-            script.push_str(&format!(
-                "BEGIN;INSERT INTO public.outbox (id,aggregatetype,aggregateid,type,payload) VALUES {};COMMIT;\n",
-                values.join(",")
-            ));
-            m += per_txn;
-        }
-        pg.sql("app", &script);
+        pg.sql(
+            "app",
+            &pg_load_script(loaded, loaded + n, per_txn, "pgbench"),
+        );
         loaded += n;
         let raw_end = pg
             .sql("app", "SELECT pg_current_wal_lsn();")

@@ -468,6 +468,25 @@ fn offset_json(connect: &Connect) -> serde_json::Value {
     offsets.pop().unwrap()
 }
 
+/// `outboxd checkpoint import-debezium` on Connect's offsets file, as it is.
+fn import_offsets(outboxd: &Outboxd, connect: &Connect) {
+    let out = outboxd
+        .command(&[
+            "checkpoint",
+            "import-debezium",
+            connect.offsets_file().to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("import-debezium: {said}");
+}
+
 #[test]
 fn a_mariadb_cutover_from_debezium_under_load_loses_nothing_and_repeats_only_what_its_offset_had_not_committed(
 ) {
@@ -529,21 +548,7 @@ fn a_mariadb_cutover_from_debezium_under_load_loses_nothing_and_repeats_only_wha
             broker.bootstrap()
         );
         let mut outboxd = Outboxd::new("cutover-maria", &body);
-        let out = outboxd
-            .command(&[
-                "checkpoint",
-                "import-debezium",
-                connect.offsets_file().to_str().unwrap(),
-            ])
-            .output()
-            .unwrap();
-        let said = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{said}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        eprintln!("import-debezium: {said}");
+        import_offsets(&outboxd, &connect);
         // The offset's `gtids` counts the transactions Debezium finished, also when it stopped
         // inside the next one (`event`/`row` > 0; `file`/`pos` is then that one's start).
         let completed: usize = offset["gtids"]
@@ -643,21 +648,7 @@ fn a_postgres_cutover_onto_debeziums_slot_after_it_crashed_under_load_loses_noth
             broker.bootstrap()
         );
         let mut outboxd = Outboxd::new("cutover_pg", &body);
-        let out = outboxd
-            .command(&[
-                "checkpoint",
-                "import-debezium",
-                connect.offsets_file().to_str().unwrap(),
-            ])
-            .output()
-            .unwrap();
-        let said = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{said}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        eprintln!("import-debezium: {said}");
+        import_offsets(&outboxd, &connect);
         let sent = read_everything(&broker).len();
         outboxd.start();
         writer.join().unwrap();

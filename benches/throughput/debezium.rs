@@ -14,11 +14,10 @@ use std::time::{Duration, Instant};
 
 use super::rig::debezium::{Connect, Connector};
 use super::rig::scenario::config_body;
-use super::rig::scenario::uuid_of;
 use super::rig::{create_topic, wait_until, Broker, MariaDb, Outboxd, Postgres};
 use super::{
-    at_gtid, gtid_pos, load_script, median, payload, peer_cpu, peer_cpu_since, process_stats,
-    timed_run, topic_end, topic_probe, ProcessStats, Row, KEYS, PEERS, REPEATS, TOPIC,
+    at_gtid, gtid_pos, load_script, median, peer_cpu, peer_cpu_since, pg_load_script,
+    process_stats, timed_run, topic_end, topic_probe, ProcessStats, Row, PEERS, REPEATS, TOPIC,
 };
 
 /// The connector settings Debezium's docs advise for throughput (see the module docs).
@@ -197,7 +196,11 @@ pub fn postgres_section(n: u64, record_bytes: u64) -> Vec<Row> {
                 Connector::postgres(&slot, &pg, &slot, "public.outbox", &slot),
                 |c, (k, v)| c.with(k, v),
             );
-            workers.push(Connect::start_with(&broker.bootstrap(), vec![connector], WORKER));
+            workers.push(Connect::start_with(
+                &broker.bootstrap(),
+                vec![connector],
+                WORKER,
+            ));
             let name = format!("ob{per_txn}r{rep}");
             create_topic(&broker.bootstrap(), &format!("{name}.order"), 6);
             let body = format!(
@@ -212,23 +215,32 @@ pub fn postgres_section(n: u64, record_bytes: u64) -> Vec<Row> {
             pipelines.push(outboxd);
         }
         // One row each forwards gives every worker and pipeline a position to resume from.
-        pg.sql("app", &pg_load(loaded, loaded + 1, 1));
+        pg.sql("app", &pg_load_script(loaded, loaded + 1, 1, "order"));
         loaded += 1;
         let topics: Vec<(String, String)> = (0..REPEATS)
-            .map(|rep| (format!("ob{per_txn}r{rep}.order"), format!("dbz{per_txn}r{rep}.order")))
+            .map(|rep| {
+                (
+                    format!("ob{per_txn}r{rep}.order"),
+                    format!("dbz{per_txn}r{rep}.order"),
+                )
+            })
             .collect();
-        wait_until("the warm-up row from each", Duration::from_secs(120), || {
-            topics
-                .iter()
-                .all(|(a, b)| topic_end(&probe, a) >= 1 && topic_end(&probe, b) >= 1)
-        });
+        wait_until(
+            "the warm-up row from each",
+            Duration::from_secs(120),
+            || {
+                topics
+                    .iter()
+                    .all(|(a, b)| topic_end(&probe, a) >= 1 && topic_end(&probe, b) >= 1)
+            },
+        );
         for w in &mut workers {
             w.stop();
         }
         for p in &mut pipelines {
             p.stop();
         }
-        pg.sql("app", &pg_load(loaded, loaded + n, per_txn));
+        pg.sql("app", &pg_load_script(loaded, loaded + n, per_txn, "order"));
         loaded += n;
         let mut ours = Vec::new();
         let mut theirs = Vec::new();
@@ -242,14 +254,22 @@ pub fn postgres_section(n: u64, record_bytes: u64) -> Vec<Row> {
                 |_| topic_end(&probe, ours_topic) > n,
             ));
             theirs.push(timed_drain(connect, drained(&probe, theirs_topic, n)));
-            let (a, b) = (topic_end(&probe, ours_topic), topic_end(&probe, theirs_topic));
+            let (a, b) = (
+                topic_end(&probe, ours_topic),
+                topic_end(&probe, theirs_topic),
+            );
             if a <= n || b <= n {
-                short.push(format!("run {}: outboxd {a}, Debezium {b} of 1 + {n}", ours.len()));
+                short.push(format!(
+                    "run {}: outboxd {a}, Debezium {b} of 1 + {n}",
+                    ours.len()
+                ));
             }
         }
         *PEERS.lock().unwrap() = saved_peers;
         if !short.is_empty() {
-            eprintln!("Postgres {per_txn}-row runs that forwarded less than the backlog: {short:?}");
+            eprintln!(
+                "Postgres {per_txn}-row runs that forwarded less than the backlog: {short:?}"
+            );
         }
         rows.extend(rows_of(
             [
@@ -297,39 +317,11 @@ fn drained<'a>(
     }
 }
 
-/// `INSERT`s into Postgres's outbox of rows `from..to` in transactions of `per_txn` rows.
-fn pg_load(from: u64, to: u64, per_txn: u64) -> String {
-    let mut script = String::new();
-    let mut m = from;
-    while m < to {
-        let values: Vec<String> = (m..(m + per_txn).min(to))
-            .map(|k| {
-                format!(
-                    "('{}','order','key-{}','Created','{}')",
-                    uuid_of(k),
-                    k % KEYS,
-                    payload(k, 0)
-                )
-            })
-            .collect();
-        script.push_str(&format!(
-            "BEGIN;INSERT INTO public.outbox (id,aggregatetype,aggregateid,type,payload) VALUES {};COMMIT;\n",
-            values.join(",")
-        ));
-        m += per_txn;
-    }
-    script
-}
-
 /// One tool's timed runs: (row key, what, runs).
 type Runs = (&'static str, String, Vec<(f64, ProcessStats)>);
 
 /// The table rows of one comparison, one per tool.
-fn rows_of(
-    runs: [Runs; 2],
-    n: u64,
-    record_bytes: u64,
-) -> Vec<Row> {
+fn rows_of(runs: [Runs; 2], n: u64, record_bytes: u64) -> Vec<Row> {
     runs.into_iter()
         .map(|(key, what, runs)| {
             let (seconds, stats, spread) = median(runs, n);
