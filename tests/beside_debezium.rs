@@ -233,6 +233,26 @@ fn compare(
     kinds
 }
 
+/// Both setups compared (outboxd's side read first, then Debezium's, whose tasks must still
+/// run), then everything stopped.
+fn compare_both_and_stop(
+    broker: &Broker,
+    connect: &mut Connect,
+    pipelines: Vec<Outboxd>,
+    total: usize,
+) {
+    let report = [(DBZ_PLAIN, OB_PLAIN, false), (DBZ_JSON, OB_JSON, true)].map(|(d, o, json)| {
+        let ours = read_all(broker, o, total);
+        connect.assert_running();
+        compare(&read_all(broker, d, total), &ours, json)
+    });
+    eprintln!("differences (plain, json): {report:#?}");
+    connect.stop();
+    for mut p in pipelines {
+        p.stop();
+    }
+}
+
 #[test]
 fn mariadb_outbox_rows_reach_kafka_exactly_as_debeziums_outbox_event_router_writes_them() {
     let db = MariaDb::start(&[]);
@@ -294,16 +314,7 @@ fn mariadb_outbox_rows_reach_kafka_exactly_as_debeziums_outbox_event_router_writ
         sql.push_str("COMMIT;");
         db.sql_socket(&sql);
     }
-    let report = [(DBZ_PLAIN, OB_PLAIN, false), (DBZ_JSON, OB_JSON, true)].map(|(d, o, json)| {
-        let ours = read_all(&broker, o, total);
-        connect.assert_running();
-        compare(&read_all(&broker, d, total), &ours, json)
-    });
-    eprintln!("differences (plain, json): {report:#?}");
-    connect.stop();
-    for mut p in pipelines {
-        p.stop();
-    }
+    compare_both_and_stop(&broker, &mut connect, pipelines, total);
 }
 
 #[test]
@@ -369,16 +380,7 @@ fn postgres_outbox_rows_reach_kafka_exactly_as_debeziums_outbox_event_router_wri
         sql.push_str("COMMIT;");
         pg.sql("app", &sql);
     }
-    let report = [(DBZ_PLAIN, OB_PLAIN, false), (DBZ_JSON, OB_JSON, true)].map(|(d, o, json)| {
-        let ours = read_all(&broker, o, total);
-        connect.assert_running();
-        compare(&read_all(&broker, d, total), &ours, json)
-    });
-    eprintln!("differences (plain, json): {report:#?}");
-    connect.stop();
-    for mut p in pipelines {
-        p.stop();
-    }
+    compare_both_and_stop(&broker, &mut connect, pipelines, total);
 }
 
 /// Rows per transaction and transactions in a cutover run.
