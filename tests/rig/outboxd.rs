@@ -207,8 +207,14 @@ impl Outboxd {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
+    /// The saved checkpoint, or `Null` before the first save (so a wait on it reads "not yet"; the
+    /// file is replaced by rename, so it is never seen half written).
     pub fn checkpoint(&self) -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(self.checkpoint_path()).unwrap()).unwrap()
+        match std::fs::read_to_string(self.checkpoint_path()) {
+            Ok(text) => serde_json::from_str(&text).unwrap(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => serde_json::Value::Null,
+            Err(e) => panic!("reading {}: {e}", self.checkpoint_path().display()),
+        }
     }
 
     pub fn dir_path(&self) -> &Path {
