@@ -8,8 +8,8 @@
 //! - the raw broker limit: librdkafka alone producing the same records with acks=all;
 //! - a polling relay (`SELECT … ORDER BY id LIMIT 500 FOR UPDATE SKIP LOCKED`, produce, DELETE,
 //!   COMMIT), written fairly: batched, acks=all, same producer settings;
-//! - commit→consume latency at fixed offered rates (commit time stamped into the payload by the loader,
-//!   receive time taken by a consumer; an upper bound of commit→ack).
+//! - commit→consume latency at fixed offered rates on MariaDB and Postgres, split into hops
+//!   (`latency.rs` says how each is taken), with outboxd's defaults and with `linger.ms = 0`;
 //!
 //! - the nearest peer, DeltaForge (`--peer deltaforge=PATH`), and outboxd draining one MariaDB
 //!   backlog in DeltaForge's outbox shape, interleaved run by run;
@@ -34,8 +34,11 @@ mod rig;
 #[path = "throughput/debezium.rs"]
 mod debezium;
 
+#[path = "throughput/latency.rs"]
+mod latency;
+
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -55,13 +58,6 @@ fn payload(n: u64, stamp_micros: u128) -> String {
         n % KEYS,
         "x".repeat(120)
     )
-}
-
-fn now_micros() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros()
 }
 
 /// `INSERT`s of rows `from..to` in transactions of `per_txn` rows (multi-row statements).
@@ -353,7 +349,7 @@ fn main() {
         .lock()
         .unwrap()
         .extend([("MariaDB", db.pid()), ("broker", broker.pid())]);
-    *ROOT_URL.lock().unwrap() = format!("mysql://root@127.0.0.1:{}/", db.port);
+    *latency::ROOT_URL.lock().unwrap() = format!("mysql://root@127.0.0.1:{}/", db.port);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -368,17 +364,37 @@ fn main() {
     );
     outboxd.start();
     outboxd.stop();
-    // The baseline build reads the same binlog from the same start, with its own checkpoint.
-    let mut baseline = args.baseline.as_ref().map(|(path, label)| {
+    // The other drainers read the same binlog from the same start, each with its own checkpoint:
+    // this build with the low-latency settings (what they cost in throughput), and the baseline
+    // build if one was given.
+    let mut others: Vec<(String, Outboxd, [&'static str; 3])> = Vec::new();
+    if args.wants("drain") {
+        let low = Outboxd::new(
+            "benchlow",
+            &config_body(&db.cdc_url(), &broker.bootstrap(), latency::LOW_LATENCY, ""),
+        );
+        others.push((
+            "outboxd with linger.ms = 0".into(),
+            low,
+            ["low-drain1", "low-drain10", "low-drain100"],
+        ));
+    }
+    if let Some((path, label)) = &args.baseline {
         let mut base = Outboxd::new(
             "benchbase",
             &config_body(&db.cdc_url(), &broker.bootstrap(), "", ""),
         );
         base.binary = path.clone();
-        base.start();
-        base.stop();
-        (base, label.clone())
-    });
+        others.push((
+            build_label(Some(label)),
+            base,
+            ["base-drain1", "base-drain10", "base-drain100"],
+        ));
+    }
+    for (_, other, _) in &mut others {
+        other.start();
+        other.stop();
+    }
     let mut loaded = 0;
     let mut binlogs = Vec::new();
     // The MariaDB backlogs are loaded when a section reads them.
@@ -404,19 +420,28 @@ fn main() {
         }
         let target = gtid_pos(&db);
         // The same backlog drained REPEATS times (the checkpoint put back before each run), and as
-        // often by the baseline build, interleaved run by run.
+        // often by each other drainer, interleaved run by run.
+        let size = match per_txn {
+            1 => 0,
+            10 => 1,
+            _ => 2,
+        };
         let checkpoint = std::fs::read(outboxd.checkpoint_path()).unwrap();
-        let base_checkpoint = baseline
-            .as_ref()
-            .map(|(base, _)| std::fs::read(base.checkpoint_path()).unwrap());
+        let saved: Vec<Vec<u8>> = others
+            .iter()
+            .map(|(_, other, _)| std::fs::read(other.checkpoint_path()).unwrap())
+            .collect();
         let mut runs: Vec<(f64, ProcessStats)> = Vec::new();
-        let mut base_runs: Vec<(f64, ProcessStats)> = Vec::new();
+        let mut other_runs: Vec<Vec<(f64, ProcessStats)>> =
+            others.iter().map(|_| Vec::new()).collect();
         for _ in 0..REPEATS {
-            if let (Some((base, _)), Some(saved)) = (baseline.as_mut(), &base_checkpoint) {
-                std::fs::write(base.checkpoint_path(), saved).unwrap();
-                base_runs.push(timed_run(
-                    base,
-                    "the baseline to drain the backlog",
+            for (((label, other, _), saved), runs) in
+                others.iter_mut().zip(&saved).zip(&mut other_runs)
+            {
+                std::fs::write(other.checkpoint_path(), saved).unwrap();
+                runs.push(timed_run(
+                    other,
+                    &format!("{label} to drain the backlog"),
                     at_gtid(&target),
                 ));
             }
@@ -427,23 +452,14 @@ fn main() {
                 at_gtid(&target),
             ));
         }
-        for (label, runs, row_key) in [
-            (None, runs, key),
-            (
-                baseline.as_ref().map(|(_, l)| l.as_str()),
-                base_runs,
-                match per_txn {
-                    1 => "base-drain1",
-                    10 => "base-drain10",
-                    _ => "base-drain100",
-                },
-            ),
-        ] {
-            if runs.is_empty() {
-                continue;
-            }
+        let drained = std::iter::once((build_label(None), runs, key)).chain(
+            others
+                .iter()
+                .zip(other_runs)
+                .map(|((label, _, keys), runs)| (label.clone(), runs, keys[size])),
+        );
+        for (who, runs, row_key) in drained {
             let (seconds, stats, spread) = median(runs, n);
-            let who = build_label(label);
             rows.push(Row {
                 key: row_key,
                 what: format!("{who}, MariaDB backlog drain, {per_txn}-row transactions"),
@@ -546,12 +562,13 @@ fn main() {
     }
 
     let mut pg_latency_rows = Vec::new();
-    if args.wants("postgres") {
+    if args.wants("postgres") || args.wants("latency") {
         let (pg_rows, pg_latency) = postgres_section(
             &rt,
             n,
             record_bytes,
             quick,
+            args.wants("postgres"),
             args.wants("latency"),
             args.baseline.as_ref(),
         );
@@ -561,9 +578,9 @@ fn main() {
 
     // Latency at offered rates (outboxd running and caught up, 1-row transactions).
     let mut latency_rows = Vec::new();
-    // The test broker keeps every record in memory and slows down as it fills, which a real
-    // Kafka does not: the latency and restart sections each get a fresh one.
-    // outboxd's /metrics (its delivery histogram) is scraped during the latency section.
+    // The latency and restart sections each get a fresh broker, so that what the earlier
+    // sections sent does not weigh on it. outboxd's /metrics (its histograms) is scraped during
+    // the latency section.
     let http_port = rig::free_port();
     let fresh_broker = |outboxd: &mut Outboxd| {
         let fresh = Broker::start();
@@ -577,15 +594,32 @@ fn main() {
         fresh
     };
     if args.wants("latency") {
-        let broker = fresh_broker(&mut outboxd);
-        let caught_up = gtid_pos(&db);
-        outboxd.start();
-        wait_until("outboxd to catch up", Duration::from_secs(600), || {
-            at_gtid(&caught_up)(&outboxd)
-        });
-        let pids = [db.pid(), broker.pid(), outboxd.pid().as_raw()];
-        latency_rows = latency_series(&rt, None, &broker, TOPIC, pids, http_port, quick, loaded);
-        outboxd.stop();
+        let broker = Broker::start();
+        latency::create_topic(&broker.bootstrap(), TOPIC);
+        let target = latency::Target {
+            pg_url: None,
+            db_pid: db.pid(),
+            broker: &broker,
+            topic: TOPIC,
+            http_port,
+        };
+        let config = |kafka: &str| {
+            config_body(
+                &db.cdc_url(),
+                &broker.bootstrap(),
+                kafka,
+                &format!("127.0.0.1:{http_port}"),
+            )
+        };
+        latency_rows = latency::each_setting(
+            &rt,
+            &target,
+            &mut outboxd,
+            config,
+            |o| at_gtid(&gtid_pos(&db))(o),
+            quick,
+            loaded,
+        );
     }
 
     let restart = args.wants("restart").then(|| {
@@ -616,6 +650,12 @@ fn main() {
         ratio("drain10", "raw-source"),
         ratio("drain10", "raw-broker"),
         ratio("drain10", "relay"),
+    );
+    println!(
+        "ratios (MariaDB): outboxd with linger.ms = 0 / with its defaults = {} (1-row), {} (10-row), {} (100-row)",
+        ratio("low-drain1", "drain1"),
+        ratio("low-drain10", "drain10"),
+        ratio("low-drain100", "drain100"),
     );
     for (size, drain, td, po, pu, base) in [
         (
@@ -692,27 +732,8 @@ fn main() {
         );
     }
     for (source, rows) in [("MariaDB", &latency_rows), ("Postgres", &pg_latency_rows)] {
-        if rows.is_empty() {
-            continue;
-        }
-        println!("\n{source}:");
-        println!("\n| offered rate (events/s) | achieved | records | p50 ms | p99 ms | max ms | p99 commit→produce ms | p99 produce→ack ms | cores busy: database / broker / outboxd |");
-        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---|");
-        for l in rows.iter() {
-            println!(
-                "| {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | ≤ {} | {:.2} / {:.2} / {:.2} |",
-                l.rate,
-                l.achieved,
-                l.count,
-                l.p50,
-                l.p99,
-                l.max,
-                l.produce_p99,
-                l.ack_p99,
-                l.cores[0],
-                l.cores[1],
-                l.cores[2]
-            );
+        if !rows.is_empty() {
+            latency::print(source, rows);
         }
     }
     if !latency_rows.is_empty() || !pg_latency_rows.is_empty() {
@@ -722,7 +743,7 @@ fn main() {
         } else {
             "benches/latency-vs-rate.png"
         };
-        plot_latency(
+        latency::plot(
             plot,
             &[("MariaDB", &latency_rows), ("Postgres", &pg_latency_rows)],
         );
@@ -896,38 +917,6 @@ fn median_row(rows: Vec<Row>) -> Row {
     row
 }
 
-/// outboxd's `outboxd_delivery_seconds` histogram: (upper bound in ms, cumulative count) per bucket.
-fn delivery_buckets(port: u16) -> Vec<(f64, f64)> {
-    let (_, body) = rig::http_get(port, "/metrics");
-    body.lines()
-        .filter(|l| l.starts_with("outboxd_delivery_seconds_bucket"))
-        .filter_map(|l| {
-            let le = l.split("le=\"").nth(1)?.split('"').next()?;
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse::<f64>().ok()? * 1000.0
-            };
-            Some((le, l.rsplit(' ').next()?.parse().ok()?))
-        })
-        .collect()
-}
-
-/// The bucket bound under which 99% of the acknowledgements between two scrapes fell.
-fn bucket_p99(before: &[(f64, f64)], after: &[(f64, f64)]) -> f64 {
-    let count = |b: &[(f64, f64)], i: usize| b.get(i).map_or(0.0, |x| x.1);
-    let total =
-        count(after, after.len().saturating_sub(1)) - count(before, before.len().saturating_sub(1));
-    after
-        .iter()
-        .enumerate()
-        .find(|(i, (_, n))| n - count(before, *i) >= 0.99 * total)
-        .map_or(f64::NAN, |(_, (le, _))| *le)
-}
-
-/// The offered rates of the latency measurement (events/s, 1-row transactions).
-const RATES: [u64; 3] = [1_000, 5_000, 20_000];
-
 fn gtid_pos(db: &MariaDb) -> String {
     db.sql_socket("SELECT @@gtid_binlog_pos;")
         .trim()
@@ -1086,44 +1075,6 @@ async fn polling_relay(db: &MariaDb, broker: &Broker) -> (u64, u64, f64) {
     (relayed, queries, start.elapsed().as_secs_f64())
 }
 
-/// Latency at each of [`RATES`] against the running outboxd whose /metrics is on `http_port`:
-/// MariaDB (`pg_url` None) or the Postgres at `pg_url`. `pids`: database, broker, outboxd.
-#[allow(clippy::too_many_arguments)]
-fn latency_series(
-    rt: &tokio::runtime::Runtime,
-    pg_url: Option<&str>,
-    broker: &Broker,
-    topic: &'static str,
-    pids: [i32; 3],
-    http_port: u16,
-    quick: bool,
-    mut first: u64,
-) -> Vec<Latency> {
-    let cpu = || pids.map(tree_cpu_seconds);
-    let mut rows = Vec::new();
-    for rate in RATES {
-        let seconds = if quick { 5 } else { 20 };
-        let (before, start) = (cpu(), Instant::now());
-        let acks_before = delivery_buckets(http_port);
-        let mariadb_url = ROOT_URL.lock().unwrap().clone();
-        let mut latency = rt.block_on(async {
-            let loader = match pg_url {
-                Some(url) => Loader::postgres(url).await,
-                None => Loader::mariadb_url(&mariadb_url).await,
-            };
-            latency_at(loader, broker, topic, rate, seconds, first).await
-        });
-        let wall = start.elapsed().as_secs_f64();
-        let after = cpu();
-        latency.cores = [0, 1, 2].map(|i| (after[i] - before[i]) / wall);
-        latency.ack_p99 = bucket_p99(&acks_before, &delivery_buckets(http_port));
-        rows.push(latency);
-        first += rate * seconds;
-    }
-    rows
-}
-
-/// CPU seconds of a process and its direct children (a Postgres postmaster and its backends).
 /// The pids whose parent is `pid`.
 fn children_of(pid: i32) -> Vec<i32> {
     std::fs::read_dir("/proc")
@@ -1147,169 +1098,13 @@ fn children_of(pid: i32) -> Vec<i32> {
         .collect()
 }
 
+/// CPU seconds of a process and its direct children (a Postgres postmaster and its backends).
 fn tree_cpu_seconds(pid: i32) -> f64 {
     let children: f64 = children_of(pid)
         .into_iter()
         .map(|child| process_stats(child).cpu_seconds)
         .sum();
     process_stats(pid).cpu_seconds + children
-}
-
-/// The MariaDB root URL for the latency loader (set once in main).
-static ROOT_URL: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
-
-/// Where the latency loader writes its 1-row transactions.
-enum Loader {
-    Mariadb(mysql_async::Conn),
-    Postgres(tokio_postgres::Client),
-}
-
-impl Loader {
-    async fn mariadb_url(url: &str) -> Loader {
-        Loader::Mariadb(mysql_async::Conn::from_url(url).await.unwrap())
-    }
-
-    async fn postgres(url: &str) -> Loader {
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        Loader::Postgres(client)
-    }
-
-    /// The statements for row `n`, stamped `stamp`, committed on their own.
-    fn insert(&self, n: u64, stamp: u128) -> String {
-        match self {
-            Loader::Mariadb(_) => format!(
-                "INSERT INTO app.outbox (id,aggregatetype,aggregateid,type,payload) VALUES (UNHEX('{n:032x}'),'order','key-{}','Created','{}');",
-                n % KEYS,
-                payload(n, stamp)
-            ),
-            // One simple query is one transaction unless it says otherwise.
-            Loader::Postgres(_) => format!(
-                "BEGIN;INSERT INTO public.outbox (id,aggregatetype,aggregateid,type,payload) VALUES ('{}','pgbench','key-{}','Created','{}');COMMIT;",
-                uuid_of(n),
-                n % KEYS,
-                payload(n, stamp)
-            ),
-        }
-    }
-
-    async fn run(&mut self, script: String) {
-        match self {
-            Loader::Mariadb(conn) => conn.query_drop(script).await.unwrap(),
-            Loader::Postgres(client) => client.batch_execute(&script).await.unwrap(),
-        }
-    }
-}
-
-async fn latency_at(
-    mut loader: Loader,
-    broker: &Broker,
-    topic: &'static str,
-    rate: u64,
-    seconds: u64,
-    first: u64,
-) -> Latency {
-    let total = rate * seconds;
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .set("group.id", format!("bench-latency-{rate}"))
-        .set("enable.auto.commit", "false")
-        // Return fetches as soon as a record is there, so the consumer adds little to the latency.
-        .set("fetch.wait.max.ms", "5")
-        .set("fetch.min.bytes", "1")
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..6 {
-        tpl.add_partition_offset(topic, p, Offset::End).unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    // The first second warms up (consumer assignment, first fetch): not measured.
-    let warm_until = now_micros() + 1_000_000;
-    let reader = std::thread::spawn(move || {
-        let mut latencies = Vec::new();
-        let mut to_produce = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(seconds + 60);
-        let mut seen = 0;
-        while seen < total as usize && Instant::now() < deadline {
-            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-                seen += 1;
-                let received = now_micros();
-                let value: serde_json::Value =
-                    serde_json::from_slice(m.payload().unwrap_or(b"{}")).unwrap();
-                if let Some(t) = value["t"].as_u64() {
-                    if t as u128 > warm_until {
-                        latencies.push((received - t as u128) as f64 / 1000.0);
-                        // The record's timestamp is when outboxd handed it to librdkafka (ms).
-                        if let Some(ms) = m.timestamp().to_millis() {
-                            to_produce.push(ms as f64 - t as f64 / 1000.0);
-                        }
-                    }
-                }
-            }
-        }
-        (latencies, to_produce)
-    });
-    let tick = Duration::from_millis(10);
-    let per_tick = (rate / 100).max(1);
-    let start = Instant::now();
-    let mut n = first;
-    for i in 0..(seconds * 100) {
-        let due = start + tick * i as u32;
-        tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
-        let mut script = String::new();
-        for _ in 0..per_tick {
-            script.push_str(&loader.insert(n, now_micros()));
-            n += 1;
-        }
-        loader.run(script).await;
-    }
-    let achieved = total as f64 / start.elapsed().as_secs_f64();
-    let (mut latencies, mut to_produce) = reader.join().unwrap();
-    to_produce.sort_by(|a, b| a.total_cmp(b));
-    let produce_p99 = to_produce
-        .get(((to_produce.len() as f64 * 0.99) as usize).min(to_produce.len().saturating_sub(1)))
-        .copied()
-        .unwrap_or(f64::NAN);
-    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let pct = |p: f64| {
-        latencies
-            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or(f64::NAN)
-    };
-    Latency {
-        rate,
-        achieved,
-        p50: pct(0.5),
-        p99: pct(0.99),
-        max: latencies.last().copied().unwrap_or(f64::NAN),
-        count: latencies.len(),
-        produce_p99,
-        ack_p99: f64::NAN,
-        cores: [0.0; 3],
-    }
-}
-
-/// Commit→consume latency at one offered rate (milliseconds).
-struct Latency {
-    rate: u64,
-    /// The rate the loader actually managed (below `rate` when the database could not keep up).
-    achieved: f64,
-    p50: f64,
-    p99: f64,
-    max: f64,
-    count: usize,
-    /// p99 of commit→produce: the record's CreateTime (set when outboxd hands it to librdkafka, ms
-    /// resolution) minus the commit stamp. Outboxd's own share of the latency.
-    produce_p99: f64,
-    /// p99 of produce→ack from outboxd's `outboxd_delivery_seconds` histogram (an upper bucket
-    /// bound, ms): the broker's share.
-    ack_p99: f64,
-    /// Cores busy meanwhile: MariaDB (including the loader's inserts), broker, outboxd.
-    cores: [f64; 3],
 }
 
 /// CPU seconds this process's waited-for children used so far (`cutime + cstime`).
@@ -1395,16 +1190,17 @@ fn pg_recvlogical(
     )
 }
 
-/// The same drains against PostgreSQL 15 (pgoutput), `pg_recvlogical` reading the same WAL, and
-/// (with `latency`) the latency series against a Postgres outbox.
+/// The same drains against PostgreSQL 15 (pgoutput) with `pg_recvlogical` reading the same WAL
+/// (with `drains`), and the latency series against a Postgres outbox (with `latency`).
 fn postgres_section(
     rt: &tokio::runtime::Runtime,
     n: u64,
     record_bytes: u64,
     quick: bool,
+    drains: bool,
     latency: bool,
     baseline: Option<&(std::path::PathBuf, String)>,
-) -> (Vec<Row>, Vec<Latency>) {
+) -> (Vec<Row>, Vec<latency::Latency>) {
     // Per size: up to 3 + 3 pipelines' slots and 9 raw readers' slots.
     let pg = Postgres::start(&["max_replication_slots = 20", "max_wal_senders = 20"]);
     pg.sql("postgres", "CREATE DATABASE app;");
@@ -1440,7 +1236,12 @@ fn postgres_section(
     let mut rows = Vec::new();
     let mut loaded = 0;
     pg.sql("app", "CREATE PUBLICATION rawpub FOR TABLE public.outbox;");
-    for (per_txn, key) in [(1u64, "pg-drain1"), (10, "pg-drain"), (100, "pg-drain100")] {
+    let sizes: &[(u64, &str)] = if drains {
+        &[(1u64, "pg-drain1"), (10, "pg-drain"), (100, "pg-drain100")]
+    } else {
+        &[]
+    };
+    for &(per_txn, key) in sizes {
         // pg_recvlogical reads exactly this load's WAL, once per repeat (a slot of its own each
         // time), with test_decoding (text) and with pgoutput (what outboxd reads).
         // The third reads pgoutput over a Unix socket, as a client on the database's host could
@@ -1603,21 +1404,25 @@ fn postgres_section(
     if latency {
         // A fresh broker, as for MariaDB's series.
         let broker = Broker::start();
-        create_topic(&broker.bootstrap(), topic, 6);
-        outboxd.rewrite_config(&body.replace(&old_bootstrap, &broker.bootstrap()));
-        outboxd.start();
-        let pids = [postmaster, broker.pid(), outboxd.pid().as_raw()];
-        latencies = latency_series(
-            rt,
-            Some(&pg.url("postgres", "app")),
-            &broker,
+        latency::create_topic(&broker.bootstrap(), topic);
+        let url = pg.url("postgres", "app");
+        let target = latency::Target {
+            pg_url: Some(&url),
+            db_pid: postmaster,
+            broker: &broker,
             topic,
-            pids,
             http_port,
-            quick,
-            loaded,
-        );
-        outboxd.stop();
+        };
+        // The kafka lines go right after `brokers`, inside `[kafka]`.
+        let config = |kafka: &str| {
+            body.replace(
+                &format!("brokers = \"{old_bootstrap}\"\n"),
+                &format!("brokers = \"{}\"\n{kafka}", broker.bootstrap()),
+            )
+        };
+        // outboxd stopped caught up after the drains; `/readyz` says when it streams again.
+        latencies =
+            latency::each_setting(rt, &target, &mut outboxd, config, |_| true, quick, loaded);
     }
     (rows, latencies)
 }
@@ -1733,108 +1538,6 @@ fn restart_to_first_event(
         stats.cpu_seconds,
         stats.peak_rss_mb
     )
-}
-
-/// Latency against offered rate as a PNG (p50, p99 and max; logarithmic axes).
-fn plot_latency(path: &str, sources: &[(&str, &Vec<Latency>)]) {
-    let all: Vec<&Latency> = sources.iter().flat_map(|(_, rows)| rows.iter()).collect();
-    use plotters::prelude::*;
-    // plotters draws text with a font it is given; DejaVu Sans ships with most Linux systems.
-    let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
-        .expect("DejaVu Sans (apt-get install fonts-dejavu-core) to label the plot");
-    plotters::style::register_font(
-        "sans-serif",
-        FontStyle::Normal,
-        Box::leak(font.into_boxed_slice()),
-    )
-    .map_err(|_| "font")
-    .unwrap();
-    let root = BitMapBackend::new(path, (800, 500)).into_drawing_area();
-    root.fill(&WHITE).unwrap();
-    let top = all.iter().map(|r| r.max).fold(1.0f64, f64::max).max(25.0) * 1.5;
-    let lowest = all
-        .iter()
-        .map(|r| r.p50.min(r.produce_p99))
-        .fold(f64::INFINITY, f64::min)
-        .min(5.0)
-        * 0.7;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "outboxd commit → consume latency vs offered rate",
-            ("sans-serif", 22),
-        )
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d((500f64..40_000f64).log_scale(), (lowest..top).log_scale())
-        .unwrap();
-    chart
-        .configure_mesh()
-        .x_desc("offered rate (events/s, 1-row transactions)")
-        .y_desc("latency (ms)")
-        .x_labels(4)
-        .y_labels(6)
-        .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| format!("{y:.0}"))
-        .label_style(("sans-serif", 14))
-        .draw()
-        .unwrap();
-    type Series = (&'static str, fn(&Latency) -> f64);
-    let series: [Series; 3] = [
-        ("p50", |r| r.p50),
-        ("p99", |r| r.p99),
-        ("p99 commit→produce (outboxd's share)", |r| r.produce_p99),
-    ];
-    // One colour family per database: MariaDB blue-red-orange, Postgres green-purple-teal.
-    let palettes = [
-        [BLUE, RED, RGBColor(230, 140, 0)],
-        [
-            RGBColor(0, 150, 0),
-            RGBColor(140, 0, 160),
-            RGBColor(0, 160, 160),
-        ],
-    ];
-    let lines = sources
-        .iter()
-        .zip(palettes)
-        .filter(|((_, rows), _)| !rows.is_empty())
-        .flat_map(|((source, rows), palette)| {
-            series
-                .iter()
-                .zip(palette)
-                .map(move |((name, value), color)| {
-                    (format!("{source} {name}"), *rows, *value, color)
-                })
-        })
-        .collect::<Vec<_>>();
-    for (name, rows, value, color) in lines {
-        let points: Vec<(f64, f64)> = rows.iter().map(|r| (r.rate as f64, value(r))).collect();
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-            .unwrap()
-            .label(name)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
-            .unwrap();
-    }
-    let target = vec![(500f64, 20.0), (40_000f64, 20.0)];
-    chart
-        .draw_series(LineSeries::new(target, BLACK.mix(0.4)))
-        .unwrap()
-        .label("p99 target at 5k/s (20 ms)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.4)));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .draw()
-        .unwrap();
-    root.present().unwrap();
 }
 
 /// The backlog the peer comparison drains: DeltaForge's outbox column names, every column a

@@ -53,6 +53,8 @@ pub struct Metrics {
     reconnects: Counter,
     delivery_errors: Counter,
     delivery_seconds: Histogram,
+    handoff_seconds: Histogram,
+    source_delay_seconds: Histogram,
     snapshot_rows: Counter,
     pruned_rows: Counter,
     partitions_dropped: Counter,
@@ -115,6 +117,23 @@ impl Metrics {
             ]
             .map(|ms| ms / 1000.0),
         );
+        // 50 µs … 10 s: a caught-up pipeline hands a row over in well under a millisecond; the
+        // upper buckets are a full window (a slow broker) or a topic lookup.
+        // 0.5 ms … 60 s: a caught-up stream is milliseconds behind; a backlog, seconds or more.
+        let source_delay_seconds = Histogram::new(
+            [
+                0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 10000.0,
+                60000.0,
+            ]
+            .map(|ms| ms / 1000.0),
+        );
+        let handoff_seconds = Histogram::new(
+            [
+                0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0,
+                10000.0,
+            ]
+            .map(|ms| ms / 1000.0),
+        );
         registry.register(
             "events_forwarded",
             "Records acknowledged by Kafka, per topic",
@@ -164,6 +183,16 @@ impl Metrics {
             "delivery_seconds",
             "Time from handing a record to the producer to Kafka's acknowledgement (batching, network, broker)",
             delivery_seconds.clone(),
+        );
+        registry.register(
+            "handoff_seconds",
+            "Time from the source reading a row to handing its record to the sink's client (routing, topic lookups, waiting for room in the in-flight window): outboxd's own share of commit-to-consume latency",
+            handoff_seconds.clone(),
+        );
+        registry.register(
+            "source_delay_seconds",
+            "Time from a row's commit (the log's commit time) to outboxd reading it: the database's and the network's share of commit-to-consume latency, and any wait for outboxd to read (Postgres only: MariaDB's binlog commit times are whole seconds)",
+            source_delay_seconds.clone(),
         );
         registry.register(
             "snapshot_rows",
@@ -222,6 +251,8 @@ impl Metrics {
             reconnects,
             delivery_errors,
             delivery_seconds,
+            handoff_seconds,
+            source_delay_seconds,
             snapshot_rows,
             pruned_rows,
             partitions_dropped,
@@ -298,6 +329,22 @@ impl Metrics {
     /// A record was acknowledged `after` it was handed to the producer.
     pub fn delivered_after(&self, after: Duration) {
         self.delivery_seconds.observe(after.as_secs_f64());
+    }
+
+    /// A row read `after` ago was handed to the sink's client.
+    pub fn handed_off_after(&self, after: Duration) {
+        self.handoff_seconds.observe(after.as_secs_f64());
+    }
+
+    /// A row that committed at `committed_ms` (Unix milliseconds) was read now. A commit time
+    /// ahead of this host's clock counts as no delay.
+    pub fn read_after_commit(&self, committed_ms: i64) {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as i64;
+        self.source_delay_seconds
+            .observe((now_ms - committed_ms).max(0) as f64 / 1000.0);
     }
 
     pub fn delivery_error(&self) {

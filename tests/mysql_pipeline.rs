@@ -385,6 +385,21 @@ fn metrics_move_with_traffic_and_readyz_follows_the_source() {
         30.0
     );
     assert!(sample(&m, "outboxd_delivery_seconds_sum", "pipeline=\"metrics\"") > 0.0);
+    // And every row from its read off the log to that hand-over (outboxd's own share).
+    assert_eq!(
+        sample(&m, "outboxd_handoff_seconds_count", "pipeline=\"metrics\""),
+        30.0
+    );
+    assert!(sample(&m, "outboxd_handoff_seconds_sum", "pipeline=\"metrics\"") > 0.0);
+    // MariaDB's binlog commit times are whole seconds: commit → read is not timed from them.
+    assert_eq!(
+        sample(
+            &m,
+            "outboxd_source_delay_seconds_count",
+            "pipeline=\"metrics\""
+        ),
+        0.0
+    );
     // A frozen server keeps its socket open; readiness must still fail, then recover.
     env.db.freeze();
     wait_until("/readyz to turn 503", LIMIT, || {

@@ -129,6 +129,38 @@ fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_with_jsonb_as_json_
     env.outboxd.stop();
 }
 
+/// Postgres gives commit times in microseconds: every row is timed from its commit to outboxd
+/// reading it (`outboxd_source_delay_seconds`), and from that read to its hand-over to the
+/// producer (`outboxd_handoff_seconds`), the two hops that split a slow stream from a slow outboxd.
+#[test]
+fn rows_are_timed_from_commit_to_read_and_from_read_to_handoff() {
+    let mut env = setup("timed", "");
+    let port = rig::free_port();
+    let config = std::fs::read_to_string(env.outboxd.config_path()).unwrap();
+    let config = config.replace("listen = \"\"", &format!("listen = \"127.0.0.1:{port}\""));
+    std::fs::write(env.outboxd.config_path(), config).unwrap();
+    env.outboxd.start();
+    let script: String = (0..12).map(insert_sql).collect();
+    env.pg.sql("app", &script);
+    assert_eq!(consume_events(&env.broker.bootstrap(), 12).len(), 12);
+    let count = |name: &str, labels: &str| {
+        let metrics = rig::http_get(port, "/metrics").1;
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains(labels))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+    };
+    assert_eq!(count("outboxd_source_delay_seconds_count", ""), 12.0);
+    assert_eq!(count("outboxd_handoff_seconds_count", ""), 12.0);
+    // Read within a minute of their commits (the largest finite bucket), none later.
+    assert_eq!(
+        count("outboxd_source_delay_seconds_bucket", "le=\"60.0\""),
+        12.0
+    );
+    env.outboxd.stop();
+}
+
 /// An envelope for `pg_logical_emit_message`: the row `n` as a table-less outbox event.
 fn envelope(n: u64) -> String {
     let (_, kind, key, _) = event(n);

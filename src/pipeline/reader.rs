@@ -2,6 +2,7 @@
 //! the session over a bounded channel, which is how back-pressure from the sink reaches the source.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
@@ -21,8 +22,9 @@ pub(super) const CHANNEL_DEPTH: usize = 4;
 pub(super) const CHANNEL_BYTES: u32 = 16 * 1024 * 1024;
 
 /// A change from the reader task, with the part of the channel's byte budget it holds (released
-/// per change, as the session handles it).
-pub(super) type Queued = (Result<Change>, Option<OwnedSemaphorePermit>);
+/// per change, as the session handles it) and when the source gave it (`outboxd_handoff_seconds`
+/// times a row from here to its hand-over to the sink).
+pub(super) type Queued = (Result<Change>, Option<OwnedSemaphorePermit>, Instant);
 
 /// Starts the reader task; the receiver ends when the source fails, is exhausted, or the task is
 /// aborted.
@@ -51,6 +53,7 @@ async fn read_changes(
     metrics: Arc<Metrics>,
 ) {
     let mut reported = source.ignored();
+    let timed = source.commit_times_precise();
     let mut updated = Updates::default();
     let mut batch: Vec<Queued> = Vec::new();
     loop {
@@ -66,6 +69,12 @@ async fn read_changes(
                 }
             }
         };
+        let read_at = Instant::now();
+        if let (true, Ok(Change::Row(row))) = (timed, &change) {
+            if let Some(ms) = row.committed_ms {
+                metrics.read_after_commit(ms);
+            }
+        }
         let ended = matches!(change, Ok(Change::Exhausted));
         let ignored = source.ignored();
         let (updates, deletes) = (
@@ -106,7 +115,7 @@ async fn read_changes(
             }
             _ => None,
         };
-        batch.push((change, permit));
+        batch.push((change, permit, read_at));
         if failed || ended {
             let _ = send(&tx, &mut batch).await;
             return;

@@ -275,7 +275,7 @@ impl<'a> Session<'a> {
             // the producer (under the sink's own byte budget from then on), and released at the end
             // of this step: holding it longer could leave the reader waiting for room that only the
             // next change (stuck behind it) would free.
-            let Some((change, _queued_bytes)) = queued else {
+            let Some((change, _queued_bytes, read_at)) = queued else {
                 let error = Error::source("the source reader stopped");
                 // A file replay that broke cannot be cured by reading the files again.
                 return Err(match self.shared.input {
@@ -283,18 +283,18 @@ impl<'a> Session<'a> {
                     Input::Files { .. } => error,
                 });
             };
-            if let Some(end) = self.step(change?).await {
+            if let Some(end) = self.step(change?, read_at).await {
                 return end;
             }
         }
     }
 
-    /// Handles one change; `Some` ends the session.
-    async fn step(&mut self, change: Change) -> Step {
+    /// Handles one change (read from the source at `read_at`); `Some` ends the session.
+    async fn step(&mut self, change: Change, read_at: Instant) -> Step {
         match change {
             Change::Row(row) => {
                 self.open_rows = true;
-                self.forward(row).await
+                self.forward(row, read_at).await
             }
             Change::Exhausted => {
                 self.open_rows = false;
@@ -455,8 +455,8 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Routes `row`, takes its ticket and room in the window, and sends it.
-    async fn forward(&mut self, row: Row) -> Step {
+    /// Routes `row` (read at `read_at`), takes its ticket and room in the window, and sends it.
+    async fn forward(&mut self, row: Row, read_at: Instant) -> Step {
         let record = match self.shared.router.route(&row) {
             // The hot path: a topic this session already knows to exist.
             Ok(record) if known_fit(self.topics.get(&record.topic), record.partition) => record,
@@ -535,7 +535,10 @@ impl<'a> Session<'a> {
             }
         };
         match sent {
-            Ok(()) => None,
+            Ok(()) => {
+                self.shared.metrics.handed_off_after(read_at.elapsed());
+                None
+            }
             // A sink that reported a failure (a message refused for good) stops taking records:
             // the failure, not the refusal of this send, says why the session ends.
             Err(e) => Some(Err(self.failure.get().cloned().unwrap_or(e))),

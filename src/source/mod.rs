@@ -229,6 +229,14 @@ impl Source {
         }
     }
 
+    /// Whether the rows' commit times are finer than a second, so that commit → read can be timed
+    /// (`outboxd_source_delay_seconds`): Postgres gives microseconds. MariaDB's binlog gives whole
+    /// seconds (MySQL 8's GTID events carry microseconds, not timed yet), and a replay of files is
+    /// as late as the files are old.
+    pub fn commit_times_precise(&self) -> bool {
+        !matches!(self, Source::BinlogFiles(_)) && self.identity().kind == SourceKind::Postgres
+    }
+
     pub fn identity(&self) -> &SourceIdentity {
         match self {
             Source::Mysql(s) => s.identity(),
