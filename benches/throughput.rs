@@ -253,7 +253,7 @@ fn timed_run(
 
 /// `done` for [`timed_run`]: the checkpoint reached MariaDB GTID state `target`.
 fn at_gtid(target: &str) -> impl FnMut(&Outboxd) -> bool + '_ {
-    move |o| o.checkpoint()["position"]["gtid_set"] == target
+    move |o| o.checkpoint_or_null()["position"]["gtid_set"] == target
 }
 
 /// Command-line switches of the benchmark (after `--`).
@@ -611,7 +611,7 @@ fn main() {
                 &format!("127.0.0.1:{http_port}"),
             )
         };
-        latency_rows = latency::each_setting(
+        let (rows, now_loaded) = latency::each_setting(
             &rt,
             &target,
             &mut outboxd,
@@ -620,6 +620,9 @@ fn main() {
             quick,
             loaded,
         );
+        latency_rows = rows;
+        // Debezium beside it, measured the same way into the same broker (after outboxd stopped).
+        latency_rows.extend(debezium::latency(&rt, &db, &broker, quick, now_loaded).0);
     }
 
     let restart = args.wants("restart").then(|| {
@@ -1422,7 +1425,7 @@ fn postgres_section(
         };
         // outboxd stopped caught up after the drains; `/readyz` says when it streams again.
         latencies =
-            latency::each_setting(rt, &target, &mut outboxd, config, |_| true, quick, loaded);
+            latency::each_setting(rt, &target, &mut outboxd, config, |_| true, quick, loaded).0;
     }
     (rows, latencies)
 }

@@ -117,16 +117,17 @@ impl Metrics {
             ]
             .map(|ms| ms / 1000.0),
         );
-        // 50 µs … 10 s: a caught-up pipeline hands a row over in well under a millisecond; the
-        // upper buckets are a full window (a slow broker) or a topic lookup.
-        // 0.5 ms … 60 s: a caught-up stream is milliseconds behind; a backlog, seconds or more.
+        // 1 ms … 60 s: a caught-up stream is milliseconds behind, a backlog seconds or more. The
+        // commit times are whole milliseconds, so nothing finer can be told.
         let source_delay_seconds = Histogram::new(
             [
-                0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 10000.0,
+                1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 10000.0,
                 60000.0,
             ]
             .map(|ms| ms / 1000.0),
         );
+        // 50 µs … 10 s: a caught-up pipeline hands a row over in well under a millisecond; the
+        // upper buckets are a full window (a slow broker) or a topic lookup.
         let handoff_seconds = Histogram::new(
             [
                 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0,
@@ -336,15 +337,11 @@ impl Metrics {
         self.handoff_seconds.observe(after.as_secs_f64());
     }
 
-    /// A row that committed at `committed_ms` (Unix milliseconds) was read now. A commit time
-    /// ahead of this host's clock counts as no delay.
-    pub fn read_after_commit(&self, committed_ms: i64) {
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis() as i64;
+    /// A row was read `delay_ms` after its commit (by the log's commit time and this host's
+    /// clock; a database clock ahead of this one counts as no delay).
+    pub fn read_after_commit(&self, delay_ms: i64) {
         self.source_delay_seconds
-            .observe((now_ms - committed_ms).max(0) as f64 / 1000.0);
+            .observe(delay_ms.max(0) as f64 / 1000.0);
     }
 
     pub fn delivery_error(&self) {

@@ -16,7 +16,7 @@ use super::rig::debezium::{Connect, Connector};
 use super::rig::scenario::config_body;
 use super::rig::{create_topic, wait_until, Broker, MariaDb, Outboxd, Postgres};
 use super::{
-    at_gtid, gtid_pos, load_script, median, peer_cpu, peer_cpu_since, pg_load_script,
+    at_gtid, gtid_pos, latency, load_script, median, peer_cpu, peer_cpu_since, pg_load_script,
     process_stats, timed_run, topic_end, topic_probe, ProcessStats, Row, PEERS, REPEATS, TOPIC,
 };
 
@@ -127,6 +127,54 @@ pub fn section(db: &MariaDb, from: u64, n: u64, record_bytes: u64) -> (Vec<Row>,
         ));
     }
     (rows, loaded)
+}
+
+/// The rates Debezium's latency is measured at (events/s, 1-row transactions).
+const LATENCY_RATES: [u64; 2] = [1_000, 5_000];
+
+/// Debezium's commit→consume latency on MariaDB at [`LATENCY_RATES`], measured as outboxd's is
+/// (`latency::at_rate`: database-clock stamps, the broker's append times), with the throughput
+/// tuning above (`poll.interval.ms` 50, `linger.ms` 5), into a LogAppendTime topic of `broker`.
+/// `first` is the next row's sequence number; returns the rows and the one after.
+pub fn latency(
+    rt: &tokio::runtime::Runtime,
+    db: &MariaDb,
+    broker: &Broker,
+    quick: bool,
+    mut first: u64,
+) -> (Vec<latency::Latency>, u64) {
+    const TOPIC: &str = "dbzlatency.order";
+    latency::create_topic(&broker.bootstrap(), TOPIC);
+    let connector = TUNING.iter().fold(
+        Connector::mariadb("dbzlatency", db, 6100, "app.outbox", "dbzlatency"),
+        |c, (k, v)| c.with(k, v),
+    );
+    let mut connect = Connect::start_with(&broker.bootstrap(), vec![connector], WORKER);
+    let target = latency::Target {
+        pg_url: None,
+        db_pid: db.pid(),
+        broker,
+        topic: TOPIC,
+        http_port: 0,
+    };
+    let settings = latency::Settings {
+        label: "Debezium 3.5 (poll.interval.ms 50, linger.ms 5)",
+        kafka: "",
+    };
+    let pid = connect.pid().expect("the worker runs");
+    let seconds = if quick { 5 } else { 20 };
+    let mut rows = Vec::new();
+    // A first, unrecorded run warms the JVM up, as for outboxd.
+    for (i, rate) in std::iter::once(5_000).chain(LATENCY_RATES).enumerate() {
+        let seconds = if i == 0 { 3 } else { seconds };
+        let row = latency::at_rate(rt, &target, pid, None, settings, rate, seconds, first);
+        first += rate * seconds;
+        if i > 0 {
+            rows.push(row);
+        }
+    }
+    connect.stop();
+    (rows, first)
 }
 
 /// Starts the worker, waits until `arrived` names the moment the last record arrived, stops it:

@@ -116,7 +116,7 @@ pub struct Target<'a> {
 /// database that warms up or fills does not favour one setting). Before each measurement outboxd
 /// is started with `config(settings.kafka)` and waited for until `caught_up` and `/readyz` say
 /// so; after it, stopped. A first, unrecorded run at 5k events/s warms the broker's JIT up.
-/// `first` is the sequence number of the first row to insert.
+/// `first` is the sequence number of the first row to insert; returns the rows and the next one.
 #[allow(clippy::too_many_arguments)]
 pub fn each_setting(
     rt: &tokio::runtime::Runtime,
@@ -126,13 +126,18 @@ pub fn each_setting(
     mut caught_up: impl FnMut(&Outboxd) -> bool,
     quick: bool,
     mut first: u64,
-) -> Vec<Latency> {
+) -> (Vec<Latency>, u64) {
     let seconds = if quick { 5 } else { 20 };
     let mut rows = Vec::new();
     let warm_up = std::iter::once((5_000, SETTINGS[0], 3));
-    let runs = RATES
-        .iter()
-        .flat_map(|&rate| SETTINGS.map(|settings| (rate, settings, seconds)));
+    // A B, then B A at the next rate: neither setting always goes first.
+    let runs = RATES.iter().enumerate().flat_map(|(r, &rate)| {
+        let mut order = SETTINGS;
+        if r % 2 == 1 {
+            order.reverse();
+        }
+        order.map(|settings| (rate, settings, seconds))
+    });
     for (i, (rate, settings, seconds)) in warm_up.chain(runs).enumerate() {
         outboxd.rewrite_config(&config(settings.kafka));
         outboxd.start();
@@ -140,57 +145,87 @@ pub fn each_setting(
             caught_up(outboxd) && rig::http_get(target.http_port, "/readyz").0 == 200
         });
         let pid = outboxd.pid().as_raw();
-        let latency = at_rate(rt, target, pid, settings, rate, seconds, first);
+        let latency = at_rate(
+            rt,
+            target,
+            pid,
+            Some(target.http_port),
+            settings,
+            rate,
+            seconds,
+            first,
+        );
         outboxd.stop();
         first += rate * seconds;
         if i > 0 {
             rows.push(latency);
         }
     }
-    rows
+    (rows, first)
 }
 
-/// Latency at `rate` for `seconds` with `settings` (outboxd, `outboxd_pid`, already runs with
-/// them); `first` is the sequence number of the first row to insert.
-fn at_rate(
+/// The histograms outboxd exports per hop, scraped from `/metrics` before and after a rate.
+const HISTOGRAMS: [&str; 3] = [
+    "outboxd_source_delay_seconds",
+    "outboxd_handoff_seconds",
+    "outboxd_delivery_seconds",
+];
+
+/// Latency at `rate` for `seconds` with `settings`; the forwarder (outboxd or a peer, process
+/// `forwarder_pid`) already runs with them. With `metrics` (outboxd's `/metrics` port) the
+/// per-hop histograms are read too, and a run without handoff samples is refused; without (a
+/// peer), those columns are NaN. `first` is the sequence number of the first row to insert.
+#[allow(clippy::too_many_arguments)]
+pub fn at_rate(
     rt: &tokio::runtime::Runtime,
     target: &Target<'_>,
-    outboxd_pid: i32,
+    forwarder_pid: i32,
+    metrics: Option<u16>,
     settings: Settings,
     rate: u64,
     seconds: u64,
     first: u64,
 ) -> Latency {
-    let pids = [target.db_pid, target.broker.pid(), outboxd_pid];
+    let pids = [target.db_pid, target.broker.pid(), forwarder_pid];
     let cpu = || pids.map(tree_cpu_seconds);
+    let scrape = || metrics.map(|port| HISTOGRAMS.map(|name| buckets(port, name)));
+    let probe = consumer(target.broker, target.topic, 0);
+    let held_before = held(&probe, target.topic);
     let (before, start) = (cpu(), Instant::now());
-    let handoff_before = buckets(target.http_port, "outboxd_handoff_seconds");
-    let delay_before = buckets(target.http_port, "outboxd_source_delay_seconds");
-    let acks_before = buckets(target.http_port, "outboxd_delivery_seconds");
+    let mut scraped = None;
     let mariadb_url = ROOT_URL.lock().unwrap().clone();
     let measured = rt.block_on(async {
         let loader = match target.pg_url {
             Some(url) => Loader::postgres(url).await,
             None => Loader::mariadb_url(&mariadb_url).await,
         };
-        measure(loader, target, rate, seconds, first).await
+        measure(loader, target, rate, seconds, first, || scraped = scrape()).await
     });
     let wall = start.elapsed().as_secs_f64();
     let after = cpu();
-    let handoff = buckets(target.http_port, "outboxd_handoff_seconds");
-    let (handoff_p99, handed) = bucket_p99(&handoff_before, &handoff);
     assert!(
-        handed > 0.0,
-        "outboxd exported no outboxd_handoff_seconds samples at {rate} events/s: its own share cannot be told"
+        !measured.total.is_empty(),
+        "no stamped record came back at {rate} events/s"
     );
-    let (source_delay_p99, _) = bucket_p99(
-        &delay_before,
-        &buckets(target.http_port, "outboxd_source_delay_seconds"),
+    // Every row of this run delivered before the next run starts (or the forwarder stops): a
+    // backlog left behind would be measured by the next run.
+    let total = rate * seconds;
+    wait_until(
+        "the forwarder to deliver every row of the run",
+        Duration::from_secs(600),
+        || held(&probe, target.topic) >= held_before + total,
     );
-    let (ack_p99, _) = bucket_p99(
-        &acks_before,
-        &buckets(target.http_port, "outboxd_delivery_seconds"),
-    );
+    let [source_delay, handoff, ack] = match (scraped, scrape()) {
+        (Some(before), Some(after)) => {
+            let [delay, handoff, ack] = [0, 1, 2].map(|i| bucket_p99(&before[i], &after[i]));
+            assert!(
+                handoff.1 > 0.0,
+                "outboxd exported no outboxd_handoff_seconds samples at {rate} events/s: its own share cannot be told"
+            );
+            [delay.0, handoff.0, ack.0]
+        }
+        _ => [f64::NAN; 3],
+    };
     Latency {
         rate,
         settings: settings.label,
@@ -201,11 +236,23 @@ fn at_rate(
         max: measured.total.last().copied().unwrap_or(f64::NAN),
         to_append_p99: percentile(&measured.to_append, 0.99),
         append_to_consume_p99: percentile(&measured.to_consume, 0.99),
-        source_delay_p99,
-        handoff_p99,
-        ack_p99,
+        source_delay_p99: source_delay,
+        handoff_p99: handoff,
+        ack_p99: ack,
         cores: [0, 1, 2].map(|i| (after[i] - before[i]) / wall),
     }
+}
+
+/// Records `topic` holds (the sum of its partitions' high watermarks).
+fn held(probe: &BaseConsumer, topic: &str) -> u64 {
+    (0..6)
+        .map(|p| {
+            probe
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .unwrap()
+                .1 as u64
+        })
+        .sum()
 }
 
 /// What one rate measured: sorted milliseconds per hop, and the rate the loader achieved.
@@ -218,13 +265,20 @@ struct Measured {
 
 /// Inserts `rate` rows a second for `seconds` (a tick every 10 ms) while a consumer reads them
 /// back; the first second is a warm-up and not measured.
+/// `at_warm` runs once the warm-up second has passed (the histograms are scraped then, so that
+/// they cover the same records as the end-to-end numbers).
 async fn measure(
     mut loader: Loader,
     target: &Target<'_>,
     rate: u64,
     seconds: u64,
     first: u64,
+    mut at_warm: impl FnMut(),
 ) -> Measured {
+    assert!(
+        rate.is_multiple_of(100),
+        "a rate is inserted 1/100 each 10 ms tick"
+    );
     let total = rate * seconds;
     let consumer = consumer(target.broker, target.topic, rate);
     let warm_until = now_micros() + 1_000_000;
@@ -236,6 +290,9 @@ async fn measure(
     for i in 0..(seconds * 100) {
         let due = start + tick * i as u32;
         tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
+        if i == 100 {
+            at_warm();
+        }
         let mut script = String::new();
         for _ in 0..per_tick {
             script.push_str(&loader.insert(n));
@@ -430,16 +487,18 @@ fn bucket_p99(before: &[(f64, f64)], after: &[(f64, f64)]) -> (f64, f64) {
 /// Prints one database's table for BENCHMARKS.md.
 pub fn print(source: &str, rows: &[Latency]) {
     println!("\n{source} (commit → consume, and the p99 of each hop; ms):");
-    println!("\n| settings | offered rate (events/s) | achieved | records | p50 | p99 | max | p99 commit→append | p99 commit→read | p99 outboxd's share (read→handoff) | p99 handoff→ack | p99 append→consume | cores busy: database / broker / outboxd |");
+    println!("\n| settings | offered rate (events/s) | achieved | records | p50 | p99 | max | p99 commit→append | p99 commit→read | p99 outboxd's share (read→handoff) | p99 handoff→ack | p99 append→consume | cores busy: database / broker / forwarder |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for l in rows {
-        let delay = if l.source_delay_p99.is_nan() {
-            "–".to_string()
-        } else {
-            format!("≤ {}", l.source_delay_p99)
+        let bound = |v: f64| {
+            if v.is_nan() {
+                "–".to_string()
+            } else {
+                format!("≤ {v}")
+            }
         };
         println!(
-            "| {} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {delay} | ≤ {} | ≤ {} | {:.1} | {:.2} / {:.2} / {:.2} |",
+            "| {} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {:.1} | {:.2} / {:.2} / {:.2} |",
             l.settings,
             l.rate,
             l.achieved,
@@ -448,8 +507,9 @@ pub fn print(source: &str, rows: &[Latency]) {
             l.p99,
             l.max,
             l.to_append_p99,
-            l.handoff_p99,
-            l.ack_p99,
+            bound(l.source_delay_p99),
+            bound(l.handoff_p99),
+            bound(l.ack_p99),
             l.append_to_consume_p99,
             l.cores[0],
             l.cores[1],

@@ -22,9 +22,13 @@ pub(super) const CHANNEL_DEPTH: usize = 4;
 pub(super) const CHANNEL_BYTES: u32 = 16 * 1024 * 1024;
 
 /// A change from the reader task, with the part of the channel's byte budget it holds (released
-/// per change, as the session handles it) and when the source gave it (`outboxd_handoff_seconds`
-/// times a row from here to its hand-over to the sink).
-pub(super) type Queued = (Result<Change>, Option<OwnedSemaphorePermit>, Instant);
+/// per change, as the session handles it) and, for a row, when the source gave it
+/// (`outboxd_handoff_seconds` times the row from here to its hand-over to the sink).
+pub(super) type Queued = (
+    Result<Change>,
+    Option<OwnedSemaphorePermit>,
+    Option<Instant>,
+);
 
 /// Starts the reader task; the receiver ends when the source fails, is exhausted, or the task is
 /// aborted.
@@ -53,7 +57,7 @@ async fn read_changes(
     metrics: Arc<Metrics>,
 ) {
     let mut reported = source.ignored();
-    let timed = source.commit_times_precise();
+    let mut wall = source.commit_times_precise().then(WallClock::new);
     let mut updated = Updates::default();
     let mut batch: Vec<Queued> = Vec::new();
     loop {
@@ -69,12 +73,17 @@ async fn read_changes(
                 }
             }
         };
-        let read_at = Instant::now();
-        if let (true, Ok(Change::Row(row))) = (timed, &change) {
-            if let Some(ms) = row.committed_ms {
-                metrics.read_after_commit(ms);
+        // One clock read per row times both hops (none for commits and heartbeats).
+        let read_at = match &change {
+            Ok(Change::Row(row)) => {
+                let now = Instant::now();
+                if let (Some(wall), Some(committed_ms)) = (wall.as_mut(), row.committed_ms) {
+                    metrics.read_after_commit(wall.unix_ms(now) - committed_ms);
+                }
+                Some(now)
             }
-        }
+            _ => None,
+        };
         let ended = matches!(change, Ok(Change::Exhausted));
         let ignored = source.ignored();
         let (updates, deletes) = (
@@ -124,6 +133,37 @@ async fn read_changes(
             return;
         }
     }
+}
+
+/// Unix milliseconds from a monotonic instant: the wall clock is read once a second, not per row.
+struct WallClock {
+    unix_ms: i64,
+    at: Instant,
+}
+
+impl WallClock {
+    fn new() -> WallClock {
+        WallClock {
+            unix_ms: unix_ms_now(),
+            at: Instant::now(),
+        }
+    }
+
+    fn unix_ms(&mut self, now: Instant) -> i64 {
+        let since = now.saturating_duration_since(self.at);
+        if since > std::time::Duration::from_secs(1) {
+            *self = WallClock::new();
+            return self.unix_ms;
+        }
+        self.unix_ms + since.as_millis() as i64
+    }
+}
+
+fn unix_ms_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as i64
 }
 
 /// UPDATEs of outbox rows seen and not yet logged. DELETEs are not judged: deleting forwarded
@@ -200,5 +240,30 @@ pub(super) fn try_next_queued(
             return Some(queued);
         }
         *pending = changes.try_recv().ok()?.into_iter();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows are timed against the wall clock read once a second: it must agree with the system
+    /// clock, and read it again once that second has passed.
+    #[test]
+    fn the_wall_clock_follows_the_system_clock_and_reanchors_each_second() {
+        let mut wall = WallClock::new();
+        let now = Instant::now();
+        assert!((wall.unix_ms(now) - unix_ms_now()).abs() <= 5);
+        let anchored = wall.at;
+        let later = now + std::time::Duration::from_millis(1500);
+        let told = wall.unix_ms(later);
+        assert!(wall.at > anchored, "not anchored again after a second");
+        assert!((told - unix_ms_now()).abs() <= 5, "{told}");
+        // Within the second, the time moves with the monotonic clock.
+        let at = wall.at;
+        assert_eq!(
+            wall.unix_ms(at + std::time::Duration::from_millis(250)),
+            wall.unix_ms + 250
+        );
     }
 }

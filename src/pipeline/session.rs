@@ -289,12 +289,13 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Handles one change (read from the source at `read_at`); `Some` ends the session.
-    async fn step(&mut self, change: Change, read_at: Instant) -> Step {
+    /// Handles one change (a row read from the source at `read_at`); `Some` ends the session.
+    async fn step(&mut self, change: Change, read_at: Option<Instant>) -> Step {
         match change {
             Change::Row(row) => {
                 self.open_rows = true;
-                self.forward(row, read_at).await
+                self.forward(row, read_at.unwrap_or_else(Instant::now))
+                    .await
             }
             Change::Exhausted => {
                 self.open_rows = false;

@@ -295,6 +295,12 @@ impl Connect {
         pid
     }
 
+    /// The running worker's pid (the JVM's; the benchmark reads its CPU time).
+    #[allow(dead_code)]
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
     /// Whether the process started last has exited.
     pub fn exited(&mut self) -> bool {
         self.child

@@ -207,9 +207,21 @@ impl Outboxd {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
-    /// The saved checkpoint, or `Null` before the first save (so a wait on it reads "not yet"; the
-    /// file is replaced by rename, so it is never seen half written).
+    /// The saved checkpoint; panics when none was saved yet (an assertion on it must not pass
+    /// because there is nothing to compare).
     pub fn checkpoint(&self) -> serde_json::Value {
+        let checkpoint = self.checkpoint_or_null();
+        assert!(
+            !checkpoint.is_null(),
+            "outboxd saved no checkpoint at {}",
+            self.checkpoint_path().display()
+        );
+        checkpoint
+    }
+
+    /// The saved checkpoint, or `Null` before the first save: for waits, which read "not yet"
+    /// (the file is replaced by rename, so it is never seen half written).
+    pub fn checkpoint_or_null(&self) -> serde_json::Value {
         match std::fs::read_to_string(self.checkpoint_path()) {
             Ok(text) => serde_json::from_str(&text).unwrap(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => serde_json::Value::Null,
