@@ -1424,8 +1424,11 @@ fn postgres_section(
             )
         };
         // outboxd stopped caught up after the drains; `/readyz` says when it streams again.
-        latencies =
-            latency::each_setting(rt, &target, &mut outboxd, config, |_| true, quick, loaded).0;
+        let (rows, next) =
+            latency::each_setting(rt, &target, &mut outboxd, config, |_| true, quick, loaded);
+        latencies = rows;
+        // Debezium beside it, measured the same way into the same broker (after outboxd stopped).
+        latencies.extend(debezium::pg_latency(rt, &pg, &url, &broker, quick, next).0);
     }
     (rows, latencies)
 }

@@ -141,22 +141,57 @@ pub fn latency(
     db: &MariaDb,
     broker: &Broker,
     quick: bool,
-    mut first: u64,
+    first: u64,
 ) -> (Vec<latency::Latency>, u64) {
-    const TOPIC: &str = "dbzlatency.order";
-    latency::create_topic(&broker.bootstrap(), TOPIC);
-    let connector = TUNING.iter().fold(
-        Connector::mariadb("dbzlatency", db, 6100, "app.outbox", "dbzlatency"),
-        |c, (k, v)| c.with(k, v),
-    );
-    let mut connect = Connect::start_with(&broker.bootstrap(), vec![connector], WORKER);
+    let connector = Connector::mariadb("dbzlatency", db, 6100, "app.outbox", "dbzlatency");
     let target = latency::Target {
         pg_url: None,
         db_pid: db.pid(),
         broker,
-        topic: TOPIC,
+        topic: "dbzlatency.order",
         http_port: 0,
     };
+    latency_of(rt, connector, &target, quick, first)
+}
+
+/// The same on Postgres (`pgoutput`, a slot of its own), the loader writing through `url`.
+pub fn pg_latency(
+    rt: &tokio::runtime::Runtime,
+    pg: &Postgres,
+    url: &str,
+    broker: &Broker,
+    quick: bool,
+    first: u64,
+) -> (Vec<latency::Latency>, u64) {
+    let connector = Connector::postgres(
+        "dbzlatency",
+        pg,
+        "dbzlatency",
+        "public.outbox",
+        "dbzlatency",
+    );
+    let target = latency::Target {
+        pg_url: Some(url),
+        db_pid: pg.postmaster_pid().expect("postmaster.pid").as_raw(),
+        broker,
+        topic: "dbzlatency.pgbench",
+        http_port: 0,
+    };
+    latency_of(rt, connector, &target, quick, first)
+}
+
+/// Starts a worker with `connector` (tuned as above) into `target`'s topic, measures it at
+/// [`LATENCY_RATES`] after an unrecorded warm-up run, and stops it.
+fn latency_of(
+    rt: &tokio::runtime::Runtime,
+    connector: Connector,
+    target: &latency::Target<'_>,
+    quick: bool,
+    mut first: u64,
+) -> (Vec<latency::Latency>, u64) {
+    latency::create_topic(&target.broker.bootstrap(), target.topic);
+    let connector = TUNING.iter().fold(connector, |c, (k, v)| c.with(k, v));
+    let mut connect = Connect::start_with(&target.broker.bootstrap(), vec![connector], WORKER);
     let settings = latency::Settings {
         label: "Debezium 3.5 (poll.interval.ms 50, linger.ms 5)",
         kafka: "",
@@ -167,7 +202,7 @@ pub fn latency(
     // A first, unrecorded run warms the JVM up, as for outboxd.
     for (i, rate) in std::iter::once(5_000).chain(LATENCY_RATES).enumerate() {
         let seconds = if i == 0 { 3 } else { seconds };
-        let row = latency::at_rate(rt, &target, pid, None, settings, rate, seconds, first);
+        let row = latency::at_rate(rt, target, pid, None, settings, rate, seconds, first);
         first += rate * seconds;
         if i > 0 {
             rows.push(row);
