@@ -43,6 +43,7 @@ const NEVER: i64 = i64::MIN;
 pub struct Metrics {
     registry: Registry,
     forwarded: Family<TopicLabel, Counter>,
+    timestamps_clamped: Family<TopicLabel, Counter>,
     dead_letter: Family<ReasonLabel, Counter>,
     ignored: Family<KindLabel, Counter>,
     inflight: Gauge,
@@ -92,6 +93,7 @@ impl Metrics {
             .into_iter(),
         );
         let forwarded = Family::<TopicLabel, Counter>::default();
+        let timestamps_clamped = Family::<TopicLabel, Counter>::default();
         let dead_letter = Family::<ReasonLabel, Counter>::default();
         let ignored = Family::<KindLabel, Counter>::default();
         let inflight = Gauge::default();
@@ -139,6 +141,11 @@ impl Metrics {
             "events_forwarded",
             "Records acknowledged by Kafka, per topic",
             forwarded.clone(),
+        );
+        registry.register(
+            "timestamps_clamped",
+            "Records stamped with outboxd's clock because their own timestamp was more than kafka.max_timestamp_ahead_ms ahead of it, per topic",
+            timestamps_clamped.clone(),
         );
         registry.register(
             "dead_letter",
@@ -243,6 +250,7 @@ impl Metrics {
         Arc::new(Metrics {
             registry,
             forwarded,
+            timestamps_clamped,
             dead_letter,
             ignored,
             inflight,
@@ -294,6 +302,15 @@ impl Metrics {
                 topic: topic.to_string(),
             })
             .inc_by(count);
+    }
+
+    /// A record on `topic` went out stamped with outboxd's clock instead of its own (future) time.
+    pub fn timestamp_clamped(&self, topic: &str) {
+        self.timestamps_clamped
+            .get_or_create(&TopicLabel {
+                topic: topic.to_string(),
+            })
+            .inc();
     }
 
     pub fn dead_letter(&self, reason: &str) {

@@ -12,6 +12,7 @@ mod exactly_once;
 mod failpoints;
 mod faults;
 mod kafka_acl;
+mod kafka_hazards;
 mod mysql_pipeline;
 mod nats;
 mod operate;

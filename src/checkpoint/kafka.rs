@@ -109,14 +109,15 @@ impl KafkaStore {
         format!("{}/lead", self.name)
     }
 
-    /// A consumer that follows the topic's committed records (for the lease).
+    /// A consumer that follows every record written to the topic, committed or not (for the
+    /// lease: see [`Isolation::Written`]).
     pub fn tail_consumer(&self) -> Result<BaseConsumer<QuietContext>> {
         let mut config = self.base.clone();
         config
             .set("group.id", format!("outboxd.{}.lease", self.name))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
-            .set("isolation.level", "read_committed");
+            .set("isolation.level", Isolation::Written.level());
         config
             .create_with_context(QuietContext)
             .map_err(|e| unreachable(&self.topic, &e))
@@ -153,7 +154,7 @@ impl KafkaStore {
             .base
             .create()
             .map_err(|e| unreachable(&self.topic, &e))?;
-        let consumer = self.consumer()?;
+        let consumer = self.consumer(Isolation::Committed)?;
         let mut partitions = self.partitions(&consumer)?;
         if partitions == 0 {
             if !create {
@@ -278,7 +279,7 @@ impl KafkaStore {
         Ok(())
     }
 
-    fn consumer(&self) -> Result<BaseConsumer<QuietContext>> {
+    fn consumer(&self, isolation: Isolation) -> Result<BaseConsumer<QuietContext>> {
         let mut config = self.base.clone();
         config
             .set("group.id", format!("outboxd.{}.reader", self.name))
@@ -289,7 +290,7 @@ impl KafkaStore {
             // ends with a commit marker, never delivered, so no record reaches `until` and every
             // scan would otherwise wait out librdkafka's 500 ms for that fetch (twice per start).
             .set("fetch.wait.max.ms", "10")
-            .set("isolation.level", "read_committed");
+            .set("isolation.level", isolation.level());
         config
             .create_with_context(QuietContext)
             .map_err(|e| unreachable(&self.topic, &e))
@@ -302,11 +303,12 @@ impl KafkaStore {
     /// waits until the end passes `until` rather than return an older checkpoint as the newest.
     fn scan(
         &self,
+        isolation: Isolation,
         from: i64,
         until: i64,
         mut seen: impl FnMut(&[u8], Option<&[u8]>),
     ) -> Result<()> {
-        let consumer = self.consumer()?;
+        let consumer = self.consumer(isolation)?;
         let mut assignment = TopicPartitionList::new();
         assignment
             .add_partition_offset(&self.topic, 0, Offset::Offset(from))
@@ -329,7 +331,8 @@ impl KafkaStore {
                         p.find_partition(&self.topic, 0)
                             .and_then(|p| p.offset().to_raw())
                     });
-                    let settle = self.settle.load(std::sync::atomic::Ordering::Relaxed);
+                    let settle = isolation == Isolation::Committed
+                        && self.settle.load(std::sync::atomic::Ordering::Relaxed);
                     if !settle || position.is_none_or(|at| at >= until) {
                         return Ok(());
                     }
@@ -375,8 +378,13 @@ impl KafkaStore {
             .map_err(|e| unreachable(&self.topic, &e))
     }
 
-    /// The newest value of `key` (`None`: never written, or a tombstone).
+    /// The newest committed value of `key` (`None`: never written, or a tombstone).
     fn latest(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.latest_as(Isolation::Committed, key)
+    }
+
+    /// The newest value of `key` as a reader with `isolation` sees it.
+    fn latest_as(&self, isolation: Isolation, key: &str) -> Result<Option<Vec<u8>>> {
         if self.missing {
             return Ok(None);
         }
@@ -386,7 +394,7 @@ impl KafkaStore {
             let from = high.saturating_sub(window).max(low);
             let mut found: Option<Option<Vec<u8>>> = None;
             if from < high {
-                self.scan(from, high, |k, v| {
+                self.scan(isolation, from, high, |k, v| {
                     if k == key.as_bytes() {
                         found = Some(v.map(<[u8]>::to_vec));
                     }
@@ -550,9 +558,10 @@ impl KafkaStore {
 
     /// The newest lead record, if it says an instance led within twice the takeover timeout (the
     /// clocks of two machines: a margin of one more timeout) and has not released the lead.
+    /// Written records count, committed or not ([`Isolation::Written`]).
     fn recent_leader(&self) -> Result<Option<(LeadRecord, i64)>> {
         let Some(record) = self
-            .latest(&self.lead_key())?
+            .latest_as(Isolation::Written, &self.lead_key())?
             .and_then(|body| LeadRecord::parse(Some(&body)))
         else {
             return Ok(None);
@@ -614,7 +623,7 @@ impl Backend for std::sync::Arc<KafkaStore> {
         let prefix = format!("{}/saved/", self.name);
         let (low, high) = self.watermarks()?;
         let mut labels = std::collections::BTreeMap::new();
-        self.scan(low, high, |key, value| {
+        self.scan(Isolation::Committed, low, high, |key, value| {
             if let Some(label) = std::str::from_utf8(key)
                 .ok()
                 .and_then(|k| k.strip_prefix(&prefix))
@@ -626,6 +635,31 @@ impl Backend for std::sync::Arc<KafkaStore> {
             .into_iter()
             .filter_map(|(label, present)| present.then_some(label))
             .collect())
+    }
+}
+
+/// Which records of the topic a reader sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Isolation {
+    /// Committed records only (`read_committed`), below the last stable offset: checkpoints. A
+    /// checkpoint of a transaction that may still abort must never be resumed from.
+    Committed,
+    /// Every record written (`read_uncommitted`): who leads. All pipelines share the topic's one
+    /// partition, and another pipeline's open transaction (a writer killed mid-commit stays open
+    /// for its `transaction.timeout.ms`) holds the last stable offset back: a committed-only
+    /// reader would hear no renewal of a healthy leader behind it and take over. A renewal that
+    /// reached the log proves its writer was alive when it wrote it, committed or not; a fenced
+    /// writer's renewals never reach the log. One that keeps failing to commit is heard until it
+    /// gives the lead up itself, after one takeover timeout.
+    Written,
+}
+
+impl Isolation {
+    fn level(self) -> &'static str {
+        match self {
+            Isolation::Committed => "read_committed",
+            Isolation::Written => "read_uncommitted",
+        }
     }
 }
 

@@ -2,9 +2,12 @@
 //!
 //! The lead is a lease kept in the checkpoint topic itself. The leader commits a small record
 //! under key `NAME/lead` (who leads, since when) every third of `checkpoint.takeover_timeout_ms`,
-//! through the same transactional writer as its checkpoints. Every standby tails the topic
-//! (read_committed) and takes over when it has heard neither that record nor a checkpoint of the
-//! pipeline for a whole takeover timeout: the leader was killed, cut off or frozen.
+//! through the same transactional writer as its checkpoints. Every standby tails the topic and
+//! takes over when it has heard neither that record nor a checkpoint of the pipeline for a whole
+//! takeover timeout: the leader was killed, cut off or frozen. It hears every record written,
+//! committed or not (`read_uncommitted`): the pipelines share the topic's partition, and another
+//! pipeline's open transaction would hide a healthy leader's renewals from a committed-only reader
+//! for that transaction's whole timeout (see `kafka::Isolation::Written`).
 //!
 //! Taking over is [`super::kafka::KafkaStore::take_over`]: `init_transactions` with the pipeline's
 //! transactional id fences every earlier writer, so an old leader that wakes up (SIGSTOP, a long

@@ -45,6 +45,11 @@ pub struct KafkaConfig {
     /// `exactly_once`: likewise once it holds this many bytes (keys, values, headers).
     #[serde(default = "default_transaction_max_bytes")]
     pub transaction_max_bytes: u64,
+    /// A record timestamp (the commit time, or `route.timestamp`'s column) more than this far ahead
+    /// of outboxd's clock goes out stamped with outboxd's clock instead: Kafka 4 refuses records
+    /// more than `message.timestamp.after.max.ms` (1 h by default) ahead of the broker's clock.
+    #[serde(default = "default_max_timestamp_ahead_ms")]
+    pub max_timestamp_ahead_ms: u64,
     /// Passed to librdkafka verbatim.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
@@ -71,6 +76,7 @@ impl std::fmt::Debug for KafkaConfig {
             .field("transaction_interval_ms", &self.transaction_interval_ms)
             .field("transaction_max_records", &self.transaction_max_records)
             .field("transaction_max_bytes", &self.transaction_max_bytes)
+            .field("max_timestamp_ahead_ms", &self.max_timestamp_ahead_ms)
             .field("properties", &properties)
             .finish()
     }
@@ -86,6 +92,11 @@ fn default_transaction_max_records() -> u64 {
 
 fn default_transaction_max_bytes() -> u64 {
     128 * 1024 * 1024
+}
+
+/// 55 minutes: under Kafka's default hour by five minutes, for the clocks of two machines.
+fn default_max_timestamp_ahead_ms() -> u64 {
+    55 * 60 * 1000
 }
 
 impl KafkaConfig {
@@ -147,6 +158,13 @@ impl KafkaConfig {
             );
         }
         delivery::validate_transactions("kafka", &self.transaction_limits())?;
+        if self.max_timestamp_ahead_ms == 0 || self.max_timestamp_ahead_ms > i64::MAX as u64 / 2 {
+            return bad(
+                "kafka.max_timestamp_ahead_ms",
+                format!("{} is not a usable limit", self.max_timestamp_ahead_ms),
+                "set a number of milliseconds below the topics' message.timestamp.after.max.ms (outboxd's default 3300000 suits Kafka's default of one hour)",
+            );
+        }
         let transaction_timeout = self
             .properties
             .get("transaction.timeout.ms")

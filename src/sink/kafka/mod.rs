@@ -148,7 +148,11 @@ impl ProducerContext for AckContext {
 }
 
 /// `record` as librdkafka's record, carrying `in_flight` to its delivery report.
-fn base_record(record: &Record, in_flight: InFlight) -> BaseRecord<'_, [u8], [u8], Box<InFlight>> {
+fn base_record(
+    record: &Record,
+    timestamp: Option<i64>,
+    in_flight: InFlight,
+) -> BaseRecord<'_, [u8], [u8], Box<InFlight>> {
     let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
     for (key, value) in &record.headers {
         headers = headers.insert(Header {
@@ -157,7 +161,7 @@ fn base_record(record: &Record, in_flight: InFlight) -> BaseRecord<'_, [u8], [u8
         });
     }
     let mut base = BaseRecord::with_opaque_to(&record.topic, Box::new(in_flight)).headers(headers);
-    if let Some(ts) = record.timestamp {
+    if let Some(ts) = timestamp {
         base = base.timestamp(ts);
     }
     if let Some(partition) = record.partition {
@@ -230,8 +234,13 @@ fn delivery_error(e: &KafkaError, topic: &str) -> Error {
     };
     let error = Error::sink(format!("delivery to topic {topic} failed: {e}")).caused_by(e.clone());
     match code {
-        Some(C::MessageSizeTooLarge | C::InvalidRecord | C::InvalidMessageSize) => error.remedy(format!(
+        Some(C::MessageSizeTooLarge | C::InvalidMessageSize) => error.remedy(format!(
             "the broker refuses a record this large: raise the topic's max.message.bytes (and the broker's message.max.bytes) for {topic}, then restart; nothing was skipped"
+        )),
+        // Kafka 4 answers a timestamp out of the topic's range with INVALID_RECORD, not
+        // INVALID_TIMESTAMP (the broker's log names the reason).
+        Some(C::InvalidRecord) => error.remedy(format!(
+            "the broker refuses a record of {topic} as invalid (its log says why): most often the timestamp is outside the topic's message.timestamp.after.max.ms / message.timestamp.before.max.ms (lower kafka.max_timestamp_ahead_ms below the first, or raise the topic's limits), or a record without a key went to a compacted topic (give the route a key, or another topic); then restart; nothing was skipped"
         )),
         Some(C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed) => error.remedy(format!(
             "grant the outboxd principal WRITE on topic {topic} (and, on brokers older than Kafka 3.0, IDEMPOTENT_WRITE on the cluster), then restart"
@@ -245,7 +254,7 @@ fn delivery_error(e: &KafkaError, topic: &str) -> Error {
             "a route.additional partition placement names a partition {topic} does not have: fix the row or the topic, then restart; nothing was skipped"
         )),
         Some(C::InvalidTimestamp) => error.remedy(format!(
-            "the broker refuses the record's timestamp (message.timestamp.difference.max.ms on {topic}?): route.timestamp or the commit time is too far from now; raise the topic's limit, then restart; nothing was skipped"
+            "the broker refuses the record's timestamp: {topic}'s message.timestamp.after.max.ms (how far ahead of the broker's clock) is below kafka.max_timestamp_ahead_ms, or its message.timestamp.before.max.ms (how far behind) is below the record's age; lower kafka.max_timestamp_ahead_ms or raise the topic's limits, then restart; nothing was skipped"
         )),
         _ => error
             .remedy("outboxd reconnects and resumes from the last checkpoint; check the broker")
@@ -271,6 +280,60 @@ pub struct KafkaSink {
     properties: std::collections::BTreeMap<String, String>,
     window: Window,
     metrics: Arc<Metrics>,
+    future: FutureStamps,
+}
+
+/// Record timestamps ahead of this host's clock: Kafka 4 refuses a record more than
+/// `message.timestamp.after.max.ms` (an hour by default) ahead of the broker's clock, and one
+/// refused record would stop the pipeline for good. Such a record goes out stamped with
+/// outboxd's clock, counted per topic and logged (at most once a minute, with how many).
+///
+/// Clamped rather than dead-lettered: the row itself is good, and a dead letter would take it
+/// out of its key's order on the topic its consumers read; only the record's metadata changes
+/// (`route.additional` can carry the column as a header where consumers need the original).
+struct FutureStamps {
+    /// `kafka.max_timestamp_ahead_ms`.
+    ahead_ms: i64,
+    /// When the last warning was logged, and how many were clamped since.
+    told: std::sync::Mutex<(Option<Instant>, u64)>,
+}
+
+impl FutureStamps {
+    fn new(config: &KafkaConfig) -> FutureStamps {
+        FutureStamps {
+            ahead_ms: i64::try_from(config.max_timestamp_ahead_ms).unwrap_or(i64::MAX / 2),
+            told: std::sync::Mutex::new((None, 0)),
+        }
+    }
+
+    /// The timestamp `record` goes out with.
+    fn stamp(&self, record: &Record, metrics: &Metrics) -> Option<i64> {
+        let ts = record.timestamp?;
+        let now = now_ms();
+        if ts <= now.saturating_add(self.ahead_ms) {
+            return Some(ts);
+        }
+        metrics.timestamp_clamped(&record.topic);
+        let mut told = self.told.lock().expect("clamp log state");
+        told.1 += 1;
+        if told.0.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+            tracing::warn!(
+                topic = record.topic,
+                timestamp = %chrono::DateTime::from_timestamp_millis(ts).map_or_else(|| ts.to_string(), |t| t.to_rfc3339()),
+                ahead_s = (ts - now) / 1000,
+                records = told.1,
+                "a record timestamp is more than kafka.max_timestamp_ahead_ms ahead of this host's clock (route.timestamp's column, or the database's clock): stamped with outboxd's clock instead, as Kafka would refuse it (outboxd_timestamps_clamped_total counts them)"
+            );
+            *told = (Some(Instant::now()), 0);
+        }
+        Some(now)
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl KafkaSink {
@@ -358,6 +421,7 @@ impl KafkaSink {
             properties: config.properties.clone(),
             window,
             metrics,
+            future: FutureStamps::new(config),
         })
     }
 
@@ -393,8 +457,10 @@ impl KafkaSink {
         // From here the delivery report gives the room back.
         let cost = room.forget();
         let producer = self.producer.as_ref().expect("producer lives until close");
+        let timestamp = self.future.stamp(record, &self.metrics);
         let mut base = base_record(
             record,
+            timestamp,
             InFlight {
                 ticket: Some(ticket),
                 cost,
@@ -470,6 +536,7 @@ impl KafkaSink {
                 .map_err(|e| transaction_error("flushing the Kafka transaction", &id, &e))?;
             let mut base = base_record(
                 &last,
+                last.timestamp,
                 InFlight {
                     ticket: None,
                     cost: 0,
