@@ -50,7 +50,11 @@ pub async fn run(config: &Config) -> Report {
         ));
     }
     let checkpoint = match Store::open(config, &config.name, Access::Read) {
-        Ok(store) => match store.load() {
+        Ok(store) => match store.load().inspect(|_| {
+            if let Some(kafka) = store.kafka() {
+                items.extend(kafka.durability_items());
+            }
+        }) {
             Ok(Some(c)) => {
                 items.push(Item::pass(
                     "checkpoint",

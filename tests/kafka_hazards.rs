@@ -51,7 +51,12 @@ fn another_pipelines_open_transaction_does_not_move_the_lead_of_a_healthy_leader
     let checkpoint = "store = \"kafka\"\ntakeover_timeout_ms = 1500\n";
     let instance = || {
         let port = free_port();
-        let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", &format!("127.0.0.1:{port}"));
+        let body = config_body(
+            &db.cdc_url(),
+            &broker.bootstrap(),
+            "",
+            &format!("127.0.0.1:{port}"),
+        );
         (Outboxd::with_checkpoint("lease-a", &body, checkpoint), port)
     };
     let (mut leader, leader_port) = instance();
@@ -63,8 +68,13 @@ fn another_pipelines_open_transaction_does_not_move_the_lead_of_a_healthy_leader
     });
     standby.start_until(&[], &[], &["standing by"]);
 
-    let b_body = config_body(&db.cdc_url(), &broker.bootstrap(), "exactly_once = true", "")
-        .replace("server_id = 99", "server_id = 98")
+    let b_body = config_body(
+        &db.cdc_url(),
+        &broker.bootstrap(),
+        "exactly_once = true",
+        "",
+    )
+    .replace("server_id = 99", "server_id = 98")
         + "[route]\ntopic = \"b.${routedByValue}\"\n";
     let mut b = Outboxd::with_checkpoint("lease-b", &b_body, checkpoint);
     b.start_with_env(
@@ -121,8 +131,12 @@ fn a_timestamp_two_hours_ahead_is_clamped_to_now_and_counted() {
         create_topic(&broker.bootstrap(), topic, 3);
     }
     let port = free_port();
-    let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", &format!("127.0.0.1:{port}"))
-        + "[route]\ntimestamp = \"created_at\"\n";
+    let body = config_body(
+        &db.cdc_url(),
+        &broker.bootstrap(),
+        "",
+        &format!("127.0.0.1:{port}"),
+    ) + "[route]\ntimestamp = \"created_at\"\n";
     let mut outboxd = Outboxd::new("future", &body);
     outboxd.start();
     let before = chrono::Utc::now().timestamp_millis();
@@ -173,5 +187,165 @@ fn a_timestamp_two_hours_ahead_is_clamped_to_now_and_counted() {
         "{}",
         outboxd.log()
     );
+    outboxd.stop();
+}
+
+/// The topic's settings as the broker describes them.
+fn topic_configs(broker: &Broker, topic: &str) -> std::collections::HashMap<String, String> {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()
+        .unwrap();
+    let described = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(admin.describe_configs(
+            [&ResourceSpecifier::Topic(topic)],
+            &AdminOptions::new().request_timeout(Some(Duration::from_secs(10))),
+        ))
+        .unwrap();
+    let resource = described.into_iter().next().unwrap().unwrap();
+    resource
+        .entries
+        .into_iter()
+        .filter_map(|e| Some((e.name, e.value?)))
+        .collect()
+}
+
+/// A checkpoint topic with one replica, or one that elects a lagging replica, comes back without
+/// the newest checkpoints after a broker loses its disk, and a compacted topic whose segment never
+/// rolls is never compacted. outboxd creates the topic as durable as the cluster allows, with an
+/// hour's segments, and `check` says how the topic keeps checkpoints and warns on the rest; it also
+/// says when the brokers create topics on first use (a mistyped route makes a topic, not a dead
+/// letter).
+#[test]
+fn the_checkpoint_topic_is_created_durable_and_check_reports_how_it_keeps_checkpoints() {
+    use crate::operate::output;
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let broker = Broker::start();
+    for topic in [
+        "outbox.event.order",
+        "outbox.event.customer",
+        "dead.letters",
+    ] {
+        create_topic(&broker.bootstrap(), topic, 1);
+    }
+    let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
+    let mut outboxd = Outboxd::with_checkpoint("durable", &body, "store = \"kafka\"\n");
+    let (_, before) = output(&outboxd, &["check"]);
+    assert!(
+        before.contains("PASS  checkpoint topic: outboxd.checkpoints does not exist yet; `run` creates it compacted with 1 replica(s), min.insync.replicas 1 and segment.ms 3600000"),
+        "{before}"
+    );
+    outboxd.start();
+    let configs = topic_configs(&broker, CHECKPOINTS);
+    for (key, value) in [
+        ("cleanup.policy", "compact"),
+        ("segment.ms", "3600000"),
+        ("min.insync.replicas", "1"),
+        ("unclean.leader.election.enable", "false"),
+    ] {
+        assert_eq!(configs.get(key).map(String::as_str), Some(value), "{key}");
+    }
+    let (ok, shown) = output(&outboxd, &["check"]);
+    assert!(ok, "{shown}");
+    assert!(
+        shown.contains("PASS  checkpoint topic: outboxd.checkpoints: 1 replica(s) on a cluster of 1 broker(s), min.insync.replicas 1"),
+        "{shown}"
+    );
+    assert!(!shown.contains("WARN  checkpoint topic"), "{shown}");
+    // Kafka's default: the brokers create topics on first use. Said, not warned, without a
+    // dead-letter topic.
+    assert!(
+        shown.contains("PASS  kafka: the brokers create a topic on first use"),
+        "{shown}"
+    );
+    outboxd.stop();
+
+    // A topic made by hand with Kafka's defaults and unclean leader election.
+    crate::rig::kafka::create_topic_with(
+        &broker.bootstrap(),
+        "hand.checkpoints",
+        1,
+        &[
+            ("cleanup.policy", "compact"),
+            ("unclean.leader.election.enable", "true"),
+        ],
+    );
+    let body = config_body(
+        &db.cdc_url(),
+        &broker.bootstrap(),
+        "dead_letter_topic = \"dead.letters\"",
+        "",
+    );
+    let by_hand = Outboxd::with_checkpoint(
+        "by-hand",
+        &body,
+        "store = \"kafka\"\ntopic = \"hand.checkpoints\"\n",
+    );
+    let (ok, shown) = output(&by_hand, &["check"]);
+    assert!(ok, "warnings do not fail check: {shown}");
+    assert!(
+        shown.contains("WARN  checkpoint topic: hand.checkpoints allows unclean leader election"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("WARN  checkpoint topic: hand.checkpoints has segment.ms 604800000"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("WARN  kafka: the brokers create a topic on first use (auto.create.topics.enable=true): a row routed to a topic nobody created (a mistyped aggregatetype) makes a new topic, not a dead letter"),
+        "{shown}"
+    );
+    // Asking the producer not to create topics settles it.
+    let body = config_body(
+        &db.cdc_url(),
+        &broker.bootstrap(),
+        "dead_letter_topic = \"dead.letters\"\n[kafka.properties]\n\"allow.auto.create.topics\" = \"false\"",
+        "",
+    );
+    let asked = Outboxd::with_checkpoint("asked", &body, "");
+    let (ok, shown) = output(&asked, &["check"]);
+    assert!(ok, "{shown}");
+    assert!(!shown.contains("create a topic on first use"), "{shown}");
+}
+
+/// The checkpoint writer's transactions used a fixed 60 s timeout: brokers whose
+/// `transaction.max.timeout.ms` is lower refused it, and the remedy spoke of grants. It now takes
+/// `kafka.properties`' `transaction.timeout.ms`, and the refusal names the brokers' limit.
+#[test]
+fn the_checkpoint_writer_takes_the_configured_transaction_timeout_and_names_the_brokers_limit() {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let broker = Broker::start_with("transaction.max.timeout.ms=20000");
+    for topic in ["outbox.event.order", "outbox.event.customer"] {
+        create_topic(&broker.bootstrap(), topic, 1);
+    }
+    let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
+    let outboxd = Outboxd::with_checkpoint("txn-timeout", &body, "store = \"kafka\"\n");
+    let log = {
+        let out = outboxd.command(&["run"]).output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    assert!(
+        log.contains("transaction.max.timeout.ms is below the checkpoint writer's transaction.timeout.ms (60000 ms)"),
+        "{log}"
+    );
+    assert!(!log.contains("grant outboxd's principal"), "{log}");
+    let body = config_body(
+        &db.cdc_url(),
+        &broker.bootstrap(),
+        "[kafka.properties]\n\"transaction.timeout.ms\" = \"20000\"",
+        "",
+    );
+    let mut outboxd = Outboxd::with_checkpoint("txn-timeout", &body, "store = \"kafka\"\n");
+    outboxd.start();
+    insert_rows(&db, 0, 10, 1);
+    assert_eq!(consume_events(&broker.bootstrap(), 10).len(), 10);
     outboxd.stop();
 }

@@ -45,6 +45,12 @@ pub const INSTANCE_HEADER: &str = "outboxd.instance";
 const TIMEOUT: Duration = Duration::from_secs(15);
 /// The first window a read scans back from the end of the partition.
 const FIRST_WINDOW: i64 = 256;
+/// The checkpoint topic's `segment.ms`: the log cleaner never compacts the open segment, and
+/// Kafka's default rolls it after 7 days, while every lead renewal and exactly-once commit adds a
+/// record (and a transaction marker). An hour bounds what a read may have to scan.
+const SEGMENT_MS: u64 = 3_600_000;
+/// Above this `segment.ms`, `check` warns.
+const SEGMENT_MS_WARN: u64 = 24 * 3_600_000;
 
 pub struct KafkaStore {
     name: String,
@@ -63,6 +69,9 @@ pub struct KafkaStore {
     /// `checkpoint show`, a standby's) do not wait: a killed instance's open transaction, which
     /// only the next leader's fencing settles, would hold them for its whole timeout.
     settle: std::sync::atomic::AtomicBool,
+    /// The writers' `transaction.timeout.ms`: `kafka.properties`' when set (the brokers'
+    /// `transaction.max.timeout.ms` may be lower than outboxd's default), else 60 s.
+    transaction_timeout_ms: String,
 }
 
 impl KafkaStore {
@@ -90,6 +99,9 @@ impl KafkaStore {
             writer: Mutex::new(None),
             missing: false,
             settle: std::sync::atomic::AtomicBool::new(false),
+            transaction_timeout_ms: crate::sink::kafka::KafkaSink::transaction_timeout(kafka)
+                .as_millis()
+                .to_string(),
         };
         store.missing = !store.ensure_topic(create)?;
         Ok(store)
@@ -160,7 +172,12 @@ impl KafkaStore {
             if !create {
                 return Ok(false);
             }
-            self.create_topic(&admin)?;
+            let brokers = consumer
+                .fetch_metadata(Some(&self.topic), TIMEOUT)
+                .map_err(|e| unreachable(&self.topic, &e))?
+                .brokers()
+                .len();
+            self.create_topic(&admin, brokers)?;
             // A new topic reaches the metadata of every broker a moment after it is created.
             let deadline = Instant::now() + TIMEOUT;
             while partitions == 0 {
@@ -215,10 +232,27 @@ impl KafkaStore {
         }
     }
 
-    /// CreateTopics for the checkpoint topic: one partition, compacted.
-    fn create_topic(&self, admin: &AdminClient<DefaultClientContext>) -> Result<()> {
-        let topic = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(-1))
-            .set("cleanup.policy", "compact");
+    /// CreateTopics for the checkpoint topic: one partition, compacted, as durable as a cluster of
+    /// `brokers` allows ([`Durability::for_cluster`]).
+    fn create_topic(
+        &self,
+        admin: &AdminClient<DefaultClientContext>,
+        brokers: usize,
+    ) -> Result<()> {
+        let durability = Durability::for_cluster(brokers);
+        let min_insync = durability.min_insync.to_string();
+        let segment_ms = SEGMENT_MS.to_string();
+        // No broker listed (a metadata answer without them): the brokers' own default.
+        let replicas = if brokers == 0 {
+            -1
+        } else {
+            durability.replicas
+        };
+        let topic = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(replicas))
+            .set("cleanup.policy", "compact")
+            .set("min.insync.replicas", &min_insync)
+            .set("unclean.leader.election.enable", "false")
+            .set("segment.ms", &segment_ms);
         let created = wait(admin.create_topics(
             [&topic],
             &AdminOptions::new().operation_timeout(Some(TIMEOUT)),
@@ -226,14 +260,20 @@ impl KafkaStore {
         .map_err(|e| unreachable(&self.topic, &e))?;
         for result in created {
             match result {
-                Ok(topic) => tracing::info!(topic, "created the checkpoint topic (compacted, one partition)"),
+                Ok(topic) => tracing::info!(
+                    topic,
+                    replicas = durability.replicas,
+                    min_insync = durability.min_insync,
+                    "created the checkpoint topic (compacted, one partition)"
+                ),
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
                 Err((topic, code)) => {
                     return Err(Error::checkpoint(format!(
                         "cannot create the checkpoint topic {topic}: {code}"
                     ))
                     .remedy(format!(
-                        "create it yourself with one partition and cleanup.policy=compact (kafka-topics.sh --create --topic {topic} --partitions 1 --config cleanup.policy=compact), or grant outboxd CREATE on it"
+                        "create it yourself (kafka-topics.sh --create --topic {topic} --partitions 1 --replication-factor {} --config cleanup.policy=compact --config min.insync.replicas={} --config segment.ms={SEGMENT_MS}), or grant outboxd CREATE on it",
+                        durability.replicas, durability.min_insync
                     )))
                 }
             }
@@ -245,20 +285,9 @@ impl KafkaStore {
     /// start would begin anew): refused when the brokers say so; a broker that cannot describe
     /// configs gets a warning.
     fn check_policy(&self, admin: &AdminClient<DefaultClientContext>) -> Result<()> {
-        use rdkafka::admin::{ConfigEntry, ResourceSpecifier};
-        let described = wait(admin.describe_configs(
-            [&ResourceSpecifier::Topic(&self.topic)],
-            &AdminOptions::new().request_timeout(Some(TIMEOUT)),
-        ));
-        let policy = described.ok().and_then(|results| {
-            results.into_iter().next()?.ok().and_then(|resource| {
-                resource
-                    .entries
-                    .iter()
-                    .find(|e: &&ConfigEntry| e.name == "cleanup.policy")
-                    .and_then(|e| e.value.clone())
-            })
-        });
+        let policy = self
+            .topic_configs(admin)
+            .and_then(|c| c.get("cleanup.policy").cloned());
         match policy {
             Some(policy) if policy.trim() != "compact" => {
                 return Err(Error::config(format!(
@@ -277,6 +306,115 @@ impl KafkaStore {
             ),
         }
         Ok(())
+    }
+
+    /// The topic's configuration as the brokers describe it (`None`: they would not say).
+    fn topic_configs(
+        &self,
+        admin: &AdminClient<DefaultClientContext>,
+    ) -> Option<std::collections::HashMap<String, String>> {
+        use rdkafka::admin::ResourceSpecifier;
+        let described = wait(admin.describe_configs(
+            [&ResourceSpecifier::Topic(&self.topic)],
+            &AdminOptions::new().request_timeout(Some(TIMEOUT)),
+        ));
+        let resource = described.ok()?.into_iter().next()?.ok()?;
+        Some(
+            resource
+                .entries
+                .into_iter()
+                .filter_map(|e| Some((e.name, e.value?)))
+                .collect(),
+        )
+    }
+
+    /// `check`'s lines on how safely the topic keeps checkpoints: its replicas against the
+    /// cluster's brokers, `min.insync.replicas`, unclean leader election and `segment.ms`. A
+    /// checkpoint topic with one replica comes back empty when that broker loses its disk, and an
+    /// empty topic reads as a first start.
+    pub fn durability_items(&self) -> Vec<crate::preflight::Item> {
+        use crate::preflight::Item;
+        let subject = "checkpoint topic";
+        let facts = (|| {
+            let admin: AdminClient<DefaultClientContext> = self.base.create().ok()?;
+            let consumer = self.consumer(Isolation::Committed).ok()?;
+            let metadata = consumer.fetch_metadata(Some(&self.topic), TIMEOUT).ok()?;
+            let brokers = metadata.brokers().len();
+            let replicas = metadata
+                .topics()
+                .iter()
+                .find(|t| t.name() == self.topic)?
+                .partitions()
+                .first()?
+                .replicas()
+                .len();
+            Some((brokers, replicas, self.topic_configs(&admin)?))
+        })();
+        if self.missing {
+            let d = Durability::for_cluster(facts.as_ref().map_or(1, |f| f.0));
+            return vec![Item::pass(
+                subject,
+                format!(
+                    "{} does not exist yet; `run` creates it compacted with {} replica(s), min.insync.replicas {} and segment.ms {SEGMENT_MS}",
+                    self.topic, d.replicas, d.min_insync
+                ),
+            )];
+        }
+        let Some((brokers, replicas, configs)) = facts else {
+            return vec![Item::warn(
+                subject,
+                format!(
+                    "the brokers did not describe {}'s replicas and settings",
+                    self.topic
+                ),
+                "check that outboxd's principal has DESCRIBE_CONFIGS on the topic",
+            )];
+        };
+        let number = |key: &str| configs.get(key).and_then(|v| v.trim().parse::<u64>().ok());
+        let min_insync = number("min.insync.replicas").unwrap_or(1);
+        let segment_ms = number("segment.ms");
+        let unclean = configs
+            .get("unclean.leader.election.enable")
+            .map(|v| v.trim() == "true");
+        let judged = Durability::judge(brokers, replicas, min_insync);
+        let mut items = Vec::new();
+        let topic = &self.topic;
+        match judged {
+            Some(why) => items.push(Item::warn(
+                subject,
+                format!("{topic}: {why}"),
+                format!(
+                    "give it {} replicas and min.insync.replicas {} (kafka-reassign-partitions.sh for replicas; kafka-configs.sh --alter --entity-type topics --entity-name {topic} --add-config min.insync.replicas={}); README \"Running more than one instance\"",
+                    Durability::for_cluster(brokers).replicas,
+                    Durability::for_cluster(brokers).min_insync,
+                    Durability::for_cluster(brokers).min_insync
+                ),
+            )),
+            None => items.push(Item::pass(
+                subject,
+                format!(
+                    "{topic}: {replicas} replica(s) on a cluster of {brokers} broker(s), min.insync.replicas {min_insync}"
+                ),
+            )),
+        }
+        if unclean == Some(true) {
+            items.push(Item::warn(
+                subject,
+                format!("{topic} allows unclean leader election: a replica that fell behind may become leader and drop the newest checkpoints"),
+                format!("kafka-configs.sh --alter --entity-type topics --entity-name {topic} --add-config unclean.leader.election.enable=false"),
+            ));
+        }
+        if segment_ms.is_some_and(|ms| ms > SEGMENT_MS_WARN) {
+            items.push(Item::warn(
+                subject,
+                format!(
+                    "{topic} has segment.ms {}: compaction waits that long, so lead renewals and commits pile up and reads scan them",
+                    segment_ms.unwrap_or_default()
+                ),
+                format!("kafka-configs.sh --alter --entity-type topics --entity-name {topic} --add-config segment.ms={SEGMENT_MS}"),
+            ));
+        }
+        items
     }
 
     fn consumer(&self, isolation: Isolation) -> Result<BaseConsumer<QuietContext>> {
@@ -441,7 +579,7 @@ impl KafkaStore {
         let mut config = self.base.clone();
         config
             .set("transactional.id", id)
-            .set("transaction.timeout.ms", "60000")
+            .set("transaction.timeout.ms", &self.transaction_timeout_ms)
             .set("enable.idempotence", "true")
             .set("acks", "all");
         let producer: ThreadedProducer<DefaultProducerContext> =
@@ -451,7 +589,12 @@ impl KafkaStore {
                 "cannot become the checkpoint writer of pipeline {:?} (transactional id {id}): {e}",
                 self.name,
             ));
-            if refused_for_good(&e) {
+            if e.rdkafka_error_code() == Some(RDKafkaErrorCode::InvalidTransactionTimeout) {
+                error.remedy(format!(
+                    "the brokers' transaction.max.timeout.ms is below the checkpoint writer's transaction.timeout.ms ({} ms): set kafka.properties.\"transaction.timeout.ms\" to at most the brokers' limit (and above twice kafka.transaction_interval_ms with exactly_once)",
+                    self.transaction_timeout_ms
+                ))
+            } else if refused_for_good(&e) {
                 // Waiting cures neither a missing grant nor a broker without transactions.
                 error.remedy(format!(
                     "grant outboxd's principal WRITE and DESCRIBE on the transactional id {id} (and, on brokers older than Kafka 3.0, IDEMPOTENT_WRITE on the cluster); a broker without transactions cannot keep outboxd's checkpoint: use checkpoint.store = \"file\" there"
@@ -638,6 +781,43 @@ impl Backend for std::sync::Arc<KafkaStore> {
     }
 }
 
+/// How many copies of the checkpoint topic a cluster can keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Durability {
+    replicas: i32,
+    min_insync: u64,
+}
+
+impl Durability {
+    /// Three replicas where the cluster has three brokers (fewer on smaller ones), and a write
+    /// acknowledged by two of them where there are three: one broker's lost disk then loses no
+    /// checkpoint, and one broker down still lets checkpoints be written.
+    fn for_cluster(brokers: usize) -> Durability {
+        let replicas = brokers.clamp(1, 3) as i32;
+        Durability {
+            replicas,
+            min_insync: if replicas >= 3 { 2 } else { 1 },
+        }
+    }
+
+    /// Why a topic with `replicas` and `min_insync` on `brokers` keeps checkpoints less safely
+    /// than it could (`None`: as safely as this cluster allows).
+    fn judge(brokers: usize, replicas: usize, min_insync: u64) -> Option<String> {
+        let best = Durability::for_cluster(brokers);
+        if (replicas as i32) < best.replicas {
+            return Some(format!(
+                "{replicas} replica(s) on a cluster of {brokers} brokers: one broker's lost disk loses every pipeline's checkpoint, and the next start would begin anew"
+            ));
+        }
+        if replicas >= 3 && min_insync < 2 {
+            return Some(format!(
+                "min.insync.replicas {min_insync}: a checkpoint is acknowledged once one broker has it, and that broker's lost disk loses it"
+            ));
+        }
+        None
+    }
+}
+
 /// Which records of the topic a reader sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Isolation {
@@ -793,6 +973,48 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_checkpoint_topic_is_as_durable_as_the_cluster_allows() {
+        let d = Durability::for_cluster;
+        assert_eq!(
+            d(1),
+            Durability {
+                replicas: 1,
+                min_insync: 1
+            }
+        );
+        assert_eq!(
+            d(2),
+            Durability {
+                replicas: 2,
+                min_insync: 1
+            }
+        );
+        assert_eq!(
+            d(3),
+            Durability {
+                replicas: 3,
+                min_insync: 2
+            }
+        );
+        assert_eq!(
+            d(9),
+            Durability {
+                replicas: 3,
+                min_insync: 2
+            }
+        );
+        assert!(Durability::judge(1, 1, 1).is_none());
+        assert!(Durability::judge(5, 1, 1)
+            .unwrap()
+            .contains("1 replica(s) on a cluster of 5"));
+        assert!(Durability::judge(3, 3, 1)
+            .unwrap()
+            .contains("min.insync.replicas 1"));
+        assert!(Durability::judge(3, 3, 2).is_none());
+        assert!(Durability::judge(2, 2, 1).is_none());
+    }
 
     #[test]
     fn only_connection_settings_reach_the_store() {

@@ -47,6 +47,11 @@ impl Broker {
         Broker::launch(None)
     }
 
+    /// A broker with more `server.properties` lines (e.g. a lower `transaction.max.timeout.ms`).
+    pub fn start_with(properties: &str) -> Broker {
+        Broker::launch_with(None, properties)
+    }
+
     /// A broker with an SSL listener too (its own, not a terminator in front of it), presenting
     /// `server` (PEM certificate and PKCS#8 key). [`Broker::tls_bootstrap`] is its address.
     pub fn start_tls(server: &Issued) -> Broker {
@@ -73,9 +78,13 @@ impl Broker {
     /// `secure`: the second listener's protocol, its certificate, and more properties. Ports are
     /// picked free and the JVM binds them seconds later: one taken meanwhile gets new ports.
     fn launch(secure: Option<(&str, &Issued, String)>) -> Broker {
+        Broker::launch_with(secure, "")
+    }
+
+    fn launch_with(secure: Option<(&str, &Issued, String)>, properties: &str) -> Broker {
         let mut attempt = 1;
         loop {
-            match Broker::try_launch(secure.as_ref()) {
+            match Broker::try_launch(secure.as_ref(), properties) {
                 Ok(broker) => return broker,
                 Err(log) if attempt < 3 && log.contains("Address already in use") => attempt += 1,
                 Err(log) => panic!(
@@ -87,7 +96,7 @@ impl Broker {
     }
 
     /// One start; the log's tail when the broker exits before it serves.
-    fn try_launch(secure: Option<&(&str, &Issued, String)>) -> Result<Broker, String> {
+    fn try_launch(secure: Option<&(&str, &Issued, String)>, more: &str) -> Result<Broker, String> {
         let port = free_port();
         let controller = free_port();
         let dir = tempfile::Builder::new()
@@ -125,7 +134,7 @@ impl Broker {
                 "listeners={listeners},CONTROLLER://127.0.0.1:{controller}\n\
                  advertised.listeners={listeners}\n\
                  listener.security.protocol.map={protocols}\n\
-                 inter.broker.listener.name=PLAINTEXT\n{extra}"
+                 inter.broker.listener.name=PLAINTEXT\n{extra}\n{more}\n"
             ),
         )
         .unwrap();

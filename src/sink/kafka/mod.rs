@@ -38,7 +38,9 @@ mod grants;
 /// How long a topic metadata request may take.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The Java client's partitioner (records without a key go to a random partition).
+/// The Java client's partitioner for keyed records (murmur2 of the key). Records without a key
+/// (a route without one) go to one partition for a while, then another: librdkafka's sticky
+/// partitioning (`sticky.partitioning.linger.ms`), much like the Java client's.
 pub const DEFAULT_PARTITIONER: &str = "murmur2_random";
 
 /// A Kafka transaction's timeout unless `kafka.properties` sets `transaction.timeout.ms`: the
@@ -316,7 +318,10 @@ impl FutureStamps {
         metrics.timestamp_clamped(&record.topic);
         let mut told = self.told.lock().expect("clamp log state");
         told.1 += 1;
-        if told.0.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+        if told
+            .0
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(60))
+        {
             tracing::warn!(
                 topic = record.topic,
                 timestamp = %chrono::DateTime::from_timestamp_millis(ts).map_or_else(|| ts.to_string(), |t| t.to_rfc3339()),
@@ -713,6 +718,8 @@ pub struct Wanted {
 /// What a reachable cluster told the preflight.
 struct Reached {
     brokers: usize,
+    /// The brokers' `auto.create.topics.enable`, as one of them describes it.
+    auto_create: Option<bool>,
     topics: Vec<String>,
     /// The topics asked about and the answers, or why asking failed.
     grants: std::result::Result<(Vec<grants::Need>, grants::Answers), String>,
@@ -804,10 +811,59 @@ fn reach(
     names.dedup();
     let grants = grants::describe(producer.client(), &names, METADATA_TIMEOUT)
         .map(|answers| (needs, answers));
+    let auto_create = metadata
+        .brokers()
+        .first()
+        .and_then(|b| broker_auto_creates(&client, b.id()));
     Ok(Reached {
         brokers: metadata.brokers().len(),
+        auto_create,
         topics,
         grants,
+    })
+}
+
+/// Whether broker `id` creates topics on first use (`None`: it would not say).
+fn broker_auto_creates(client: &ClientConfig, id: i32) -> Option<bool> {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = client.create().ok()?;
+    // On `reach`'s blocking thread; librdkafka's own thread completes the future.
+    let described = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?
+        .block_on(admin.describe_configs(
+            [&ResourceSpecifier::Broker(id)],
+            &AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT)),
+        ))
+        .ok()?;
+    let resource = described.into_iter().next()?.ok()?;
+    let value = resource
+        .entries
+        .iter()
+        .find(|e| e.name == "auto.create.topics.enable")?
+        .value
+        .clone()?;
+    Some(value.trim() == "true")
+}
+
+/// A route that names a topic nobody created makes a new topic on such brokers instead of a dead
+/// letter (or a stop naming it), unless the producer asks not to (`allow.auto.create.topics`).
+fn auto_create_item(config: &KafkaConfig, broker_creates: Option<bool>) -> Option<Item> {
+    let producer_allows = config
+        .properties
+        .get("allow.auto.create.topics")
+        .is_none_or(|v| v.trim() != "false");
+    if broker_creates != Some(true) || !producer_allows {
+        return None;
+    }
+    let what = "the brokers create a topic on first use (auto.create.topics.enable=true): a row routed to a topic nobody created (a mistyped aggregatetype) makes a new topic";
+    let fix = "to park such rows instead, set [kafka.properties] \"allow.auto.create.topics\" = \"false\" (or auto.create.topics.enable=false on the brokers) and create the topics yourself";
+    Some(if config.dead_letter_topic.is_some() {
+        Item::warn("kafka", format!("{what}, not a dead letter"), fix)
+    } else {
+        Item::pass("kafka", format!("{what}; {fix}"))
     })
 }
 
@@ -845,6 +901,7 @@ fn reached_items(config: &KafkaConfig, reached: Reached) -> Vec<Item> {
             ));
         }
     }
+    items.extend(auto_create_item(config, reached.auto_create));
     match &reached.grants {
         Ok((needs, answers)) => items.extend(grants::items(needs, answers)),
         Err(e) => items.push(Item::warn(
