@@ -9,6 +9,10 @@
 #                                                goes to the caller's); PROPS: a file of extra
 #                                                server.properties lines (listeners, SASL, ACLs)
 #   apache-kafka.sh start DIR PORT CPORT         the same in the background; waits until it serves, prints its pid
+#   apache-kafka.sh resume DIR                   the broker `run` made in DIR again, with its data (a restart)
+#
+# KAFKA_NODE_ID (default 1) gives the node another id, for a cluster of several: each node's PROPS then
+# name the same controller.quorum.voters (later lines override the one-node defaults).
 #
 # PORT is the PLAINTEXT client listener, CPORT the controller's; both on 127.0.0.1. The broker logs to
 # DIR/server.log and is ready when that file says "Kafka Server started". JVM options follow Kafka's own
@@ -64,10 +68,17 @@ configure() {
   mkdir -p "$dir"
   rm -rf "$dir/data" "$dir/server.log"
   cp -r "$KAFKA_HOME/template" "$dir/data"
+  local node=${KAFKA_NODE_ID:-1}
+  if [ "$node" != 1 ]; then
+    # The template was formatted as node 1; a log directory's id must be its own.
+    local id
+    id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+    sed -i "s/^node.id=.*/node.id=$node/; s/^directory.id=.*/directory.id=$id/" "$dir/data/meta.properties"
+  fi
   {
     echo "process.roles=broker,controller"
-    echo "node.id=1"
-    echo "controller.quorum.voters=1@127.0.0.1:$cport"
+    echo "node.id=${KAFKA_NODE_ID:-1}"
+    echo "controller.quorum.voters=${KAFKA_NODE_ID:-1}@127.0.0.1:$cport"
     echo "controller.listener.names=CONTROLLER"
     echo "log.dirs=$dir/data"
     # One node: every internal topic has one replica.
@@ -122,6 +133,11 @@ case "${1:-}" in
     java_command "$2"
     exec "${JAVA_CMD[@]}"
     ;;
+  resume)
+    [ $# -eq 2 ] && [ -e "$2/server.properties" ] || die "usage: $0 resume DIR (a DIR that $0 run made)"
+    java_command "$2"
+    exec "${JAVA_CMD[@]}"
+    ;;
   start)
     [ $# -eq 4 ] || die "usage: $0 start DIR PORT CONTROLLER_PORT"
     configure "$2" "$3" "$4"
@@ -138,7 +154,7 @@ case "${1:-}" in
     kill "$pid"; die "the broker did not start within 60 s (see $2/server.log)"
     ;;
   *)
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

@@ -349,3 +349,127 @@ fn the_checkpoint_writer_takes_the_configured_transaction_timeout_and_names_the_
     assert_eq!(consume_events(&broker.bootstrap(), 10).len(), 10);
     outboxd.stop();
 }
+
+/// Rows written in transactions of 5 at a steady pace until `stop` is set; returns how many.
+fn steady_writer(
+    db: &MariaDb,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    let socket = db.socket_path();
+    std::thread::spawn(move || {
+        let mut n = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            crate::rig::mariadb::sql_at(&socket, &transactions(n, n + 20, 5, insert_sql));
+            n += 20;
+            // Pacing the load across the restarts, not waiting for anything.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        n
+    })
+}
+
+/// A rolling restart of a three-broker cluster under load, one broker at a time, as an operator
+/// upgrades Kafka: the checkpoint partition's leader and the transaction coordinator move, and
+/// for a moment the brokers answer NOT_LEADER, NOT_ENOUGH_REPLICAS or COORDINATOR_LOAD_IN_PROGRESS.
+/// The leader must ride that out within its lease (no lead change), nothing may be lost, and the
+/// checkpoint topic outboxd created has three replicas, two in sync. Then the broker leading the
+/// checkpoint partition is killed outright (its partitions move once its session times out): the
+/// same, with a takeover timeout longer than the brokers' failover.
+#[test]
+fn a_rolling_restart_of_a_three_broker_cluster_moves_no_lead_and_loses_nothing() {
+    use crate::operate::output;
+    use crate::rig::cluster::Cluster;
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    let mut cluster = Cluster::start();
+    for topic in ["outbox.event.order", "outbox.event.customer"] {
+        cluster.create_topic(topic, 3);
+    }
+    let instance = || {
+        let port = free_port();
+        let body = config_body(
+            &db.cdc_url(),
+            &cluster.bootstrap(),
+            "",
+            &format!("127.0.0.1:{port}"),
+        );
+        // Longer than the brokers' own failover after a kill -9 (their session timeout, 9 s) and
+        // than the 20 s outage below.
+        (
+            Outboxd::with_checkpoint(
+                "rolling",
+                &body,
+                "store = \"kafka\"\ntakeover_timeout_ms = 60000\n",
+            ),
+            port,
+        )
+    };
+    let (mut leader, leader_port) = instance();
+    let (mut standby, _) = instance();
+    leader.start();
+    wait_until("the leader to be ready", LIMIT, || {
+        http_get(leader_port, "/readyz") == (200, "ready: leader\n".into())
+    });
+    standby.start_until(&[], &[], &["standing by"]);
+    let (ok, shown) = output(&leader, &["check"]);
+    assert!(ok, "{shown}");
+    assert!(
+        shown.contains("PASS  checkpoint topic: outboxd.checkpoints: 3 replica(s) on a cluster of 3 broker(s), min.insync.replicas 2"),
+        "{shown}"
+    );
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = steady_writer(&db, stop.clone());
+    let bootstrap = cluster.bootstrap();
+    let written = || {
+        ["outbox.event.order", "outbox.event.customer"]
+            .iter()
+            .map(|t| crate::rig::topic_end(&bootstrap, t))
+            .sum::<usize>()
+    };
+    // One at a time, controlled; then the checkpoint partition's leader killed outright; then two
+    // of the three frozen together for 20 s (no quorum, no two replicas in sync: every write
+    // waits, longer than one commit's 15 s, shorter than the lease).
+    for step in 0..5 {
+        let before = written();
+        match step {
+            0..=2 => cluster.restart(step),
+            3 => {
+                let leading = cluster.leader_of("outboxd.checkpoints", 0);
+                cluster.restart_killed(leading);
+            }
+            _ => {
+                cluster.freeze(0, true);
+                cluster.freeze(1, true);
+                // The outage's length, not a wait for a condition.
+                std::thread::sleep(Duration::from_secs(20));
+                cluster.freeze(0, false);
+                cluster.freeze(1, false);
+            }
+        }
+        // Rows flow again before the next broker goes.
+        wait_until("rows to flow after the restart", LIMIT, || {
+            written() > before + 100
+        });
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let total = writer.join().unwrap();
+    let records = consume_distinct_events(&cluster.bootstrap(), total as usize);
+    let duplicates = check_records(&records, 0..total);
+    check_per_key_order(&records);
+    let leads = leader.log().matches("leading the pipeline").count();
+    let standby_leads = standby.log().matches("leading the pipeline").count();
+    println!(
+        "rolling restart of 3 brokers: {} records for {total} rows, {duplicates} duplicates, lead taken {leads} + {standby_leads} times",
+        records.len()
+    );
+    assert_eq!(
+        (leads, standby_leads),
+        (1, 0),
+        "the lead moved during a rolling restart:\n{}\n--- standby ---\n{}",
+        leader.log(),
+        standby.log()
+    );
+    standby.stop();
+    leader.stop();
+}

@@ -615,7 +615,11 @@ impl KafkaStore {
         self.writer.lock().expect("writer lock").take();
     }
 
-    /// One committed transaction holding one record (`None`: a tombstone).
+    /// One committed transaction holding one record (`None`: a tombstone). A passing refusal
+    /// (a partition leader or transaction coordinator moving, too few replicas in sync for a
+    /// moment, a commit that timed out) is retried with the same writer for up to one takeover
+    /// timeout: a leader that cannot write for that long may have been replaced, so only then,
+    /// or when fenced, or on an error no retry cures, is the lead given up.
     fn commit(&self, key: &str, value: Option<&[u8]>) -> Result<()> {
         let mut writer = self.writer.lock().expect("writer lock");
         let Some(producer) = writer.as_ref() else {
@@ -625,31 +629,66 @@ impl KafkaStore {
             ))
             .superseded());
         };
-        let result = producer.begin_transaction().and_then(|()| {
-            let record = BaseRecord::<str, [u8]>::to(&self.topic).key(key).headers(
-                OwnedHeaders::new().insert(Header {
-                    key: INSTANCE_HEADER,
-                    value: Some(instance().as_str()),
-                }),
-            );
-            let record = match value {
-                Some(value) => record.payload(value),
-                None => record,
-            };
-            producer.send(record).map_err(|(e, _)| e)?;
-            producer.commit_transaction(TIMEOUT)
-        });
-        let Err(e) = result else {
-            return Ok(());
+        let deadline = Instant::now() + self.takeover;
+        let left = || {
+            deadline
+                .saturating_duration_since(Instant::now())
+                .min(TIMEOUT)
         };
-        let fenced = matches!(
-            e.rdkafka_error_code(),
-            Some(
-                RDKafkaErrorCode::Fenced
-                    | RDKafkaErrorCode::ProducerFenced
-                    | RDKafkaErrorCode::InvalidProducerEpoch
-            )
-        );
+        // The record is in an open transaction that a retried commit may still complete.
+        let mut open = false;
+        let mut retried = 0u32;
+        let e = loop {
+            let result = (|| {
+                if !open {
+                    producer.begin_transaction()?;
+                    open = true;
+                    let record = BaseRecord::<str, [u8]>::to(&self.topic).key(key).headers(
+                        OwnedHeaders::new().insert(Header {
+                            key: INSTANCE_HEADER,
+                            value: Some(instance().as_str()),
+                        }),
+                    );
+                    let record = match value {
+                        Some(value) => record.payload(value),
+                        None => record,
+                    };
+                    producer.send(record).map_err(|(e, _)| e)?;
+                }
+                producer.commit_transaction(left())
+            })();
+            let e = match result {
+                Ok(()) => {
+                    if retried > 0 {
+                        tracing::info!(retried, "wrote to the checkpoint topic again");
+                    }
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
+            if fenced(&e) || left() < Duration::from_millis(200) {
+                break e;
+            }
+            match passing(&e) {
+                Passing::No => break e,
+                Passing::RetryCommit => {}
+                Passing::AbortAndRetry => {
+                    if producer.abort_transaction(left()).is_err() {
+                        break e;
+                    }
+                    open = false;
+                }
+            }
+            if retried == 0 {
+                tracing::warn!(
+                    error = %e,
+                    "writing to the checkpoint topic failed for now; retrying for up to checkpoint.takeover_timeout_ms"
+                );
+            }
+            retried += 1;
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let fenced = fenced(&e);
         // The writer is never reused after a failure: a new one comes only from `take_over`,
         // which the pipeline calls again only while it still holds the lead.
         if !fenced {
@@ -899,6 +938,41 @@ impl rdkafka::consumer::ConsumerContext for QuietContext {}
 /// and the failure says nothing about the reads, which need no grant on the group.
 fn group_lookup_error(e: &KafkaError) -> bool {
     e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed)
+}
+
+/// Another producer with the transactional id took over.
+fn fenced(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Fenced
+                | RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+        )
+    )
+}
+
+/// What a failed transactional write allows (librdkafka's own classification).
+#[derive(Debug, PartialEq, Eq)]
+enum Passing {
+    /// Fatal, or not a transactional error: the writer is done.
+    No,
+    /// The commit may be asked for again (it timed out, or the brokers said "retry").
+    RetryCommit,
+    /// The transaction must be aborted, then the record sent again in a new one.
+    AbortAndRetry,
+}
+
+fn passing(e: &KafkaError) -> Passing {
+    match e {
+        // rdkafka flushes before it asks librdkafka to commit; a flush that timed out leaves the
+        // transaction open and committable.
+        KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut) => Passing::RetryCommit,
+        KafkaError::Transaction(e) if e.is_fatal() => Passing::No,
+        KafkaError::Transaction(e) if e.txn_requires_abort() => Passing::AbortAndRetry,
+        KafkaError::Transaction(e) if e.is_retriable() => Passing::RetryCommit,
+        _ => Passing::No,
+    }
 }
 
 /// Errors of `init_transactions` that no retry cures: no grant, or no transactions at all.

@@ -3,6 +3,7 @@
 //! - [`MariaDb`]: `mariadb-install-db` + `mariadbd` with a ROW binlog.
 //! - [`Postgres`]: PostgreSQL 15 `initdb` + `pg_ctl` with `wal_level=logical` (run as the `postgres` OS user).
 //! - [`Broker`]: Apache Kafka 4.x (KRaft, one node), assembled from Maven jars by `scripts/apache-kafka.sh`.
+//! - [`cluster::Cluster`]: three Apache Kafka nodes, for replicated topics and rolling restarts.
 //! - [`rabbitmq::RabbitMq`]: Debian's `rabbitmq-server`, one private node per test.
 //! - [`nats::Nats`]: Debian's `nats-server` with JetStream, one private server per test.
 //! - [`redis::Redis`]: Debian's `redis-server` (append-only, fsync always), one per test.
@@ -15,6 +16,7 @@
 
 pub mod broker;
 pub mod certs;
+pub mod cluster;
 pub mod debezium;
 pub mod kafka;
 pub mod mariadb;
