@@ -31,6 +31,9 @@
 #[path = "../tests/rig/mod.rs"]
 mod rig;
 
+#[path = "throughput/checkpoint_scan.rs"]
+mod checkpoint_scan;
+
 #[path = "throughput/debezium.rs"]
 mod debezium;
 
@@ -262,7 +265,7 @@ struct Args {
     /// `--profile DIR`: every timed outboxd run is recorded by `perf record -g` into DIR.
     profile: Option<String>,
     /// `--only a,b`: run only these sections (drain, huge, raw, relay, postgres, latency, restart,
-    /// eos, peer, sinks).
+    /// eos, peer, sinks, checkpoint).
     only: Option<Vec<String>>,
     /// `--baseline PATH[=LABEL]`: also drain every backlog with this outboxd binary (an older
     /// build), interleaved with this build's runs, for a before/after in one run.
@@ -623,6 +626,10 @@ fn main() {
         latency_rows = rows;
         // Debezium beside it, measured the same way into the same broker (after outboxd stopped).
         latency_rows.extend(debezium::latency(&rt, &db, &broker, quick, now_loaded).0);
+    }
+
+    if args.wants("checkpoint") {
+        checkpoint_scan::run(&db, quick);
     }
 
     let restart = args.wants("restart").then(|| {

@@ -69,10 +69,17 @@ pub struct KafkaStore {
     /// `checkpoint show`, a standby's) do not wait: a killed instance's open transaction, which
     /// only the next leader's fencing settles, would hold them for its whole timeout.
     settle: std::sync::atomic::AtomicBool,
-    /// The writers' `transaction.timeout.ms`: `kafka.properties`' when set (the brokers'
-    /// `transaction.max.timeout.ms` may be lower than outboxd's default), else 60 s.
-    transaction_timeout_ms: String,
+    /// The writers' `transaction.timeout.ms`: `kafka.properties`' when lower than 60 s (the
+    /// brokers' `transaction.max.timeout.ms` may be), else 60 s. Never longer: a writer killed
+    /// mid-commit holds the shared partition back for that long.
+    transaction_timeout: Duration,
+    /// Until when this instance may still hold the lead without another renewal: set when it
+    /// takes over and by every renewal that commits. Writes retry passing failures until then.
+    lead_until: Mutex<Instant>,
 }
+
+/// How long the final "released" record may take on SIGTERM (the pipeline waits 5 s for it).
+const RELEASE_LIMIT: Duration = Duration::from_secs(4);
 
 impl KafkaStore {
     /// Reaches the brokers and checks the checkpoint topic (compacted, one partition). With
@@ -99,9 +106,9 @@ impl KafkaStore {
             writer: Mutex::new(None),
             missing: false,
             settle: std::sync::atomic::AtomicBool::new(false),
-            transaction_timeout_ms: crate::sink::kafka::KafkaSink::transaction_timeout(kafka)
-                .as_millis()
-                .to_string(),
+            transaction_timeout: crate::sink::kafka::KafkaSink::transaction_timeout(kafka)
+                .min(crate::sink::kafka::DEFAULT_TRANSACTION_TIMEOUT),
+            lead_until: Mutex::new(Instant::now()),
         };
         store.missing = !store.ensure_topic(create)?;
         Ok(store)
@@ -253,11 +260,35 @@ impl KafkaStore {
             .set("min.insync.replicas", &min_insync)
             .set("unclean.leader.election.enable", "false")
             .set("segment.ms", &segment_ms);
-        let created = wait(admin.create_topics(
-            [&topic],
-            &AdminOptions::new().operation_timeout(Some(TIMEOUT)),
-        ))
-        .map_err(|e| unreachable(&self.topic, &e))?;
+        let create = |topic: &NewTopic| {
+            wait(admin.create_topics(
+                [topic],
+                &AdminOptions::new().operation_timeout(Some(TIMEOUT)),
+            ))
+            .map_err(|e| unreachable(&self.topic, &e))
+        };
+        let mut created = create(&topic)?;
+        // A managed cluster's topic policy may refuse the settings (or the replica count): then
+        // the brokers' defaults, and `check` says what the topic lacks.
+        if created.iter().any(|r| {
+            matches!(
+                r,
+                Err((
+                    _,
+                    RDKafkaErrorCode::PolicyViolation
+                        | RDKafkaErrorCode::InvalidConfig
+                        | RDKafkaErrorCode::InvalidReplicationFactor
+                ))
+            )
+        }) {
+            tracing::warn!(
+                topic = self.topic,
+                "the brokers refused the checkpoint topic's durability settings; creating it with their defaults (`outboxd check` says what it lacks)"
+            );
+            let plain = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(-1))
+                .set("cleanup.policy", "compact");
+            created = create(&plain)?;
+        }
         for result in created {
             match result {
                 Ok(topic) => tracing::info!(
@@ -335,10 +366,14 @@ impl KafkaStore {
     pub fn durability_items(&self) -> Vec<crate::preflight::Item> {
         use crate::preflight::Item;
         let subject = "checkpoint topic";
+        let metadata = self
+            .consumer(Isolation::Committed)
+            .ok()
+            .and_then(|consumer| consumer.fetch_metadata(Some(&self.topic), TIMEOUT).ok());
+        let brokers = metadata.as_ref().map(|m| m.brokers().len());
         let facts = (|| {
             let admin: AdminClient<DefaultClientContext> = self.base.create().ok()?;
-            let consumer = self.consumer(Isolation::Committed).ok()?;
-            let metadata = consumer.fetch_metadata(Some(&self.topic), TIMEOUT).ok()?;
+            let metadata = metadata.as_ref()?;
             let brokers = metadata.brokers().len();
             let replicas = metadata
                 .topics()
@@ -351,7 +386,7 @@ impl KafkaStore {
             Some((brokers, replicas, self.topic_configs(&admin)?))
         })();
         if self.missing {
-            let d = Durability::for_cluster(facts.as_ref().map_or(1, |f| f.0));
+            let d = Durability::for_cluster(brokers.unwrap_or(1));
             return vec![Item::pass(
                 subject,
                 format!(
@@ -428,6 +463,8 @@ impl KafkaStore {
             // ends with a commit marker, never delivered, so no record reaches `until` and every
             // scan would otherwise wait out librdkafka's 500 ms for that fetch (twice per start).
             .set("fetch.wait.max.ms", "10")
+            // Scans read long runs of small records: bigger fetches, fewer round trips.
+            .set("max.partition.fetch.bytes", "16777216")
             .set("isolation.level", isolation.level());
         config
             .create_with_context(QuietContext)
@@ -452,11 +489,14 @@ impl KafkaStore {
             .add_partition_offset(&self.topic, 0, Offset::Offset(from))
             .and_then(|()| consumer.assign(&assignment))
             .map_err(|e| unreachable(&self.topic, &e))?;
-        let deadline = Instant::now() + TIMEOUT;
+        // A long scan may take longer in all (millions of records not compacted yet): the limit
+        // is on time without progress.
+        let mut deadline = Instant::now() + TIMEOUT;
         let mut told = false;
         loop {
             match consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(message)) => {
+                    deadline = Instant::now() + TIMEOUT;
                     seen(message.key().unwrap_or_default(), message.payload());
                     // A busy topic may never give an empty fetch (and so no end-of-partition
                     // event): past `until`, everything asked for was read.
@@ -487,7 +527,7 @@ impl KafkaStore {
                 Some(Err(e)) => return Err(unreachable(&self.topic, &e)),
                 None if Instant::now() > deadline => {
                     return Err(Error::checkpoint(format!(
-                        "reading the checkpoint topic {} took longer than {TIMEOUT:?}",
+                        "reading the checkpoint topic {} made no progress for {TIMEOUT:?}",
                         self.topic
                     ))
                     .remedy("outboxd retries; check the brokers (an open transaction on the topic holds readers back until it ends)")
@@ -527,12 +567,15 @@ impl KafkaStore {
             return Ok(None);
         }
         let (low, high) = self.watermarks()?;
+        // Pages back from the end, each eight times the one before, each read once: the first
+        // page (from the end) holding the key holds its newest value.
+        let mut until = high;
         let mut window = FIRST_WINDOW;
         loop {
             let from = high.saturating_sub(window).max(low);
             let mut found: Option<Option<Vec<u8>>> = None;
-            if from < high {
-                self.scan(isolation, from, high, |k, v| {
+            if from < until {
+                self.scan(isolation, from, until, |k, v| {
                     if k == key.as_bytes() {
                         found = Some(v.map(<[u8]>::to_vec));
                     }
@@ -544,6 +587,7 @@ impl KafkaStore {
             if from <= low {
                 return Ok(None);
             }
+            until = from;
             window = window.saturating_mul(8);
         }
     }
@@ -560,6 +604,7 @@ impl KafkaStore {
     /// commits fail from now on), and waits until their open transaction is settled.
     pub fn take_over(&self) -> Result<()> {
         let producer = self.fencing_producer(&self.transactional_id())?;
+        *self.lead_until.lock().expect("lead deadline") = Instant::now() + self.takeover;
         *self.writer.lock().expect("writer lock") = Some(producer);
         self.settle
             .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -579,7 +624,10 @@ impl KafkaStore {
         let mut config = self.base.clone();
         config
             .set("transactional.id", id)
-            .set("transaction.timeout.ms", &self.transaction_timeout_ms)
+            .set(
+                "transaction.timeout.ms",
+                self.transaction_timeout.as_millis().to_string(),
+            )
             .set("enable.idempotence", "true")
             .set("acks", "all");
         let producer: ThreadedProducer<DefaultProducerContext> =
@@ -592,7 +640,7 @@ impl KafkaStore {
             if e.rdkafka_error_code() == Some(RDKafkaErrorCode::InvalidTransactionTimeout) {
                 error.remedy(format!(
                     "the brokers' transaction.max.timeout.ms is below the checkpoint writer's transaction.timeout.ms ({} ms): set kafka.properties.\"transaction.timeout.ms\" to at most the brokers' limit (and above twice kafka.transaction_interval_ms with exactly_once)",
-                    self.transaction_timeout_ms
+                    self.transaction_timeout.as_millis()
                 ))
             } else if refused_for_good(&e) {
                 // Waiting cures neither a missing grant nor a broker without transactions.
@@ -620,7 +668,7 @@ impl KafkaStore {
     /// moment, a commit that timed out) is retried with the same writer for up to one takeover
     /// timeout: a leader that cannot write for that long may have been replaced, so only then,
     /// or when fenced, or on an error no retry cures, is the lead given up.
-    fn commit(&self, key: &str, value: Option<&[u8]>) -> Result<()> {
+    fn commit(&self, key: &str, value: Option<&[u8]>, until: Instant) -> Result<()> {
         let mut writer = self.writer.lock().expect("writer lock");
         let Some(producer) = writer.as_ref() else {
             return Err(Error::checkpoint(format!(
@@ -629,11 +677,14 @@ impl KafkaStore {
             ))
             .superseded());
         };
-        let deadline = Instant::now() + self.takeover;
+        // Also within the transaction's own timeout, past which the brokers abort it themselves.
+        let deadline = until.min(Instant::now() + self.transaction_timeout / 2);
+        // rdkafka flushes, then commits, each within the timeout given: half of what is left.
         let left = || {
             deadline
                 .saturating_duration_since(Instant::now())
                 .min(TIMEOUT)
+                / 2
         };
         // The record is in an open transaction that a retried commit may still complete.
         let mut open = false;
@@ -666,7 +717,7 @@ impl KafkaStore {
                 }
                 Err(e) => e,
             };
-            if fenced(&e) || left() < Duration::from_millis(200) {
+            if fenced(&e) || left() < Duration::from_millis(100) {
                 break e;
             }
             match passing(&e) {
@@ -692,7 +743,7 @@ impl KafkaStore {
         // The writer is never reused after a failure: a new one comes only from `take_over`,
         // which the pipeline calls again only while it still holds the lead.
         if !fenced {
-            let _ = producer.abort_transaction(TIMEOUT);
+            let _ = producer.abort_transaction(Duration::from_secs(2));
         }
         writer.take();
         Err(if fenced {
@@ -713,15 +764,28 @@ impl KafkaStore {
     }
 
     /// Renews the lead (see `lease`): fails, superseded, once another instance took over.
-    pub fn renew(&self) -> Result<()> {
+    /// `until`: when the lead lapses without this renewal.
+    pub fn renew(&self, until: Instant) -> Result<()> {
+        let started = Instant::now();
         let record = LeadRecord::now(false);
-        self.commit(&self.lead_key(), Some(&record.body()))
+        self.commit(&self.lead_key(), Some(&record.body()), until)?;
+        *self.lead_until.lock().expect("lead deadline") = started + self.takeover;
+        Ok(())
     }
 
     /// Says the lead is free (a clean stop), so a standby takes over without waiting out the timeout.
     pub fn release(&self) -> Result<()> {
         let record = LeadRecord::now(true);
-        self.commit(&self.lead_key(), Some(&record.body()))
+        self.commit(
+            &self.lead_key(),
+            Some(&record.body()),
+            Instant::now() + RELEASE_LIMIT,
+        )
+    }
+
+    /// When the lead lapses unless renewed: what a checkpoint write may wait for.
+    fn lead_until(&self) -> Instant {
+        *self.lead_until.lock().expect("lead deadline")
     }
 
     /// A saved copy: a plain (idempotent, acks=all) write, so saving never fences a running lead.
@@ -789,13 +853,13 @@ impl Backend for std::sync::Arc<KafkaStore> {
 
     fn write(&self, slot: &Slot, body: &[u8]) -> Result<()> {
         match slot {
-            Slot::Live => self.commit(&self.key(slot), Some(body)),
+            Slot::Live => self.commit(&self.key(slot), Some(body), self.lead_until()),
             Slot::Saved(_) => self.save(&self.key(slot), body),
         }
     }
 
     fn remove(&self, slot: &Slot) -> Result<()> {
-        self.commit(&self.key(slot), None)
+        self.commit(&self.key(slot), None, self.lead_until())
     }
 
     fn saved_labels(&self) -> Result<Vec<String>> {
@@ -846,6 +910,16 @@ impl Durability {
         if (replicas as i32) < best.replicas {
             return Some(format!(
                 "{replicas} replica(s) on a cluster of {brokers} brokers: one broker's lost disk loses every pipeline's checkpoint, and the next start would begin anew"
+            ));
+        }
+        if min_insync > replicas as u64 {
+            return Some(format!(
+                "min.insync.replicas {min_insync} with {replicas} replica(s): no checkpoint can ever be written"
+            ));
+        }
+        if replicas >= 2 && min_insync >= replicas as u64 {
+            return Some(format!(
+                "min.insync.replicas {min_insync} with {replicas} replicas: one broker down or restarting stops every checkpoint write, and every pipeline loses its lead"
             ));
         }
         if replicas >= 3 && min_insync < 2 {
@@ -969,6 +1043,20 @@ fn passing(e: &KafkaError) -> Passing {
         // transaction open and committable.
         KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut) => Passing::RetryCommit,
         KafkaError::Transaction(e) if e.is_fatal() => Passing::No,
+        // Refusals librdkafka reports as abortable that no retry cures.
+        KafkaError::Transaction(e)
+            if matches!(
+                e.code(),
+                RDKafkaErrorCode::TopicAuthorizationFailed
+                    | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+                    | RDKafkaErrorCode::ClusterAuthorizationFailed
+                    | RDKafkaErrorCode::InvalidRecord
+                    | RDKafkaErrorCode::MessageSizeTooLarge
+                    | RDKafkaErrorCode::InvalidTransactionTimeout
+            ) =>
+        {
+            Passing::No
+        }
         KafkaError::Transaction(e) if e.txn_requires_abort() => Passing::AbortAndRetry,
         KafkaError::Transaction(e) if e.is_retriable() => Passing::RetryCommit,
         _ => Passing::No,
@@ -1088,6 +1176,12 @@ mod tests {
             .contains("min.insync.replicas 1"));
         assert!(Durability::judge(3, 3, 2).is_none());
         assert!(Durability::judge(2, 2, 1).is_none());
+        assert!(Durability::judge(3, 3, 3)
+            .unwrap()
+            .contains("one broker down"));
+        assert!(Durability::judge(1, 1, 2)
+            .unwrap()
+            .contains("no checkpoint can ever"));
     }
 
     #[test]

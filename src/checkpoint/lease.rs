@@ -138,7 +138,8 @@ impl Lease {
                 }
                 let renewing = store.clone();
                 let left = takeover.saturating_sub(renewed.elapsed());
-                let renewal = tokio::task::spawn_blocking(move || renewing.renew());
+                let until = renewed + takeover;
+                let renewal = tokio::task::spawn_blocking(move || renewing.renew(until));
                 match tokio::time::timeout(left, renewal).await {
                     Ok(Ok(Ok(()))) => renewed = Instant::now(),
                     Ok(Ok(Err(e))) if e.is_superseded() => {
@@ -205,11 +206,13 @@ fn listen(consumer: BaseConsumer<super::kafka::QuietContext>, of: Heard, stop: A
                     of.heard
                         .store(of.base.elapsed().as_millis() as u64, Ordering::Relaxed);
                 }
-                if key == of.lead.as_bytes()
-                    && super::kafka::LeadRecord::parse(message.payload())
-                        .is_some_and(|r| r.released)
-                {
-                    of.released.store(true, Ordering::Relaxed);
+                // The newest lead record says whether the lead is free: a release that a newer
+                // renewal followed (a release that never committed, then another instance's
+                // take-over) frees nothing.
+                if key == of.lead.as_bytes() {
+                    if let Some(record) = super::kafka::LeadRecord::parse(message.payload()) {
+                        of.released.store(record.released, Ordering::Relaxed);
+                    }
                 }
             }
             Some(Err(e)) => {

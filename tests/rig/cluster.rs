@@ -190,18 +190,30 @@ impl Cluster {
         self.restart_after(i, nix::sys::signal::Signal::SIGKILL);
     }
 
-    /// The node (0-based) leading `topic`'s `partition`.
+    /// The node (0-based) leading `topic`'s `partition` (once it has a leader).
     pub fn leader_of(&self, topic: &str, partition: i32) -> usize {
-        let metadata = self
-            .consumer()
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .unwrap();
-        let leader = metadata.topics()[0]
-            .partitions()
-            .iter()
-            .find(|p| p.id() == partition)
-            .unwrap()
-            .leader();
+        let mut leader = -1;
+        wait_until(
+            &format!("{topic}/{partition} to have a leader"),
+            Duration::from_secs(60),
+            || {
+                leader = self
+                    .consumer()
+                    .fetch_metadata(Some(topic), Duration::from_secs(10))
+                    .ok()
+                    .and_then(|m| {
+                        let t = m.topics().first()?;
+                        Some(
+                            t.partitions()
+                                .iter()
+                                .find(|p| p.id() == partition)?
+                                .leader(),
+                        )
+                    })
+                    .unwrap_or(-1);
+                leader >= 1
+            },
+        );
         (leader - 1) as usize
     }
 
