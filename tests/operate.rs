@@ -231,7 +231,10 @@ fn schema_prints_debezium_compatible_ddl_with_grants() {
 }
 
 /// Secret values planted in every place a secret may live.
-const PLANTED: [&str; 9] = [
+const PLANTED: [&str; 12] = [
+    "planted-amqp-pw-81",
+    "planted-aws-secret-82",
+    "planted-aws-token-83",
     "planted-redis-pw-80",
     "planted-nats-token-77",
     "planted-nats-pw-78",
@@ -396,6 +399,46 @@ fn no_command_prints_a_planted_secret() {
     let log = env.outboxd.log();
     env.outboxd.kill9();
     assert_no_secret("run with a Redis password", &log);
+    // RabbitMQ: a password in the URL, against a port nothing answers.
+    env.outboxd.rewrite_config(&format!(
+        "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.outbox\"]\nserver_id = 99\n\
+         [rabbitmq]\nurl = \"amqp://outboxd:planted-amqp-pw-81@127.0.0.1:{port}/%2f\"\nexchange = \"outbox\"\n[http]\nlisten = \"\"\n",
+        env.db.cdc_url()
+    ));
+    let (ok, text) = output_with_env(&env.outboxd, &["check"], &[]);
+    assert!(!ok && text.contains("RabbitMQ"), "{text}");
+    assert_no_secret("check with a RabbitMQ password", &text);
+    env.outboxd.start_until(
+        &["--skip-checks"],
+        &[("RUST_LOG", "debug")],
+        &["cannot reach RabbitMQ"],
+    );
+    let log = env.outboxd.log();
+    env.outboxd.kill9();
+    assert_no_secret("run with a RabbitMQ password", &log);
+    // SQS: credentials from the standard environment variables, against an endpoint nothing
+    // answers, with every library's trace on.
+    env.outboxd.rewrite_config(&format!(
+        "[source]\nkind = \"mysql\"\nurl = \"{}\"\ntables = [\"app.outbox\"]\nserver_id = 99\n\
+         [route]\ntopic = \"outbox-${{routedByValue}}\"\n\
+         [sqs]\nregion = \"us-east-1\"\nendpoint_url = \"http://127.0.0.1:{port}\"\ndead_letter_topic = \"outboxd-dlq\"\n[http]\nlisten = \"\"\n",
+        env.db.cdc_url()
+    ));
+    let aws = [
+        ("AWS_ACCESS_KEY_ID", "AKIAPLANTED0000000000"),
+        ("AWS_SECRET_ACCESS_KEY", "planted-aws-secret-82"),
+        ("AWS_SESSION_TOKEN", "planted-aws-token-83"),
+        ("RUST_LOG", "trace"),
+    ];
+    // The dead-letter queue is looked up by check and at every start: nothing answers.
+    let (ok, text) = output_with_env(&env.outboxd, &["check"], &aws);
+    assert!(!ok && text.contains("outboxd-dlq"), "{text}");
+    assert_no_secret("check with AWS credentials", &text);
+    env.outboxd
+        .start_until(&["--skip-checks"], &aws, &["reconnecting"]);
+    let log = env.outboxd.log();
+    env.outboxd.kill9();
+    assert_no_secret("run with AWS credentials", &log);
     // A Postgres URL carrying its password as a query parameter is refused by the parameter's name.
     env.outboxd.rewrite_config(&format!(
         "[source]\nkind = \"postgres\"\nurl = \"postgres://cdc@127.0.0.1:1/app?password=planted-url-pw-74\"\ntables = [\"public.outbox\"]\n[kafka]\nbrokers = \"{bootstrap}\"\n[http]\nlisten = \"\"\n"
