@@ -25,6 +25,18 @@ fn checkpoint_watermarks(broker: &Broker, isolation: &str) -> (i64, i64) {
         .unwrap()
 }
 
+/// A MariaDB with the outbox schema, and Apache Kafka with `topics` (one partition each).
+fn mariadb_and_broker_with(broker: Broker, topics: &[&str]) -> (MariaDb, Broker) {
+    let db = MariaDb::start(&[]);
+    db.sql_socket(SCHEMA);
+    for topic in topics {
+        create_topic(&broker.bootstrap(), topic, 1);
+    }
+    (db, broker)
+}
+
+const EVENT_TOPICS: [&str; 2] = ["outbox.event.order", "outbox.event.customer"];
+
 fn leads(outboxd: &Outboxd) -> bool {
     outboxd.log().contains("leading the pipeline")
 }
@@ -37,17 +49,15 @@ fn leads(outboxd: &Outboxd) -> bool {
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
 fn another_pipelines_open_transaction_does_not_move_the_lead_of_a_healthy_leader() {
     use outboxd::fault::BEFORE_TRANSACTION_COMMIT;
-    let db = MariaDb::start(&[]);
-    db.sql_socket(SCHEMA);
-    let broker = Broker::start();
-    for topic in [
-        "outbox.event.order",
-        "outbox.event.customer",
-        "b.order",
-        "b.customer",
-    ] {
-        create_topic(&broker.bootstrap(), topic, 3);
-    }
+    let (db, broker) = mariadb_and_broker_with(
+        Broker::start(),
+        &[
+            "outbox.event.order",
+            "outbox.event.customer",
+            "b.order",
+            "b.customer",
+        ],
+    );
     let checkpoint = "store = \"kafka\"\ntakeover_timeout_ms = 3000\n";
     let instance = || {
         let port = free_port();
@@ -124,12 +134,7 @@ fn another_pipelines_open_transaction_does_not_move_the_lead_of_a_healthy_leader
 /// sane times keep theirs.
 #[test]
 fn a_timestamp_two_hours_ahead_is_clamped_to_now_and_counted() {
-    let db = MariaDb::start(&[]);
-    db.sql_socket(SCHEMA);
-    let broker = Broker::start();
-    for topic in ["outbox.event.order", "outbox.event.customer"] {
-        create_topic(&broker.bootstrap(), topic, 3);
-    }
+    let (db, broker) = mariadb_and_broker_with(Broker::start(), &EVENT_TOPICS);
     let port = free_port();
     let body = config_body(
         &db.cdc_url(),
@@ -224,16 +229,14 @@ fn topic_configs(broker: &Broker, topic: &str) -> std::collections::HashMap<Stri
 #[test]
 fn the_checkpoint_topic_is_created_durable_and_check_reports_how_it_keeps_checkpoints() {
     use crate::operate::output;
-    let db = MariaDb::start(&[]);
-    db.sql_socket(SCHEMA);
-    let broker = Broker::start();
-    for topic in [
-        "outbox.event.order",
-        "outbox.event.customer",
-        "dead.letters",
-    ] {
-        create_topic(&broker.bootstrap(), topic, 1);
-    }
+    let (db, broker) = mariadb_and_broker_with(
+        Broker::start(),
+        &[
+            "outbox.event.order",
+            "outbox.event.customer",
+            "dead.letters",
+        ],
+    );
     let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
     let mut outboxd = Outboxd::with_checkpoint("durable", &body, "store = \"kafka\"\n");
     let (_, before) = output(&outboxd, &["check"]);
@@ -319,12 +322,10 @@ fn the_checkpoint_topic_is_created_durable_and_check_reports_how_it_keeps_checkp
 /// `kafka.properties`' `transaction.timeout.ms`, and the refusal names the brokers' limit.
 #[test]
 fn the_checkpoint_writer_takes_the_configured_transaction_timeout_and_names_the_brokers_limit() {
-    let db = MariaDb::start(&[]);
-    db.sql_socket(SCHEMA);
-    let broker = Broker::start_with("transaction.max.timeout.ms=20000");
-    for topic in ["outbox.event.order", "outbox.event.customer"] {
-        create_topic(&broker.bootstrap(), topic, 1);
-    }
+    let (db, broker) = mariadb_and_broker_with(
+        Broker::start_with("transaction.max.timeout.ms=20000"),
+        &EVENT_TOPICS,
+    );
     let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
     let outboxd = Outboxd::with_checkpoint("txn-timeout", &body, "store = \"kafka\"\n");
     let log = run_to_exit(&outboxd);
@@ -463,7 +464,7 @@ fn a_rolling_restart_of_a_three_broker_cluster_moves_no_lead_and_loses_nothing()
             .sum::<usize>()
     };
     // One at a time, controlled; then the checkpoint partition's leader killed outright; then two
-    // of the three frozen together for 20 s (no quorum, no two replicas in sync: every write
+    // of the three frozen together for 16 s (no quorum, no two replicas in sync: every write
     // waits, longer than one commit's 15 s, shorter than the lease).
     for step in 0..5 {
         let before = written();
@@ -477,7 +478,7 @@ fn a_rolling_restart_of_a_three_broker_cluster_moves_no_lead_and_loses_nothing()
                 cluster.freeze(0, true);
                 cluster.freeze(1, true);
                 // The outage's length, not a wait for a condition.
-                std::thread::sleep(Duration::from_secs(20));
+                std::thread::sleep(Duration::from_secs(16));
                 cluster.freeze(0, false);
                 cluster.freeze(1, false);
             }
@@ -504,6 +505,14 @@ fn a_rolling_restart_of_a_three_broker_cluster_moves_no_lead_and_loses_nothing()
         "the lead moved (or the session restarted) during a rolling restart:\n{}\n--- standby ---\n{}",
         leader.log(),
         standby.log()
+    );
+    // The freeze did make writes fail (which, before the fix, gave the lead up at once).
+    assert!(
+        leader
+            .log()
+            .contains("writing to the checkpoint topic failed for now"),
+        "{}",
+        leader.log()
     );
     standby.stop();
     leader.stop();

@@ -36,6 +36,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::store::{Backend, Slot};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::sink::kafka::fenced;
 
 /// The header naming the instance that wrote a live checkpoint (`host:pid`), for operators
 /// reading the topic after a failover.
@@ -677,8 +678,14 @@ impl KafkaStore {
             ))
             .superseded());
         };
-        // Also within the transaction's own timeout, past which the brokers abort it themselves.
-        let deadline = until.min(Instant::now() + self.transaction_timeout / 2);
+        // Also within the transaction's own timeout (less a margin for the last attempt), past
+        // which the brokers abort it themselves and fence this writer.
+        let deadline = until.min(
+            Instant::now()
+                + self
+                    .transaction_timeout
+                    .saturating_sub(Duration::from_secs(5)),
+        );
         // rdkafka flushes, then commits, each within the timeout given: half of what is left.
         let left = || {
             deadline
@@ -1012,18 +1019,6 @@ impl rdkafka::consumer::ConsumerContext for QuietContext {}
 /// and the failure says nothing about the reads, which need no grant on the group.
 fn group_lookup_error(e: &KafkaError) -> bool {
     e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed)
-}
-
-/// Another producer with the transactional id took over.
-fn fenced(e: &KafkaError) -> bool {
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::Fenced
-                | RDKafkaErrorCode::ProducerFenced
-                | RDKafkaErrorCode::InvalidProducerEpoch
-        )
-    )
 }
 
 /// What a failed transactional write allows (librdkafka's own classification).

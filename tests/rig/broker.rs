@@ -28,6 +28,20 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/apache-kafka.sh")
 }
 
+/// A test broker holds little: a small heap and a JIT that starts fast, unless the environment
+/// says otherwise (the benchmark sets Kafka's own defaults: benches/run.sh).
+pub fn small_jvm(command: &mut Command) {
+    if std::env::var_os("KAFKA_HEAP_OPTS").is_none() {
+        command.env("KAFKA_HEAP_OPTS", "-Xms64m -Xmx512m");
+    }
+    if std::env::var_os("KAFKA_JVM_PERFORMANCE_OPTS").is_none() {
+        command.env(
+            "KAFKA_JVM_PERFORMANCE_OPTS",
+            "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData",
+        );
+    }
+}
+
 /// Where the assembled Apache Kafka lives (its `lib/` holds the Java tools too).
 pub fn kafka_home() -> PathBuf {
     let out = Command::new(script())
@@ -147,17 +161,7 @@ impl Broker {
             .arg(&properties)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
-        // A test broker holds little: a small heap and a JIT that starts fast. The benchmark sets
-        // Kafka's own defaults instead (benches/run.sh).
-        if std::env::var_os("KAFKA_HEAP_OPTS").is_none() {
-            command.env("KAFKA_HEAP_OPTS", "-Xms64m -Xmx512m");
-        }
-        if std::env::var_os("KAFKA_JVM_PERFORMANCE_OPTS").is_none() {
-            command.env(
-                "KAFKA_JVM_PERFORMANCE_OPTS",
-                "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData",
-            );
-        }
+        small_jvm(&mut command);
         let mut child = command
             .spawn()
             .expect("start Apache Kafka through scripts/apache-kafka.sh");

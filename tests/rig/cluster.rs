@@ -11,6 +11,7 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
+use super::broker::small_jvm;
 use super::{file_contains, free_port, wait_until};
 
 struct Node {
@@ -26,19 +27,6 @@ pub struct Cluster {
 
 fn script() -> PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/apache-kafka.sh")
-}
-
-/// The rig's small, fast-starting JVM (see [`super::Broker`]).
-fn small_jvm(command: &mut Command) {
-    if std::env::var_os("KAFKA_HEAP_OPTS").is_none() {
-        command.env("KAFKA_HEAP_OPTS", "-Xms64m -Xmx512m");
-    }
-    if std::env::var_os("KAFKA_JVM_PERFORMANCE_OPTS").is_none() {
-        command.env(
-            "KAFKA_JVM_PERFORMANCE_OPTS",
-            "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData",
-        );
-    }
 }
 
 impl Cluster {

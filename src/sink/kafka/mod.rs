@@ -178,8 +178,8 @@ fn base_record(
     base
 }
 
-/// Whether another producer with the pipeline's transactional id took over.
-fn fenced(e: &KafkaError) -> bool {
+/// Whether another producer with the transactional id took over (the checkpoint writer's too).
+pub fn fenced(e: &KafkaError) -> bool {
     matches!(
         e.rdkafka_error_code(),
         Some(
