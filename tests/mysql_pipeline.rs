@@ -754,6 +754,17 @@ fn one_megabyte_payloads_behind_a_frozen_broker_stay_within_the_byte_budget() {
         &records,
         started,
     );
-    assert!(records.len() >= 400, "{}", records.len());
+    if records.len() < 400 {
+        // Seen once in a loaded CI run (399 of 400 within the limit, 3 s elsewhere): what outboxd
+        // said, to tell a stalled send from a slow read next time.
+        let log = env.outboxd.log();
+        let tail: Vec<&str> = log.lines().rev().take(60).collect();
+        panic!(
+            "{} of 400 records; outboxd's last log lines, newest first:\n{}\n/metrics:\n{}",
+            records.len(),
+            tail.join("\n"),
+            rig::http_get(port, "/metrics").1
+        );
+    }
     env.outboxd.stop();
 }
