@@ -375,7 +375,6 @@ impl KafkaStore {
         let facts = (|| {
             let admin: AdminClient<DefaultClientContext> = self.base.create().ok()?;
             let metadata = metadata.as_ref()?;
-            let brokers = metadata.brokers().len();
             let replicas = metadata
                 .topics()
                 .iter()
@@ -384,7 +383,7 @@ impl KafkaStore {
                 .first()?
                 .replicas()
                 .len();
-            Some((brokers, replicas, self.topic_configs(&admin)?))
+            Some((brokers?, replicas, self.topic_configs(&admin)?))
         })();
         if self.missing {
             let d = Durability::for_cluster(brokers.unwrap_or(1));
@@ -413,6 +412,7 @@ impl KafkaStore {
             .get("unclean.leader.election.enable")
             .map(|v| v.trim() == "true");
         let judged = Durability::judge(brokers, replicas, min_insync);
+        let best = Durability::for_cluster(brokers);
         let mut items = Vec::new();
         let topic = &self.topic;
         match judged {
@@ -421,9 +421,7 @@ impl KafkaStore {
                 format!("{topic}: {why}"),
                 format!(
                     "give it {} replicas and min.insync.replicas {} (kafka-reassign-partitions.sh for replicas; kafka-configs.sh --alter --entity-type topics --entity-name {topic} --add-config min.insync.replicas={}); README \"Running more than one instance\"",
-                    Durability::for_cluster(brokers).replicas,
-                    Durability::for_cluster(brokers).min_insync,
-                    Durability::for_cluster(brokers).min_insync
+                    best.replicas, best.min_insync, best.min_insync
                 ),
             )),
             None => items.push(Item::pass(
@@ -666,9 +664,10 @@ impl KafkaStore {
 
     /// One committed transaction holding one record (`None`: a tombstone). A passing refusal
     /// (a partition leader or transaction coordinator moving, too few replicas in sync for a
-    /// moment, a commit that timed out) is retried with the same writer for up to one takeover
-    /// timeout: a leader that cannot write for that long may have been replaced, so only then,
-    /// or when fenced, or on an error no retry cures, is the lead given up.
+    /// moment, a commit that timed out) is retried with the same writer until `until` (when the
+    /// lead lapses unless renewed: a leader that cannot write for that long may have been
+    /// replaced) and within the transaction's own timeout; only then, or when fenced, or on an
+    /// error no retry cures, is the lead given up.
     fn commit(&self, key: &str, value: Option<&[u8]>, until: Instant) -> Result<()> {
         let mut writer = self.writer.lock().expect("writer lock");
         let Some(producer) = writer.as_ref() else {
@@ -740,7 +739,7 @@ impl KafkaStore {
             if retried == 0 {
                 tracing::warn!(
                     error = %e,
-                    "writing to the checkpoint topic failed for now; retrying for up to checkpoint.takeover_timeout_ms"
+                    "writing to the checkpoint topic failed for now; retrying until the lead would lapse (checkpoint.takeover_timeout_ms after the last renewal)"
                 );
             }
             retried += 1;
