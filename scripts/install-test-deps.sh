@@ -44,6 +44,11 @@ if [ "$QUICKSTART" = 0 ]; then
   command -v nats-server >/dev/null 2>&1 || packages+=(nats-server)
   # The Redis sink's tests start private servers (the package's service is not used).
   command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
+  # The soak's network faults: a namespace and veth pair (iproute2), packet loss (nftables); its
+  # timeline's labels (DejaVu).
+  command -v ip >/dev/null 2>&1 || packages+=(iproute2)
+  command -v nft >/dev/null 2>&1 || packages+=(nftables)
+  [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || packages+=(fonts-dejavu-core)
   # Apache Kafka runs on Java 17+ and is assembled by Maven.
   command -v java >/dev/null 2>&1 || packages+=(default-jre-headless)
   command -v mvn >/dev/null 2>&1 || packages+=(maven)

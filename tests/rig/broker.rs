@@ -19,6 +19,8 @@ pub struct Broker {
     pub port: u16,
     /// The SSL listener, when the broker has one ([`Broker::start_tls`]).
     pub tls_port: Option<u16>,
+    /// The address every listener binds (127.0.0.1 unless [`Broker::start_on`] named another).
+    host: String,
     child: Child,
     _dir: tempfile::TempDir,
 }
@@ -66,6 +68,12 @@ impl Broker {
         Broker::launch_with(None, properties)
     }
 
+    /// A broker whose listeners bind (and advertise) `host` rather than 127.0.0.1: the address of a
+    /// veth the test made, so that an outboxd in another network namespace can reach it.
+    pub fn start_on(host: &str, properties: &str) -> Broker {
+        Broker::launch_on(host, None, properties)
+    }
+
     /// A broker with an SSL listener too (its own, not a terminator in front of it), presenting
     /// `server` (PEM certificate and PKCS#8 key). [`Broker::tls_bootstrap`] is its address.
     pub fn start_tls(server: &Issued) -> Broker {
@@ -96,9 +104,13 @@ impl Broker {
     }
 
     fn launch_with(secure: Option<(&str, &Issued, String)>, properties: &str) -> Broker {
+        Broker::launch_on("127.0.0.1", secure, properties)
+    }
+
+    fn launch_on(host: &str, secure: Option<(&str, &Issued, String)>, properties: &str) -> Broker {
         let mut attempt = 1;
         loop {
-            match Broker::try_launch(secure.as_ref(), properties) {
+            match Broker::try_launch(host, secure.as_ref(), properties) {
                 Ok(broker) => return broker,
                 Err(log) if attempt < 3 && log.contains("Address already in use") => attempt += 1,
                 Err(log) => panic!(
@@ -110,21 +122,25 @@ impl Broker {
     }
 
     /// One start; the log's tail when the broker exits before it serves.
-    fn try_launch(secure: Option<&(&str, &Issued, String)>, more: &str) -> Result<Broker, String> {
+    fn try_launch(
+        host: &str,
+        secure: Option<&(&str, &Issued, String)>,
+        more: &str,
+    ) -> Result<Broker, String> {
         let port = free_port();
         let controller = free_port();
         let dir = tempfile::Builder::new()
             .prefix("outboxd-kafka-")
             .tempdir()
             .unwrap();
-        let mut listeners = format!("PLAINTEXT://127.0.0.1:{port}");
+        let mut listeners = format!("PLAINTEXT://{host}:{port}");
         let mut protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT".to_string();
         let mut extra = String::new();
         let mut tls_port = None;
         if let Some((protocol, server, more)) = secure {
             let secure_port = free_port();
             tls_port = Some(secure_port);
-            listeners.push_str(&format!(",{protocol}://127.0.0.1:{secure_port}"));
+            listeners.push_str(&format!(",{protocol}://{host}:{secure_port}"));
             protocols.push_str(&format!(",{protocol}:{protocol}"));
             // Kafka reads a PEM keystore as one file: the key, then the certificate chain.
             let keystore = dir.path().join("keystore.pem");
@@ -171,7 +187,7 @@ impl Broker {
             exited = matches!(child.try_wait(), Ok(Some(_)));
             exited
                 || (file_contains(&log, "Kafka Server started")
-                    && TcpStream::connect(("127.0.0.1", port)).is_ok())
+                    && TcpStream::connect((host, port)).is_ok())
         });
         if exited {
             let content = std::fs::read_to_string(&log).unwrap_or_default();
@@ -181,6 +197,7 @@ impl Broker {
         Ok(Broker {
             port,
             tls_port,
+            host: host.to_string(),
             child,
             _dir: dir,
         })
@@ -222,20 +239,26 @@ impl Broker {
 
     /// Runs one of Kafka's command-line tools against the PLAINTEXT listener.
     fn tool(&self, class: &str, args: &[&str]) {
-        let out = Command::new("java")
-            .args(["-XX:TieredStopAtLevel=1", "-cp"])
-            .arg(kafka_home().join("lib/*"))
-            .arg(class)
-            .args(["--bootstrap-server", &self.bootstrap()])
-            .args(args)
-            .output()
-            .expect("java");
+        let out = self.tool_output(class, args);
         assert!(
             out.status.success(),
             "{class} {args:?}: {}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// What one of Kafka's tools printed (e.g. `org.apache.kafka.tools.TransactionsCommand`), for
+    /// diagnostics; its success is not checked.
+    pub fn tool_output(&self, class: &str, args: &[&str]) -> std::process::Output {
+        Command::new("java")
+            .args(["-XX:TieredStopAtLevel=1", "-cp"])
+            .arg(kafka_home().join("lib/*"))
+            .arg(class)
+            .args(["--bootstrap-server", &self.bootstrap()])
+            .args(args)
+            .output()
+            .expect("java")
     }
 
     /// The broker process (signals; CPU accounting in the benchmark).
@@ -256,13 +279,46 @@ impl Broker {
     }
 
     pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.host, self.port)
+    }
+
+    /// SIGKILL: the node gone, with no controlled shutdown, until [`Broker::resume`].
+    pub fn kill9(&mut self) {
+        self.thaw();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The node [`Broker::kill9`] killed, again on its data and ports (`apache-kafka.sh resume`);
+    /// waits until it serves.
+    pub fn resume(&mut self) {
+        let broker_dir = self._dir.path().join("broker");
+        let _ = std::fs::remove_file(broker_dir.join("server.log"));
+        let mut command = Command::new(script());
+        command
+            .arg("resume")
+            .arg(&broker_dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        small_jvm(&mut command);
+        self.child = command.spawn().expect("resume Apache Kafka");
+        let log = broker_dir.join("server.log");
+        let (host, port) = (self.host.clone(), self.port);
+        wait_until(
+            "Apache Kafka to start again",
+            Duration::from_secs(90),
+            || {
+                file_contains(&log, "Kafka Server started")
+                    && TcpStream::connect((host.as_str(), port)).is_ok()
+            },
+        );
     }
 
     /// The SSL listener's address (panics on a broker without one).
     pub fn tls_bootstrap(&self) -> String {
         format!(
-            "127.0.0.1:{}",
+            "{}:{}",
+            self.host,
             self.tls_port.expect("a broker started with TLS")
         )
     }
@@ -270,7 +326,9 @@ impl Broker {
 
 impl Drop for Broker {
     fn drop(&mut self) {
-        self.thaw();
+        // Not `thaw`: after `kill9` without `resume` the pid is gone.
+        let pid = nix::unistd::Pid::from_raw(self.pid());
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

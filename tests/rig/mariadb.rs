@@ -70,7 +70,8 @@ impl MariaDb {
         db
     }
 
-    fn boot(&mut self) {
+    /// Starts the server (again, after [`MariaDb::stop`]) and waits until it accepts connections.
+    pub fn boot(&mut self) {
         let child = Command::new("/usr/sbin/mariadbd")
             .arg(format!(
                 "--defaults-file={}",
@@ -206,6 +207,12 @@ impl Drop for MariaDb {
 
 /// Runs `sql` (fed on stdin, so it may be long) as root through the server's socket.
 pub fn sql_at(socket: &Path, sql: &str) -> String {
+    try_sql_at(socket, sql)
+        .unwrap_or_else(|stderr| panic!("SQL failed: {}\n{stderr}", &sql[..sql.len().min(300)]))
+}
+
+/// [`sql_at`] that returns the client's stderr instead of panicking (a load that outlives a restart).
+pub fn try_sql_at(socket: &Path, sql: &str) -> Result<String, String> {
     let mut child = Command::new("mariadb")
         .arg(format!("--socket={}", socket.display()))
         .args(["-uroot", "-N", "-B", "--default-character-set=utf8mb4"])
@@ -217,11 +224,9 @@ pub fn sql_at(socket: &Path, sql: &str) -> String {
     // A failing statement makes the client exit early; its stderr (below) says why.
     let _ = child.stdin.take().unwrap().write_all(sql.as_bytes());
     let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "SQL failed: {}\n{}",
-        &sql[..sql.len().min(300)],
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    if out.status.success() {
+        Ok(String::from_utf8(out.stdout).unwrap())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
 }

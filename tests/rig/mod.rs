@@ -9,10 +9,12 @@
 //! - [`redis::Redis`]: Debian's `redis-server` (append-only, fsync always), one per test.
 //! - [`moto::Moto`]: moto's server (PyPI), SQS and SNS in memory, one per test.
 //! - [`debezium::Connect`]: Debezium under Kafka Connect standalone (Maven jars), beside outboxd.
+//! - [`netns::NetNs`]: a network namespace and veth pair of the test's own, for network faults.
 //! - [`Outboxd`]: the real `outboxd` binary with a config written for the test.
 //! - [`consume`]: reads records back with a real rdkafka consumer.
 //!
-//! Nothing here talks to a service the machine may run; every address is 127.0.0.1.
+//! Nothing here talks to a service the machine may run; every address is 127.0.0.1, or the
+//! address of a veth the test created itself.
 
 pub mod broker;
 pub mod certs;
@@ -22,6 +24,7 @@ pub mod kafka;
 pub mod mariadb;
 pub mod moto;
 pub mod nats;
+pub mod netns;
 pub mod outboxd;
 pub mod postgres;
 pub mod rabbitmq;

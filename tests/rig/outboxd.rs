@@ -19,6 +19,8 @@ pub struct Outboxd {
     pub binary: PathBuf,
     /// Environment every command of this pipeline gets (e.g. AWS credentials).
     pub env: Vec<(String, String)>,
+    /// A command the binary runs under, e.g. `ip netns exec NS` (which execs it: the pid stays).
+    pub wrapper: Vec<String>,
 }
 
 impl Outboxd {
@@ -53,6 +55,7 @@ impl Outboxd {
             runs: 0,
             binary: PathBuf::from(env!("CARGO_BIN_EXE_outboxd")),
             env: Vec::new(),
+            wrapper: Vec::new(),
         }
     }
 
@@ -83,7 +86,14 @@ impl Outboxd {
 
     /// A command for `outboxd ARGS` with this pipeline's config and the source password in the env.
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(&self.binary);
+        let mut cmd = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(&self.binary);
+                cmd
+            }
+            None => Command::new(&self.binary),
+        };
         cmd.arg("--config")
             .arg(self.config_path())
             .args(args)
@@ -153,6 +163,33 @@ impl Outboxd {
                     .any(|line| super::file_contains(&log_path, line))
             },
         );
+    }
+
+    /// Starts `outboxd run` with `extra` arguments and returns at once (a supervisor watches it:
+    /// [`Outboxd::exited`]).
+    pub fn spawn(&mut self, extra: &[&str]) {
+        assert!(self.child.is_none(), "already running");
+        self.runs += 1;
+        let log = std::fs::File::create(self.log_path()).unwrap();
+        let child = self
+            .command(&[&["run"][..], extra].concat())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    /// The exit status once the started process exited by itself (it is then no longer running).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().unwrap()?;
+        self.child = None;
+        Some(status)
+    }
+
+    /// Whether a process was started and not yet seen to exit.
+    pub fn started(&self) -> bool {
+        self.child.is_some()
     }
 
     /// Whether the started process is still running.

@@ -183,6 +183,17 @@ impl Postgres {
         self.wait_ready();
     }
 
+    /// `pg_ctl stop -m fast`: the server gone until [`Postgres::start_again`].
+    pub fn stop_fast(&self) {
+        self.pg_ctl(&["-m", "fast", "-w", "stop"]);
+    }
+
+    /// Starts the server [`Postgres::stop_fast`] stopped (same port, same data).
+    pub fn start_again(&self) {
+        self.pg_ctl(&["-w", "start"]);
+        self.wait_ready();
+    }
+
     /// The postmaster's pid, from the first line of `postmaster.pid` (None when no server runs).
     pub fn postmaster_pid(&self) -> Option<nix::unistd::Pid> {
         let text = std::fs::read_to_string(self.dir().join("postmaster.pid")).ok()?;
