@@ -9,9 +9,12 @@
 //! (`SHOW MASTER STATUS`), and says so.
 //!
 //! ## Liveness
-//! The server is asked for heartbeats (`@master_heartbeat_period`); a stream that yields neither an
-//! event nor a heartbeat for three periods is treated as dead even if its socket looks alive, and the
-//! session ends with a transient error so the pipeline reconnects from the checkpoint.
+//! The server is asked for heartbeats (`@master_heartbeat_period`). A stream that yields neither an
+//! event nor a heartbeat for three periods is asked about on the control connection
+//! (`MysqlSource::on_silence`): unless the server shows its dump thread still working for us, the
+//! stream is treated as dead even if its socket looks alive, and the session ends with a transient
+//! error so the pipeline reconnects from the checkpoint. Before a new dump, the previous one of
+//! this process on the same server is ended (`previous_dump`).
 
 mod binlog_file;
 mod cert_probe;
@@ -22,6 +25,7 @@ mod event_types;
 mod json_text;
 mod position;
 mod preflight;
+mod previous_dump;
 pub mod prune;
 mod row_image;
 pub mod snapshot;
@@ -99,6 +103,20 @@ pub async fn current_end_position(config: &SourceConfig) -> Result<Position> {
     Ok(end.to_position())
 }
 
+/// How long a stream may stay silent while the server says it is still sending to it.
+const MAX_BUSY_SILENCE: Duration = Duration::from_secs(600);
+
+/// How many read timeouts a stream may stay silent after the server handed everything to the
+/// network (what it sent may still be crossing a slow link).
+const SENT_ALL_PERIODS: u32 = 10;
+
+/// How long a query on the control connection may take: the read timeout, but at least 30 s, so
+/// that short heartbeats over a slow or lossy link do not end a working session (a column lookup
+/// timed out there on every reconnect in the slow-link test).
+fn control_timeout(read_timeout: Duration) -> Duration {
+    read_timeout.max(Duration::from_secs(30))
+}
+
 /// A live binlog session.
 pub struct MysqlSource {
     stream: BinlogStream,
@@ -106,6 +124,8 @@ pub struct MysqlSource {
     decoder: Decoder,
     buffer: VecDeque<Change>,
     read_timeout: Duration,
+    /// The connection id of the binlog dump (the server's thread for our stream).
+    dump_connection: u32,
     identity: SourceIdentity,
     start: BinlogPosition,
     metrics: Arc<Metrics>,
@@ -212,10 +232,19 @@ impl MysqlSource {
                 .with_filename(start.file.as_bytes())
                 .with_pos(start.pos)
         };
+        // The server holds a new dump back while the last one on this connection's replica id
+        // still blocks on a lost connection (see `previous_dump`).
+        let dump_key = format!(
+            "{}#{:?}#{:?}",
+            config.url, identity.server_id, identity.server_uuid
+        );
+        previous_dump::end(&mut control, &dump_key).await;
+        let dump_connection = replica.id();
         let stream = replica
             .get_binlog_stream(request)
             .await
             .map_err(|e| map_err(e, config))?;
+        previous_dump::remember(&dump_key, dump_connection);
         tracing::info!(
             server = %redact_url(&config.url),
             server_id = server.server_id,
@@ -230,6 +259,7 @@ impl MysqlSource {
             decoder: Decoder::new(start.clone(), config.tables.iter().cloned()),
             buffer: VecDeque::new(),
             read_timeout: heartbeat * 3,
+            dump_connection,
             identity,
             start,
             metrics,
@@ -260,28 +290,27 @@ impl MysqlSource {
             // nothing else would make this loop give the worker back: a large transaction on other
             // tables would hold every task (HTTP, signals, lease renewal) until its end.
             tokio::task::coop::consume_budget().await;
-            let event = match tokio::time::timeout(self.read_timeout, self.stream.next()).await {
-                Err(_) => {
-                    return Err(Error::source(format!(
-                        "no binlog event or heartbeat for {:?}; the stream is treated as dead",
-                        self.read_timeout
-                    ))
-                    .remedy("outboxd reconnects by itself; if this repeats, check the network path to the server")
-                    .transient())
+            let silent_since = tokio::time::Instant::now();
+            let next = loop {
+                match tokio::time::timeout(self.read_timeout, self.stream.next()).await {
+                    Err(_) => self.on_silence(silent_since.elapsed()).await?,
+                    Ok(next) => break next,
                 }
-                Ok(None) => {
+            };
+            let event = match next {
+                None => {
                     return Err(Error::source("the server closed the binlog stream")
                         .remedy("outboxd reconnects by itself")
                         .transient())
                 }
-                Ok(Some(Err(e))) => {
+                Some(Err(e)) => {
                     return Err(map_stream_err(
                         e,
                         self.decoder.boundary(),
                         self.own_checkpoint,
                     ))
                 }
-                Ok(Some(Ok(event))) => event,
+                Some(Ok(event)) => event,
             };
             self.metrics.source_event();
             crate::fault::panic_point(crate::fault::LIVE_DECODE);
@@ -297,6 +326,55 @@ impl MysqlSource {
                 }
             }
         }
+    }
+
+    /// The stream said nothing for three heartbeats. A server sends heartbeats only while it has
+    /// nothing to send, and they queue behind whatever it sent before, so silence alone does not
+    /// tell a dead stream from one event that takes long to arrive (a large row over a slow link:
+    /// giving up reconnects into the same row, again and again, as the soak's slow-network fault
+    /// showed) or a server scanning its binlog for our start. So ask the server about our dump
+    /// thread on the control connection (another connection over the same path):
+    /// - no answer, or no such thread: dead;
+    /// - still working (sending an event, reading the binlog): wait another period. A thread
+    ///   blocked writing to a lost connection ends at the server's `net_write_timeout`, and then
+    ///   the case above applies; past [`MAX_BUSY_SILENCE`] it is dead regardless;
+    /// - it has handed everything to the network: what it sent may still be crossing a slow link,
+    ///   or the connection died where the server cannot see it. Wait up to [`SENT_ALL_PERIODS`]
+    ///   read timeouts of silence, then dead.
+    async fn on_silence(&mut self, silent: Duration) -> Result<()> {
+        let dead = |why: String| {
+            Err(Error::source(format!(
+                "no binlog event or heartbeat for {silent:?}; {why}; the stream is treated as dead"
+            ))
+            .remedy("outboxd reconnects by itself; if this repeats, check the network path to the server")
+            .transient())
+        };
+        if silent >= MAX_BUSY_SILENCE {
+            return dead("the server has been busy for longer than outboxd waits".into());
+        }
+        let query = self.control.exec_first::<Option<String>, _, _>(
+            "SELECT STATE FROM information_schema.PROCESSLIST WHERE ID = ?",
+            (self.dump_connection,),
+        );
+        let state = match tokio::time::timeout(control_timeout(self.read_timeout), query).await {
+            Ok(Ok(Some(state))) => state.unwrap_or_default(),
+            Ok(Ok(None)) => return dead("the server shows no dump thread for it".into()),
+            Ok(Err(e)) => return dead(format!("asking the server about it failed: {e}")),
+            Err(_) => {
+                return dead("the server did not answer on the control connection either".into())
+            }
+        };
+        if state.contains("has sent all binlog") && silent >= self.read_timeout * SENT_ALL_PERIODS {
+            return dead(format!(
+                "the server's dump thread says \"{state}\" and nothing arrived since"
+            ));
+        }
+        tracing::info!(
+            silent = ?silent,
+            state = %state,
+            "the binlog stream is silent, but the server's dump thread for it is alive (a large event crossing a slow link, or a binlog scan): waiting"
+        );
+        Ok(())
     }
 
     async fn resolve_columns(
@@ -321,7 +399,7 @@ impl MysqlSource {
             (schema, name),
         );
         let rows: Vec<(String, String, Option<String>, String)> =
-            match tokio::time::timeout(self.read_timeout, query).await {
+            match tokio::time::timeout(control_timeout(self.read_timeout), query).await {
                 Ok(Ok(rows)) => rows,
                 Ok(Err(e)) => {
                     return Err(Error::source(format!(
