@@ -1,0 +1,261 @@
+//! The checker: what the database committed against what the topic holds, independent of outboxd
+//! (it reads neither outboxd's logs nor its metrics, only the two ends).
+//!
+//! - lost: a row in the database's table that no record carries;
+//! - phantom: a record whose row the database does not hold (a rolled-back row, or none of ours);
+//! - duplicate: a second record of a row. One is *explained* when the broker appended it between
+//!   the start of a fault and a minute after its end, the replay window a fault opens;
+//! - order violation: a row first seen after a later row of the same key (per partition, offset
+//!   order; replays of rows already seen do not count);
+//! - recovery of a fault: from its end until every row whose COMMIT had returned by then arrived.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::load::{producer_of, seq_of, Log};
+use super::plan::Kind;
+use super::tail::Seen;
+use super::world::{Exit, Injected};
+
+pub struct Inputs<'a> {
+    pub committed: &'a [u128],
+    pub logs: &'a [Log],
+    pub seen: &'a Seen,
+    pub faults: &'a [Injected],
+    pub exits: &'a [Exit],
+    pub started: Instant,
+    pub exactly_once: bool,
+}
+
+/// The verdict's numbers; `failures` lists every reason the run fails (empty: it passed).
+pub struct Verdict {
+    pub json: Value,
+    pub failures: Vec<String>,
+    /// Per second from the start: (rows whose COMMIT returned, rows first delivered, lag at the end).
+    pub timeline: Vec<(u64, u64, u64)>,
+}
+
+pub fn check(inputs: &Inputs) -> Verdict {
+    let committed: HashSet<u128> = inputs.committed.iter().copied().collect();
+    let seen = inputs.seen;
+    let rolled_back: HashSet<u128> = inputs
+        .logs
+        .iter()
+        .flat_map(|l| l.rolled_back.iter().copied())
+        .collect();
+    let lost: Vec<u128> = inputs
+        .committed
+        .iter()
+        .copied()
+        .filter(|id| !seen.first.contains_key(id))
+        .collect();
+    let phantom: Vec<u128> = seen
+        .first
+        .keys()
+        .copied()
+        .filter(|id| !committed.contains(id))
+        .collect();
+    let rolled_back_delivered = phantom.iter().filter(|id| rolled_back.contains(id)).count();
+    let rolled_back_in_db = rolled_back
+        .iter()
+        .filter(|id| committed.contains(id))
+        .count();
+    let (duplicates, unexplained) = duplicates(seen, inputs.faults);
+    let order_violations = order_violations(seen);
+    let key_mismatches = seen.deliveries.iter().filter(|d| !d.key_ok).count();
+    let (recovery, timeline) = recovery_and_timeline(inputs);
+
+    let mut failures = Vec::new();
+    let mut fail = |count: usize, what: &str| {
+        if count > 0 {
+            failures.push(format!("{count} {what}"));
+        }
+    };
+    fail(lost.len(), "rows lost");
+    fail(phantom.len(), "records of rows the database does not hold");
+    fail(order_violations, "per-key order violations");
+    fail(key_mismatches, "records with another row's key");
+    fail(seen.malformed as usize, "records without a row id");
+    fail(
+        rolled_back_in_db,
+        "rolled-back rows in the database (a load bug)",
+    );
+    if inputs.exactly_once {
+        fail(duplicates, "duplicates seen by a read_committed consumer");
+    }
+
+    let mut by_kind: BTreeMap<Kind, (usize, Duration)> = BTreeMap::new();
+    for (fault, took) in inputs.faults.iter().zip(&recovery) {
+        let entry = by_kind.entry(fault.kind).or_default();
+        entry.0 += 1;
+        entry.1 = entry.1.max(*took);
+    }
+    let faults_json: Vec<Value> = by_kind
+        .iter()
+        .map(|(kind, (count, longest))| {
+            json!({"kind": kind.name(), "count": count, "longest_recovery_s": secs(*longest)})
+        })
+        .collect();
+    let schedule: Vec<Value> = inputs
+        .faults
+        .iter()
+        .zip(&recovery)
+        .map(|(f, took)| {
+            json!({
+                "at_s": secs(f.started - inputs.started),
+                "at_epoch_ms": f.started_ms,
+                "kind": f.kind.name(),
+                "detail": f.detail,
+                "held_s": secs(f.ended - f.started),
+                "recovery_s": secs(*took),
+            })
+        })
+        .collect();
+    let exits: Vec<Value> = inputs
+        .exits
+        .iter()
+        .map(|e| {
+            json!({
+                "at_s": secs(e.at - inputs.started),
+                "instance": e.instance,
+                "status": e.status,
+                "last_error": e.last_error,
+            })
+        })
+        .collect();
+    let acked: usize = inputs.logs.iter().map(|l| l.acked.len()).sum();
+    let json = json!({
+        "rows_committed": committed.len(),
+        "rows_acked_to_the_load": acked,
+        "rows_rolled_back": rolled_back.len(),
+        "rows_in_failed_calls": inputs.logs.iter().map(|l| l.ambiguous.len()).sum::<usize>(),
+        "transactions": inputs.logs.iter().map(|l| l.transactions).sum::<u64>(),
+        "records_read": seen.deliveries.len(),
+        "rows_delivered": seen.first.len(),
+        "lost": lost.len(),
+        "lost_sample": lost.iter().take(20).map(|id| format!("{id:032x}")).collect::<Vec<_>>(),
+        "phantom": phantom.len(),
+        "rolled_back_delivered": rolled_back_delivered,
+        "duplicates": duplicates,
+        "duplicates_unexplained": unexplained,
+        "order_violations": order_violations,
+        "key_mismatches": key_mismatches,
+        "malformed": seen.malformed,
+        "reader_reached_the_end": seen.drained,
+        "faults_injected": inputs.faults.len(),
+        "faults": faults_json,
+        "schedule": schedule,
+        "outboxd_exits": exits,
+        "failures": failures,
+    });
+    Verdict {
+        json,
+        failures,
+        timeline,
+    }
+}
+
+fn secs(d: Duration) -> f64 {
+    (d.as_secs_f64() * 10.0).round() / 10.0
+}
+
+/// (extra copies, extra copies appended outside every fault's window).
+fn duplicates(seen: &Seen, faults: &[Injected]) -> (usize, usize) {
+    let mut copies: HashMap<u128, usize> = HashMap::new();
+    let (mut extra, mut unexplained) = (0, 0);
+    let mut ordered: Vec<_> = seen.deliveries.iter().collect();
+    ordered.sort_by_key(|d| (d.partition, d.offset));
+    for d in ordered {
+        let n = copies.entry(d.id).or_default();
+        *n += 1;
+        if *n > 1 {
+            extra += 1;
+            let explained = faults
+                .iter()
+                .any(|f| f.started_ms <= d.appended_ms && d.appended_ms <= f.ended_ms + 60_000);
+            if !explained {
+                unexplained += 1;
+            }
+        }
+    }
+    (extra, unexplained)
+}
+
+/// Rows first seen after a later row of their key, in each partition's offset order.
+fn order_violations(seen: &Seen) -> usize {
+    let mut ordered: Vec<_> = seen.deliveries.iter().collect();
+    ordered.sort_by_key(|d| (d.partition, d.offset));
+    let mut first: HashSet<u128> = HashSet::new();
+    let mut highest: HashMap<(u64, u64), u64> = HashMap::new();
+    let mut violations = 0;
+    for d in ordered {
+        if !first.insert(d.id) {
+            continue;
+        }
+        let (producer, seq) = (producer_of(d.id), seq_of(d.id));
+        let top = highest.entry((producer, seq % 8)).or_insert(seq);
+        if seq < *top {
+            violations += 1;
+        }
+        *top = (*top).max(seq);
+    }
+    violations
+}
+
+/// Each fault's recovery time, and the per-second timeline.
+fn recovery_and_timeline(inputs: &Inputs) -> (Vec<Duration>, Vec<(u64, u64, u64)>) {
+    let mut acked: Vec<(Instant, Option<Instant>)> = inputs
+        .logs
+        .iter()
+        .flat_map(|l| l.acked.iter())
+        .map(|(id, at)| (*at, inputs.seen.first.get(id).copied()))
+        .collect();
+    acked.sort_by_key(|(at, _)| *at);
+    // The latest first arrival among rows acked up to each index.
+    let mut latest = Vec::with_capacity(acked.len());
+    let mut top: Option<Instant> = None;
+    for (_, arrived) in &acked {
+        top = top.max(*arrived);
+        latest.push(top);
+    }
+    let recovery = inputs
+        .faults
+        .iter()
+        .map(|f| {
+            let n = acked.partition_point(|(at, _)| *at <= f.ended);
+            match n.checked_sub(1).and_then(|i| latest[i]) {
+                Some(arrived) => arrived.saturating_duration_since(f.ended),
+                None => Duration::ZERO,
+            }
+        })
+        .collect();
+    let second = |at: Instant| at.saturating_duration_since(inputs.started).as_secs();
+    let end = acked
+        .iter()
+        .flat_map(|(a, b)| [Some(*a), *b])
+        .flatten()
+        .map(second)
+        .max()
+        .unwrap_or(0);
+    let mut commits = vec![0u64; end as usize + 1];
+    let mut arrivals = vec![0u64; end as usize + 1];
+    for (at, arrived) in &acked {
+        commits[second(*at) as usize] += 1;
+        if let Some(arrived) = arrived {
+            arrivals[second(*arrived) as usize] += 1;
+        }
+    }
+    let (mut c, mut a) = (0u64, 0u64);
+    let timeline = commits
+        .iter()
+        .zip(&arrivals)
+        .map(|(x, y)| {
+            c += x;
+            a += y;
+            (*x, *y, c.saturating_sub(a))
+        })
+        .collect();
+    (recovery, timeline)
+}

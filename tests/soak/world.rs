@@ -1,0 +1,524 @@
+//! The world a soak run breaks: a network namespace with outboxd inside, the database and Apache
+//! Kafka outside on the veth's host address, one outboxd (file checkpoint on a small tmpfs) or
+//! two (Kafka checkpoint store: a leader and a standby), and a supervisor that starts an instance
+//! again a second after it exits, as systemd's `Restart=on-failure` would.
+//!
+//! The nemesis ([`World::inject`]) and the supervisor ([`World::tick`]) run on the caller's thread,
+//! so a fault and a restart never race; the load and the checker's reader run on their own.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::sys::signal::{kill, Signal};
+
+use super::plan::{Kind, Step};
+use crate::rig::mariadb::{try_sql_at, CDC_PASSWORD};
+use crate::rig::netns::NetNs;
+use crate::rig::{create_topic_with, Broker, MariaDb, Outboxd, Postgres};
+
+pub const TOPIC: &str = "outbox.event.soak";
+pub const PARTITIONS: i32 = 6;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    MariaDb,
+    Postgres,
+}
+
+pub enum Db {
+    MariaDb(MariaDb),
+    Postgres(Arc<Postgres>),
+}
+
+/// One injected fault as it happened.
+pub struct Injected {
+    pub kind: Kind,
+    pub started: Instant,
+    pub ended: Instant,
+    /// Wall-clock bounds (ms since the epoch), to compare with the broker's append times.
+    pub started_ms: i64,
+    pub ended_ms: i64,
+    /// What exactly was done (which instance, how long, how much loss).
+    pub detail: String,
+}
+
+/// An outboxd exit nobody asked for, with the last error line of its log.
+pub struct Exit {
+    pub at: Instant,
+    pub instance: usize,
+    pub status: String,
+    pub last_error: String,
+}
+
+struct Instance {
+    outboxd: Outboxd,
+    /// When to start it again (after an exit or a kill); `None` while it runs.
+    restart_at: Option<Instant>,
+}
+
+pub struct World {
+    pub broker: Broker,
+    pub db: Db,
+    /// Declared after the servers: dropped (links and namespace deleted) once they are gone.
+    pub ns: NetNs,
+    instances: Vec<Instance>,
+    /// The checkpoint directory's tmpfs (file store), filled by [`Kind::DiskFull`].
+    disk: Option<PathBuf>,
+    pub peak_rss_kib: u64,
+    pub exits: Vec<Exit>,
+    pub starts: usize,
+}
+
+fn epoch_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+impl World {
+    pub fn setup(source: Source, exactly_once: bool) -> World {
+        let ns = NetNs::create();
+        let host = ns.host_ip().to_string();
+        let broker = Broker::start_on(&host, "");
+        create_topic_with(
+            &broker.bootstrap(),
+            TOPIC,
+            PARTITIONS,
+            &[("message.timestamp.type", "LogAppendTime")],
+        );
+        let (db, source_section) = match source {
+            Source::MariaDb => {
+                let db = MariaDb::start(&[&format!("bind-address=127.0.0.1,{host}")]);
+                db.sql_socket(crate::rig::scenario::SCHEMA);
+                db.sql_socket(&format!(
+                    "SET SESSION sql_log_bin = 0; \
+                     CREATE USER 'cdc'@'{ip}' IDENTIFIED BY '{CDC_PASSWORD}'; \
+                     GRANT REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR, SELECT ON *.* TO 'cdc'@'{ip}';",
+                    ip = ns.ns_ip()
+                ));
+                let section = format!(
+                    "[source]\nkind = \"mysql\"\nurl = \"mysql://cdc@{host}:{}/app\"\ntables = [\"app.outbox\"]\n\
+                     server_id = 99\n",
+                    db.port
+                );
+                (Db::MariaDb(db), section)
+            }
+            Source::Postgres => {
+                let pg = Postgres::start(&[&format!("listen_addresses = '127.0.0.1,{host}'")]);
+                let hba = format!(
+                    "host all all {ip}/32 trust\nhost replication all {ip}/32 trust\n",
+                    ip = ns.ns_ip()
+                );
+                let path = pg.dir().join("pg_hba.conf");
+                let mut lines = std::fs::read_to_string(&path).unwrap();
+                lines.push_str(&hba);
+                std::fs::write(&path, lines).unwrap();
+                pg.sql("postgres", "SELECT pg_reload_conf();");
+                pg.sql("postgres", "CREATE DATABASE app;");
+                pg.sql("app", crate::postgres_pipeline::SCHEMA);
+                let section = format!(
+                    "[source]\nkind = \"postgres\"\nurl = \"postgres://cdc@{host}:{}/app\"\n\
+                     tables = [\"public.outbox\"]\nslot = \"outboxd_soak\"\npublication = \"outboxd_soak\"\n\
+                     ",
+                    pg.port
+                );
+                (Db::Postgres(Arc::new(pg)), section)
+            }
+        };
+        let body = format!(
+            "{source_section}[kafka]\nbrokers = \"{}\"\nexactly_once = {exactly_once}\n[http]\nlisten = \"\"\n",
+            broker.bootstrap()
+        );
+        // Exactly-once needs the Kafka checkpoint store, which also lets a standby stand by.
+        let (count, checkpoint) = if exactly_once {
+            (2, "store = \"kafka\"\ntakeover_timeout_ms = 3000\n")
+        } else {
+            (1, "")
+        };
+        let instances: Vec<Instance> = (0..count)
+            .map(|_| {
+                let mut outboxd = Outboxd::with_checkpoint("soak", &body, checkpoint);
+                outboxd.wrapper = ns.wrapper();
+                Instance {
+                    outboxd,
+                    restart_at: None,
+                }
+            })
+            .collect();
+        let disk = (!exactly_once).then(|| {
+            let dir = instances[0].outboxd.dir_path().join("checkpoints");
+            mount_tmpfs(&dir, "1m");
+            dir
+        });
+        World {
+            broker,
+            db,
+            ns,
+            instances,
+            disk,
+            peak_rss_kib: 0,
+            exits: Vec::new(),
+            starts: 0,
+        }
+    }
+
+    /// The kinds of fault this world can take.
+    pub fn kinds(&self) -> Vec<Kind> {
+        let mut kinds = vec![
+            Kind::Kill9,
+            Kind::Pause,
+            Kind::BrokerKill,
+            Kind::BrokerFreeze,
+            Kind::DbRestart,
+            Kind::Partition,
+            Kind::Loss,
+            Kind::Slow,
+        ];
+        if self.instances.len() > 1 {
+            kinds.push(Kind::LeaderKill);
+        }
+        if self.disk.is_some() {
+            kinds.push(Kind::DiskFull);
+        }
+        kinds
+    }
+
+    /// Starts every instance and waits until one streams.
+    pub fn start(&mut self) {
+        for i in 0..self.instances.len() {
+            self.spawn(i);
+        }
+        let limit = Instant::now() + Duration::from_secs(90);
+        while self.leader().is_none() {
+            assert!(
+                Instant::now() < limit,
+                "no outboxd opened the stream within 90 s:\n{}",
+                self.instances[0].outboxd.log()
+            );
+            self.tick();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let instance = &mut self.instances[i];
+        instance.outboxd.spawn(&[]);
+        instance.restart_at = None;
+        self.starts += 1;
+    }
+
+    /// The instance streaming now: the last of its log's "stream opened" / "standing by" lines is
+    /// the first.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.instances.len()).find(|&i| {
+            let instance = &self.instances[i];
+            if !instance.outboxd.started() {
+                return false;
+            }
+            let log = instance.outboxd.log();
+            let opened = log.rfind("stream opened");
+            opened.is_some() && opened > log.rfind("standing by")
+        })
+    }
+
+    /// The supervisor: records exits, starts instances whose time came, samples peak RSS.
+    pub fn tick(&mut self) {
+        let now = Instant::now();
+        for i in 0..self.instances.len() {
+            let instance = &mut self.instances[i];
+            if let Some(status) = instance.outboxd.exited() {
+                let log = instance.outboxd.log();
+                let last_error = log
+                    .lines()
+                    .rev()
+                    .find(|l| l.contains("ERROR"))
+                    .unwrap_or("")
+                    .to_string();
+                self.exits.push(Exit {
+                    at: now,
+                    instance: i,
+                    status: status.to_string(),
+                    last_error,
+                });
+                instance.restart_at = Some(now + Duration::from_secs(1));
+            }
+            let instance = &mut self.instances[i];
+            if instance.outboxd.started() {
+                let status = format!("/proc/{}/status", instance.outboxd.pid());
+                if let Some(kib) = std::fs::read_to_string(status).ok().and_then(|s| {
+                    s.lines()
+                        .find(|l| l.starts_with("VmHWM:"))
+                        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                }) {
+                    self.peak_rss_kib = self.peak_rss_kib.max(kib);
+                }
+            } else if instance.restart_at.is_some_and(|at| at <= now) {
+                self.spawn(i);
+            }
+        }
+    }
+
+    /// Supervises for `how_long`.
+    pub fn idle(&mut self, how_long: Duration) {
+        let until = Instant::now() + how_long;
+        while Instant::now() < until {
+            self.tick();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// A running instance: `target` modulo those running (the first one when none runs).
+    fn running(&self, target: usize) -> Option<usize> {
+        let running: Vec<usize> = (0..self.instances.len())
+            .filter(|&i| self.instances[i].outboxd.started())
+            .collect();
+        (!running.is_empty()).then(|| running[target % running.len()])
+    }
+
+    /// Injects `step`'s fault, holds it, heals it.
+    pub fn inject(&mut self, step: &Step) -> Injected {
+        let started = Instant::now();
+        let started_ms = epoch_ms();
+        let hold = step.hold;
+        let detail = match step.kind {
+            Kind::Kill9 | Kind::LeaderKill => {
+                let victim = if step.kind == Kind::LeaderKill {
+                    self.leader().or_else(|| self.running(step.target))
+                } else {
+                    self.running(step.target)
+                };
+                match victim {
+                    Some(i) => {
+                        self.instances[i].outboxd.kill9();
+                        self.instances[i].restart_at = Some(Instant::now() + hold);
+                        self.idle(hold);
+                        format!("instance {i}, restarted after {hold:?}")
+                    }
+                    None => "no instance was running".to_string(),
+                }
+            }
+            Kind::Pause => match self.running(step.target) {
+                Some(i) => {
+                    let pid = self.instances[i].outboxd.pid();
+                    kill(pid, Signal::SIGSTOP).unwrap();
+                    self.idle(hold);
+                    let _ = kill(pid, Signal::SIGCONT);
+                    format!("instance {i} for {hold:?}")
+                }
+                None => "no instance was running".to_string(),
+            },
+            Kind::BrokerKill => {
+                self.broker.kill9();
+                self.idle(hold);
+                self.broker.resume();
+                format!("down {hold:?}")
+            }
+            Kind::BrokerFreeze => {
+                self.broker.freeze();
+                self.idle(hold);
+                self.broker.thaw();
+                format!("{hold:?}")
+            }
+            Kind::DbRestart => {
+                match &mut self.db {
+                    Db::MariaDb(db) => db.stop(),
+                    Db::Postgres(pg) => pg.stop_fast(),
+                }
+                self.idle(hold);
+                match &mut self.db {
+                    Db::MariaDb(db) => db.boot(),
+                    Db::Postgres(pg) => pg.start_again(),
+                }
+                format!("down {hold:?}")
+            }
+            Kind::Partition => {
+                self.ns.partition(true);
+                self.idle(hold);
+                self.ns.heal();
+                format!("{hold:?}")
+            }
+            Kind::Loss => {
+                self.ns.loss(step.percent);
+                self.idle(hold);
+                self.ns.heal();
+                format!("{} % for {hold:?}", step.percent)
+            }
+            Kind::Slow => {
+                self.ns.slow(200, 512);
+                self.idle(hold);
+                self.ns.heal();
+                format!("{hold:?}")
+            }
+            Kind::DiskFull => {
+                let dir = self.disk.clone().expect("a file checkpoint on a tmpfs");
+                let filler = dir.join("filler");
+                fill(&filler);
+                self.idle(hold);
+                std::fs::remove_file(&filler).unwrap();
+                format!("{hold:?}")
+            }
+        };
+        Injected {
+            kind: step.kind,
+            started,
+            ended: Instant::now(),
+            started_ms,
+            ended_ms: epoch_ms(),
+            detail,
+        }
+    }
+
+    /// Supervises until `done` holds or `limit` passes; whether it held.
+    pub fn idle_until(&mut self, limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+        let until = Instant::now() + limit;
+        loop {
+            if done() {
+                return true;
+            }
+            if Instant::now() > until {
+                return false;
+            }
+            self.idle(Duration::from_millis(200));
+        }
+    }
+
+    /// SIGTERM to every running instance; each must exit cleanly (exactly-once commits its last
+    /// transaction then).
+    pub fn stop(&mut self) {
+        for instance in &mut self.instances {
+            instance.restart_at = None;
+            if instance.outboxd.started() {
+                instance.outboxd.stop();
+            }
+        }
+    }
+
+    /// Every row id the database holds: the truth the checker compares against.
+    pub fn committed_ids(&self) -> Vec<u128> {
+        let text = match &self.db {
+            Db::MariaDb(db) => db.sql_socket("SELECT HEX(id) FROM app.outbox;"),
+            Db::Postgres(pg) => pg.sql(
+                "app",
+                "SELECT replace(id::text, '-', '') FROM public.outbox;",
+            ),
+        };
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(|l| u128::from_str_radix(l, 16).unwrap())
+            .collect()
+    }
+
+    /// Runs one script on the database, for the load (through the local socket: the load's path is
+    /// never faulted).
+    pub fn exec(&self) -> super::load::Exec {
+        match &self.db {
+            Db::MariaDb(db) => {
+                let socket = db.socket_path();
+                Arc::new(move |sql: &str| try_sql_at(&socket, sql))
+            }
+            Db::Postgres(pg) => {
+                let pg = pg.clone();
+                Arc::new(move |sql: &str| pg.try_sql("app", sql))
+            }
+        }
+    }
+
+    /// Copies every log of every instance into `dir` (`instance-I-run-N.log`), the database's, and
+    /// what Kafka's own tool says of the open transactions (`kafka-transactions.txt`).
+    pub fn save_logs(&self, dir: &std::path::Path) {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut transactions = String::new();
+        for args in [
+            &["list"][..],
+            &["find-hanging", "--broker-id", "1"],
+            &[
+                "describe-producers",
+                "--topic",
+                "outboxd.checkpoints",
+                "--partition",
+                "0",
+            ],
+            &["describe", "--transactional-id", "outboxd.soak.records"],
+            &["describe", "--transactional-id", "outboxd.soak.checkpoint"],
+        ] {
+            let out = self
+                .broker
+                .tool_output("org.apache.kafka.tools.TransactionsCommand", args);
+            transactions.push_str(&format!(
+                "$ kafka-transactions {}\n{}{}\n",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        std::fs::write(dir.join("kafka-transactions.txt"), transactions).unwrap();
+        let server_log = match &self.db {
+            Db::MariaDb(db) => db.dir().join("error.log"),
+            Db::Postgres(pg) => pg.dir().join("postgres.log"),
+        };
+        let _ = std::fs::copy(server_log, dir.join("database.log"));
+        for (i, instance) in self.instances.iter().enumerate() {
+            for entry in std::fs::read_dir(instance.outboxd.dir_path())
+                .unwrap()
+                .flatten()
+            {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with("run-") && name.ends_with(".log") {
+                    let _ = std::fs::copy(entry.path(), dir.join(format!("instance-{i}-{name}")));
+                }
+            }
+        }
+    }
+
+    /// The last lines of each instance's current log (for a failing run's message).
+    pub fn log_tails(&self) -> String {
+        self.instances
+            .iter()
+            .enumerate()
+            .map(|(i, instance)| {
+                let log = instance.outboxd.log();
+                let lines: Vec<&str> = log.lines().collect();
+                format!(
+                    "--- instance {i} ---\n{}",
+                    lines[lines.len().saturating_sub(25)..].join("\n")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.ns.heal();
+        if let Some(dir) = &self.disk {
+            let _ = Command::new("umount").arg(dir).status();
+        }
+    }
+}
+
+fn mount_tmpfs(dir: &std::path::Path, size: &str) {
+    let out = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the soak mounts a small tmpfs for the checkpoint (as root): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Writes `path` until the disk is full.
+fn fill(path: &std::path::Path) {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path).unwrap();
+    let block = vec![0u8; 64 << 10];
+    while file.write_all(&block).is_ok() {}
+    let _ = file.flush();
+}
