@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-test-deps.sh >/dev/null
 log=$(mktemp)
+# The fault-schedule section (scripts/soak.sh) is written by hand from its runs: kept as it is.
+soak_section=$(awk '/^## Fault schedule/{keep=1} keep' RELIABILITY.md 2>/dev/null || true)
 cargo test --locked -j 2 --features failpoints \
   --test integration -- faults:: failpoints:: mysql_pipeline:: postgres_pipeline:: replicas:: \
   --nocapture 2>&1 | tee "$log" | grep -E '^test result|RELIABILITY' || true
@@ -28,6 +30,10 @@ fi
   echo
   echo "Lost must be 0 in every row; duplicates are the replay window (acknowledged but not yet"
   echo "checkpointed, plus in flight, plus the open transaction) and carry the \`id\` header."
+  if [ -n "$soak_section" ]; then
+    echo
+    echo "$soak_section"
+  fi
 } > RELIABILITY.md
 rm -f "$log"
 echo "reliability: RELIABILITY.md written"

@@ -7,7 +7,8 @@
 //!   the start of a fault and a minute after its end, the replay window a fault opens;
 //! - order violation: a row first seen after a later row of the same key (per partition, offset
 //!   order; replays of rows already seen do not count);
-//! - recovery of a fault: from its end until every row whose COMMIT had returned by then arrived.
+//! - recovery of a fault: from its end until every row whose COMMIT had returned by then arrived
+//!   (faults that began meanwhile count in it: the schedule does not wait for recovery).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};

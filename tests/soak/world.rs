@@ -231,12 +231,16 @@ impl World {
             let instance = &mut self.instances[i];
             if let Some(status) = instance.outboxd.exited() {
                 let log = instance.outboxd.log();
+                // outboxd's own last word on stderr, else its last ERROR line.
                 let last_error = log
                     .lines()
                     .rev()
-                    .find(|l| l.contains("ERROR"))
+                    .find(|l| l.starts_with("outboxd:"))
+                    .or_else(|| log.lines().rev().find(|l| l.contains("ERROR")))
                     .unwrap_or("")
-                    .to_string();
+                    .chars()
+                    .take(300)
+                    .collect();
                 self.exits.push(Exit {
                     at: now,
                     instance: i,

@@ -11,9 +11,11 @@
 //! ## Liveness
 //! The server is asked for heartbeats (`@master_heartbeat_period`). A stream that yields neither an
 //! event nor a heartbeat for three periods is asked about on the control connection
-//! (`MysqlSource::on_silence`): unless the server shows its dump thread still working for us, the
-//! stream is treated as dead even if its socket looks alive, and the session ends with a transient
-//! error so the pipeline reconnects from the checkpoint. Before a new dump, the previous one of
+//! (`MysqlSource::on_silence`, at most max(3 periods, 10 s)): unless the server shows its dump
+//! thread still working for us (then up to 10 min of silence), or idle with what it sent perhaps
+//! still crossing a slow link (then up to 30 periods), the stream is treated as dead even if its
+//! socket looks alive, and the session ends with a transient error so the pipeline reconnects
+//! from the checkpoint. A cut path is so noticed after 3 periods plus the probe's timeout. Before a new dump, the previous one of
 //! this process on the same server is ended (`previous_dump`).
 
 mod binlog_file;
@@ -126,6 +128,8 @@ pub struct MysqlSource {
     read_timeout: Duration,
     /// The connection id of the binlog dump (the server's thread for our stream).
     dump_connection: u32,
+    /// Read timeouts waited on a silent stream whose dump thread was alive (for the log's rate).
+    silent_waits: u64,
     identity: SourceIdentity,
     start: BinlogPosition,
     metrics: Arc<Metrics>,
@@ -238,13 +242,16 @@ impl MysqlSource {
             "{}#{:?}#{:?}",
             config.url, identity.server_id, identity.server_uuid
         );
-        previous_dump::end(&mut control, &dump_key).await;
+        previous_dump::end(&mut control, &dump_key, control_timeout(heartbeat * 3)).await;
         let dump_connection = replica.id();
+        let dump_host = previous_dump::own_host(&mut replica, control_timeout(heartbeat * 3)).await;
         let stream = replica
             .get_binlog_stream(request)
             .await
             .map_err(|e| map_err(e, config))?;
-        previous_dump::remember(&dump_key, dump_connection);
+        if let Some(host) = dump_host {
+            previous_dump::remember(&dump_key, dump_connection, host);
+        }
         tracing::info!(
             server = %redact_url(&config.url),
             server_id = server.server_id,
@@ -260,6 +267,7 @@ impl MysqlSource {
             buffer: VecDeque::new(),
             read_timeout: heartbeat * 3,
             dump_connection,
+            silent_waits: 0,
             identity,
             start,
             metrics,
@@ -352,28 +360,39 @@ impl MysqlSource {
         if silent >= MAX_BUSY_SILENCE {
             return dead("the server has been busy for longer than outboxd waits".into());
         }
-        let query = self.control.exec_first::<Option<String>, _, _>(
-            "SELECT STATE FROM information_schema.PROCESSLIST WHERE ID = ?",
+        let query = self.control.exec_first::<(String, Option<String>), _, _>(
+            "SELECT COMMAND, STATE FROM information_schema.PROCESSLIST WHERE ID = ?",
             (self.dump_connection,),
         );
-        let state = match tokio::time::timeout(control_timeout(self.read_timeout), query).await {
-            Ok(Ok(Some(state))) => state.unwrap_or_default(),
+        let probe = self.read_timeout.max(Duration::from_secs(10));
+        let (command, state) = match tokio::time::timeout(probe, query).await {
+            Ok(Ok(Some((command, state)))) => (command, state.unwrap_or_default()),
             Ok(Ok(None)) => return dead("the server shows no dump thread for it".into()),
             Ok(Err(e)) => return dead(format!("asking the server about it failed: {e}")),
             Err(_) => {
                 return dead("the server did not answer on the control connection either".into())
             }
         };
-        if state.contains("has sent all binlog") && silent >= self.read_timeout * SENT_ALL_PERIODS {
+        if !command.starts_with("Binlog Dump") {
+            // `Killed`: ended by someone, perhaps still blocked on its socket.
+            return dead(format!("the server's thread for it is \"{command}\""));
+        }
+        // Idle (or no state shown): what it sent may still be crossing the network.
+        let sent_all = state.is_empty() || state.contains("has sent all binlog");
+        if sent_all && silent >= self.read_timeout * SENT_ALL_PERIODS {
             return dead(format!(
                 "the server's dump thread says \"{state}\" and nothing arrived since"
             ));
         }
-        tracing::info!(
-            silent = ?silent,
-            state = %state,
-            "the binlog stream is silent, but the server's dump thread for it is alive (a large event crossing a slow link, or a binlog scan): waiting"
-        );
+        self.silent_waits += 1;
+        // One line, then one per ten waits (a wait is one read timeout).
+        if self.silent_waits % 10 == 1 {
+            tracing::info!(
+                silent = ?silent,
+                state = %state,
+                "the binlog stream is silent, but the server's dump thread for it is alive (a large event crossing a slow link, or a binlog scan): waiting"
+            );
+        }
         Ok(())
     }
 

@@ -10,63 +10,104 @@
 //! a 5 s partition cost a minute (found by the soak, pinned by
 //! `network::after_a_partition_the_previous_dump_thread_is_ended_and_the_stream_resumes`).
 //!
-//! So each stream's connection id is remembered per server, and before the next dump on that
-//! server outboxd runs `KILL CONNECTION` on it, which shuts the old socket and ends the thread at
-//! once. A user may always kill its own connections, so no grant is needed. The id is only killed
-//! while it is still a binlog dump of outboxd's own user: after a server restart ids start again,
-//! and an id must not end someone else's session. (Another pipeline sharing the user and the
-//! server could, after a restart, hold the same id; it would reconnect by itself.)
+//! So each stream's connection id is remembered per server, with the client address the server
+//! saw for it (`HOST`, `ip:port`), and before the next dump on that server outboxd runs `KILL
+//! CONNECTION` on it, which shuts the old socket and ends the thread at once. A user may always
+//! kill its own connections, so no grant is needed. The id is only killed while the server still
+//! shows it as a binlog dump from that very address: after a server restart ids start again, and
+//! an id must never end another session (a real replica, Debezium, another pipeline), which a
+//! fresh connection from the same ephemeral port and with the same id would need to be.
+//! (Tested on MariaDB; MySQL's dump threads block the same way and its `KILL` works the same.)
 //!
 //! The memory is process-wide because the pipeline opens a new source for every session; a
-//! process runs one pipeline, and a restarted process needs none of it (the kernel closed the old
-//! socket, and the server's write fails at once).
+//! process runs one pipeline. It does not help across processes: an instance started after a
+//! `kill -9` during a partition, or a standby taking over on another host, waits behind the old
+//! dump as before (until the server's retransmission meets the closed socket, or
+//! `net_write_timeout`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
-/// Server (url and identity) → the connection id of the last dump opened on it.
-static LAST: Mutex<Option<HashMap<String, u32>>> = Mutex::new(None);
+/// Server (url and identity) → the connection id and client address of the last dump opened on it.
+static LAST: Mutex<Option<HashMap<String, (u32, String)>>> = Mutex::new(None);
 
-/// Remembers `id` as the dump connection on `server`.
-pub(super) fn remember(server: &str, id: u32) {
+/// The client address (`HOST`) the server shows for `conn` itself; `None` when it cannot be read
+/// (then nothing is remembered, and nothing is ever killed for this stream).
+pub(super) async fn own_host(conn: &mut Conn, limit: Duration) -> Option<String> {
+    let query = conn.query_first::<String, _>(
+        "SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID()",
+    );
+    match tokio::time::timeout(limit, query).await {
+        // `ip:port` over TCP; a socket connection's `localhost` names no single connection.
+        Ok(Ok(Some(host))) if host.contains(':') => Some(host),
+        _ => None,
+    }
+}
+
+/// Remembers `id` (seen by the server from `host`) as the dump connection on `server`.
+pub(super) fn remember(server: &str, id: u32, host: String) {
     LAST.lock()
         .unwrap_or_else(|e| e.into_inner())
         .get_or_insert_with(HashMap::new)
-        .insert(server.to_string(), id);
+        .insert(server.to_string(), (id, host));
 }
 
-/// Ends the dump remembered for `server`, when it is still a binlog dump of this user. Errors are
-/// logged, not returned: at worst the new stream waits as it did before.
-pub(super) async fn end(control: &mut Conn, server: &str) {
-    let Some(id) = LAST
+fn forget(server: &str) {
+    if let Some(map) = LAST.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        map.remove(server);
+    }
+}
+
+/// Ends the dump remembered for `server`, when the server still shows it as a binlog dump from the
+/// same client address. Bounded by `limit`; errors are logged, not returned: at worst the new
+/// stream waits as it did before.
+pub(super) async fn end(control: &mut Conn, server: &str, limit: Duration) {
+    if tokio::time::timeout(limit, end_unbounded(control, server))
+        .await
+        .is_err()
+    {
+        tracing::warn!("looking up this pipeline's previous binlog dump timed out; the new stream may wait until the server ends it (net_write_timeout)");
+    }
+}
+
+async fn end_unbounded(control: &mut Conn, server: &str) {
+    let Some((id, host)) = LAST
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()
-        .and_then(|m| m.get(server).copied())
+        .and_then(|m| m.get(server).cloned())
     else {
         return;
     };
     let still_ours: Result<Option<u32>, _> = control
         .exec_first(
-            "SELECT ID FROM information_schema.PROCESSLIST WHERE ID = ? AND COMMAND LIKE 'Binlog Dump%' \
-             AND USER = SUBSTRING_INDEX(CURRENT_USER(), '@', 1)",
-            (id,),
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE ID = ? AND HOST = ? \
+             AND COMMAND LIKE 'Binlog Dump%'",
+            (id, host.as_str()),
         )
         .await;
     match still_ours {
         Ok(Some(_)) => match control.query_drop(format!("KILL CONNECTION {id}")).await {
-            Ok(()) => tracing::info!(
-                connection = id,
-                "ended this pipeline's previous binlog dump on the server (it was still sending to a lost connection)"
-            ),
+            Ok(()) => {
+                forget(server);
+                tracing::info!(
+                    connection = id,
+                    "ended this pipeline's previous binlog dump on the server (it was still sending to a lost connection)"
+                )
+            }
             // It ended between the two statements.
-            Err(mysql_async::Error::Server(e)) if e.code == 1094 => {}
-            Err(e) => tracing::warn!(connection = id, error = %e, "could not end this pipeline's previous binlog dump; the new stream may wait until the server times it out (net_write_timeout)"),
+            Err(mysql_async::Error::Server(e)) if e.code == 1094 => forget(server),
+            Err(e) => {
+                tracing::warn!(connection = id, error = %e, "could not end this pipeline's previous binlog dump; the new stream may wait until the server times it out (net_write_timeout)")
+            }
         },
-        Ok(None) => {}
-        Err(e) => tracing::warn!(connection = id, error = %e, "could not look up this pipeline's previous binlog dump"),
+        Ok(None) => forget(server),
+        Err(e) => {
+            tracing::warn!(connection = id, error = %e, "could not look up this pipeline's previous binlog dump")
+        }
     }
 }
