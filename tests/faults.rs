@@ -5,6 +5,7 @@ use crate::rig;
 
 use std::time::{Duration, Instant};
 
+use crate::rig::disk::SmallDisk;
 use crate::rig::scenario::*;
 use crate::rig::{consume, wait_until};
 
@@ -366,44 +367,6 @@ fn an_outbox_insert_logged_as_a_statement_stops_the_pipeline_instead_of_vanishin
         log.contains("logged as a statement") && log.contains("binlog_format=ROW"),
         "{log}"
     );
-}
-
-/// A small tmpfs mounted over a directory for the test's duration (unmounted on drop, also on panic).
-struct SmallDisk(std::path::PathBuf);
-
-impl SmallDisk {
-    fn mount(dir: &std::path::Path, size: &str) -> SmallDisk {
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "this test mounts a small tmpfs (as root): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        SmallDisk(dir.to_path_buf())
-    }
-
-    /// Fills the disk until it refuses more bytes.
-    fn fill(&self) {
-        use std::io::Write;
-        let mut f = std::fs::File::create(self.0.join("filler")).unwrap();
-        let block = vec![0u8; 1024];
-        while f.write_all(&block).is_ok() {}
-        let _ = f.sync_all();
-    }
-
-    fn free(&self) {
-        std::fs::remove_file(self.0.join("filler")).unwrap();
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
 }
 
 #[test]

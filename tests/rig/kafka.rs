@@ -140,16 +140,7 @@ pub fn consume_using(
             }
             // A broker just thawed or restarted drops connections for a moment: librdkafka
             // reconnects by itself, and the caller's count says whether everything arrived.
-            Some(Err(e))
-                if matches!(
-                    e.rdkafka_error_code(),
-                    Some(
-                        RDKafkaErrorCode::AllBrokersDown
-                            | RDKafkaErrorCode::BrokerTransportFailure
-                            | RDKafkaErrorCode::OperationTimedOut
-                            | RDKafkaErrorCode::RequestTimedOut
-                    )
-                ) => {}
+            Some(Err(e)) if passing(&e) => {}
             Some(Err(e)) => panic!("consumer error: {e}"),
             None => {}
         }
@@ -158,6 +149,22 @@ pub fn consume_using(
 }
 
 /// Records in `topic` right now: the sum of its partitions' high watermarks (from offset 0).
+/// A consumer error that a broker restarting, frozen or out of reach causes and librdkafka
+/// recovers from by itself.
+pub fn passing(e: &rdkafka::error::KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::AllBrokersDown
+                | RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::OperationTimedOut
+                | RDKafkaErrorCode::RequestTimedOut
+                | RDKafkaErrorCode::NotLeaderForPartition
+                | RDKafkaErrorCode::LeaderNotAvailable
+        )
+    )
+}
+
 pub fn topic_end(bootstrap: &str, topic: &str) -> usize {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)

@@ -20,6 +20,7 @@ pub mod broker;
 pub mod certs;
 pub mod cluster;
 pub mod debezium;
+pub mod disk;
 pub mod kafka;
 pub mod mariadb;
 pub mod moto;

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
@@ -151,18 +150,7 @@ fn read(
                     key_ok,
                 });
             }
-            Some(Err(e))
-                if matches!(
-                    e.rdkafka_error_code(),
-                    Some(
-                        RDKafkaErrorCode::AllBrokersDown
-                            | RDKafkaErrorCode::BrokerTransportFailure
-                            | RDKafkaErrorCode::OperationTimedOut
-                            | RDKafkaErrorCode::RequestTimedOut
-                            | RDKafkaErrorCode::NotLeaderForPartition
-                            | RDKafkaErrorCode::LeaderNotAvailable
-                    )
-                ) => {}
+            Some(Err(e)) if crate::rig::kafka::passing(&e) => {}
             Some(Err(e)) => eprintln!("soak checker: consumer error (reading on): {e}"),
             None => {}
         }

@@ -6,14 +6,13 @@
 //! The nemesis ([`World::inject`]) and the supervisor ([`World::tick`]) run on the caller's thread,
 //! so a fault and a restart never race; the load and the checker's reader run on their own.
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::{kill, Signal};
 
 use super::plan::{Kind, Step};
+use crate::rig::disk::SmallDisk;
 use crate::rig::mariadb::{try_sql_at, CDC_PASSWORD};
 use crate::rig::netns::NetNs;
 use crate::rig::{create_topic_with, Broker, MariaDb, Outboxd, Postgres};
@@ -63,9 +62,10 @@ pub struct World {
     pub db: Db,
     /// Declared after the servers: dropped (links and namespace deleted) once they are gone.
     pub ns: NetNs,
+    /// The checkpoint directory's tmpfs (file store), filled by [`Kind::DiskFull`]; unmounted
+    /// before the instances' directories are removed (fields drop in this order).
+    disk: Option<SmallDisk>,
     instances: Vec<Instance>,
-    /// The checkpoint directory's tmpfs (file store), filled by [`Kind::DiskFull`].
-    disk: Option<PathBuf>,
     pub peak_rss_kib: u64,
     pub exits: Vec<Exit>,
     pub starts: usize,
@@ -148,11 +148,8 @@ impl World {
                 }
             })
             .collect();
-        let disk = (!exactly_once).then(|| {
-            let dir = instances[0].outboxd.dir_path().join("checkpoints");
-            mount_tmpfs(&dir, "1m");
-            dir
-        });
+        let disk = (!exactly_once)
+            .then(|| SmallDisk::mount(&instances[0].outboxd.dir_path().join("checkpoints"), "1m"));
         World {
             broker,
             db,
@@ -357,11 +354,12 @@ impl World {
                 format!("{hold:?}")
             }
             Kind::DiskFull => {
-                let dir = self.disk.clone().expect("a file checkpoint on a tmpfs");
-                let filler = dir.join("filler");
-                fill(&filler);
+                self.disk
+                    .as_ref()
+                    .expect("a file checkpoint on a tmpfs")
+                    .fill();
                 self.idle(hold);
-                std::fs::remove_file(&filler).unwrap();
+                self.disk.as_ref().unwrap().free();
                 format!("{hold:?}")
             }
         };
@@ -499,30 +497,5 @@ impl World {
 impl Drop for World {
     fn drop(&mut self) {
         self.ns.heal();
-        if let Some(dir) = &self.disk {
-            let _ = Command::new("umount").arg(dir).status();
-        }
     }
-}
-
-fn mount_tmpfs(dir: &std::path::Path, size: &str) {
-    let out = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-        .arg(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the soak mounts a small tmpfs for the checkpoint (as root): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Writes `path` until the disk is full.
-fn fill(path: &std::path::Path) {
-    use std::io::Write;
-    let mut file = std::fs::File::create(path).unwrap();
-    let block = vec![0u8; 64 << 10];
-    while file.write_all(&block).is_ok() {}
-    let _ = file.flush();
 }
