@@ -128,6 +128,105 @@ fn another_pipelines_open_transaction_does_not_move_the_lead_of_a_healthy_leader
     }
 }
 
+/// Apache Kafka can lose track of an open transaction (a hanging transaction: seen once in a few
+/// runs of the exactly-once fault schedule, after a single broker's `kill -9`), and then no
+/// committed-only reader passes it, ever. The leader's read of its checkpoint waits at it: outboxd
+/// must say, once it is open longer than any of its own transactions may be, that it is hanging,
+/// with the commands that find and abort it; keep retrying; and carry on once it is aborted. Here
+/// a client that is not outboxd holds a transaction open for 10 minutes (a real hanging one cannot
+/// be made on purpose), and outboxd's transactions time out after 10 s.
+#[test]
+fn a_transaction_open_past_every_timeout_is_named_with_its_abort_command_and_the_pipeline_resumes()
+{
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let (db, broker) = mariadb_and_broker_with(Broker::start(), &EVENT_TOPICS);
+    crate::rig::create_topic_with(
+        &broker.bootstrap(),
+        CHECKPOINTS,
+        1,
+        &[("cleanup.policy", "compact")],
+    );
+    let holder: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .set("transactional.id", "test.holder")
+        .set("transaction.timeout.ms", "600000")
+        .create()
+        .unwrap();
+    holder.init_transactions(LIMIT).unwrap();
+    holder.begin_transaction().unwrap();
+    holder
+        .send(
+            BaseRecord::to(CHECKPOINTS)
+                .partition(0)
+                .key("holder")
+                .payload("open"),
+        )
+        .unwrap();
+    holder.flush(LIMIT).unwrap();
+    let (_, open_at) = checkpoint_watermarks(&broker, "read_committed");
+
+    let body = config_body(
+        &db.cdc_url(),
+        &broker.bootstrap(),
+        "[kafka.properties]\n\"transaction.timeout.ms\" = \"10000\"",
+        "",
+    );
+    let mut outboxd = Outboxd::with_checkpoint("held", &body, "store = \"kafka\"\n");
+    outboxd.start_until(&[], &[], &["leading the pipeline"]);
+    let abort = format!("abort --topic {CHECKPOINTS} --partition 0 --start-offset {open_at}");
+    let named = Instant::now();
+    let told = |log: String| log.contains("holds a hanging transaction") && log.contains(&abort);
+    while !told(outboxd.log()) {
+        assert!(
+            named.elapsed() < LIMIT,
+            "outboxd never named the hanging transaction ({abort}):\n{}",
+            outboxd.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = outboxd.log();
+    assert!(
+        log.contains("ERROR")
+            && log.contains("hanging transaction")
+            && log.contains("find-hanging"),
+        "{log}"
+    );
+    assert!(
+        outboxd.exited().is_none() && !log.contains("stream opened"),
+        "outboxd must keep retrying, and begin nothing before it reads its checkpoint:\n{log}"
+    );
+    for topic in EVENT_TOPICS {
+        assert_eq!(
+            crate::rig::kafka::topic_end(&broker.bootstrap(), topic),
+            0,
+            "nothing is forwarded before the checkpoint is read"
+        );
+    }
+
+    // The operator follows the remedy.
+    let out = broker.tool_output(
+        "org.apache.kafka.tools.TransactionsCommand",
+        &abort.split(' ').collect::<Vec<_>>(),
+    );
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until("the stream to open", LIMIT, || {
+        outboxd.log().contains("stream opened")
+    });
+    insert_rows(&db, 0, 10, 1);
+    assert_eq!(
+        consume_events(&broker.bootstrap(), 10).len(),
+        10,
+        "{}",
+        outboxd.log()
+    );
+    outboxd.stop();
+}
+
 /// Kafka 4 refuses a record stamped more than an hour ahead of the broker's clock
 /// (`message.timestamp.after.max.ms`). A `route.timestamp` column two hours ahead must not stop
 /// the pipeline: the record goes out stamped with outboxd's clock, counted and logged; rows with

@@ -33,6 +33,7 @@ use rdkafka::producer::{
 };
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::held::Held;
 use super::store::{Backend, Slot};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -77,6 +78,9 @@ pub struct KafkaStore {
     /// Until when this instance may still hold the lead without another renewal: set when it
     /// takes over and by every renewal that commits. Writes retry passing failures until then.
     lead_until: Mutex<Instant>,
+    /// Where committed-only reads last stopped below the written end, and since when: a
+    /// transaction open longer than any of outboxd's may be is hanging ([`Held`]).
+    held: Held,
 }
 
 /// How long the final "released" record may take on SIGTERM (the pipeline waits 5 s for it).
@@ -110,6 +114,7 @@ impl KafkaStore {
             transaction_timeout: crate::sink::kafka::KafkaSink::transaction_timeout(kafka)
                 .min(crate::sink::kafka::DEFAULT_TRANSACTION_TIMEOUT),
             lead_until: Mutex::new(Instant::now()),
+            held: Held::new(crate::sink::kafka::KafkaSink::transaction_timeout(kafka)),
         };
         store.missing = !store.ensure_topic(create)?;
         Ok(store)
@@ -492,6 +497,8 @@ impl KafkaStore {
         // is on time without progress.
         let mut deadline = Instant::now() + TIMEOUT;
         let mut told = false;
+        // The read stopped below `until` (see `held` for how long, across reads).
+        let mut held = false;
         loop {
             match consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(message)) => {
@@ -500,6 +507,7 @@ impl KafkaStore {
                     // A busy topic may never give an empty fetch (and so no end-of-partition
                     // event): past `until`, everything asked for was read.
                     if message.offset() + 1 >= until {
+                        self.held.clear();
                         return Ok(());
                     }
                 }
@@ -510,27 +518,53 @@ impl KafkaStore {
                     });
                     let settle = isolation == Isolation::Committed
                         && self.settle.load(std::sync::atomic::Ordering::Relaxed);
-                    if !settle || position.is_none_or(|at| at >= until) {
+                    let Some(at) = position.filter(|&at| settle && at < until) else {
+                        self.held.clear();
                         return Ok(());
-                    }
+                    };
+                    held = true;
                     if !std::mem::replace(&mut told, true) {
-                        tracing::info!(
-                            topic = self.topic,
-                            stable_until = position,
-                            written_until = until,
-                            "waiting for a transaction open on the checkpoint topic to end before reading the checkpoint (another pipeline's, or one a killed instance left)"
-                        );
+                        // Nothing read yet leaves no position: ask where the readable part ends.
+                        let stable = stable_offset(&consumer, &self.topic).unwrap_or(at);
+                        let held_for = self.held.observe(stable, Instant::now());
+                        if self.held.hanging(held_for) {
+                            let e = self
+                                .held
+                                .hanging_error(&self.topic, stable, until, held_for);
+                            tracing::error!(error = %e, "the checkpoint topic holds a hanging transaction");
+                        } else {
+                            tracing::info!(
+                                topic = self.topic,
+                                stable_until = stable,
+                                written_until = until,
+                                "waiting for a transaction open on the checkpoint topic to end before reading the checkpoint (another pipeline's, or one a killed instance left)"
+                            );
+                        }
                     }
                 }
                 Some(Err(e)) if group_lookup_error(&e) => {}
                 Some(Err(e)) => return Err(unreachable(&self.topic, &e)),
                 None if Instant::now() > deadline => {
+                    if let Some(stable) = held
+                        .then(|| stable_offset(&consumer, &self.topic))
+                        .flatten()
+                    {
+                        let held_for = self.held.observe(stable, Instant::now());
+                        if self.held.hanging(held_for) {
+                            return Err(self.held.hanging_error(
+                                &self.topic,
+                                stable,
+                                until,
+                                held_for,
+                            ));
+                        }
+                    }
                     return Err(Error::checkpoint(format!(
                         "reading the checkpoint topic {} made no progress for {TIMEOUT:?}",
                         self.topic
                     ))
                     .remedy("outboxd retries; check the brokers (an open transaction on the topic holds readers back until it ends)")
-                    .transient())
+                    .transient());
                 }
                 None => {}
             }
@@ -1016,6 +1050,15 @@ impl rdkafka::consumer::ConsumerContext for QuietContext {}
 /// The readers name a consumer group (librdkafka's `assign` needs one) but never join it or commit
 /// to it, yet librdkafka looks its coordinator up: without DESCRIBE on the group that lookup fails,
 /// and the failure says nothing about the reads, which need no grant on the group.
+/// Where a committed-only reader of the partition stops: the last stable offset (a
+/// `read_committed` consumer's high watermark), `None` when the brokers do not answer in time.
+fn stable_offset(consumer: &BaseConsumer<QuietContext>, topic: &str) -> Option<i64> {
+    consumer
+        .fetch_watermarks(topic, 0, Duration::from_secs(5))
+        .ok()
+        .map(|(_, stable)| stable)
+}
+
 fn group_lookup_error(e: &KafkaError) -> bool {
     e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed)
 }

@@ -12,6 +12,7 @@
 mod checkpointer;
 pub mod debezium;
 mod file;
+mod held;
 mod kafka;
 mod lease;
 mod redis;

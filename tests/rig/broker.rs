@@ -289,11 +289,27 @@ impl Broker {
         let _ = self.child.wait();
     }
 
+    /// The broker's logs, oldest first: one per run ([`Broker::resume`] keeps the one before).
+    pub fn logs(&self) -> Vec<PathBuf> {
+        let broker_dir = self._dir.path().join("broker");
+        let mut logs: Vec<PathBuf> = (1..)
+            .map(|n| broker_dir.join(format!("server.log.{n}")))
+            .take_while(|path| path.exists())
+            .collect();
+        logs.push(broker_dir.join("server.log"));
+        logs
+    }
+
     /// The node [`Broker::kill9`] killed, again on its data and ports (`apache-kafka.sh resume`);
     /// waits until it serves.
     pub fn resume(&mut self) {
         let broker_dir = self._dir.path().join("broker");
-        let _ = std::fs::remove_file(broker_dir.join("server.log"));
+        // The log of the run that ended stays (server.log.1, .2, …) for a failing test to read.
+        let kept = (1..)
+            .map(|n| broker_dir.join(format!("server.log.{n}")))
+            .find(|path| !path.exists())
+            .unwrap();
+        let _ = std::fs::rename(broker_dir.join("server.log"), kept);
         let mut command = Command::new(script());
         command
             .arg("resume")

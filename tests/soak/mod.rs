@@ -120,6 +120,15 @@ pub fn run(options: &Options) {
         "catch_up_s": caught_up_after.as_secs(),
         "outboxd_starts": world.starts,
         "peak_rss_mib": world.peak_rss_kib / 1024,
+        // Hanging Kafka transactions outboxd named and the operator aborted (its remedy).
+        "hanging_transactions_aborted": world
+            .aborted
+            .iter()
+            .map(|a| serde_json::json!({
+                "offset": a.offset,
+                "at_s": a.at.saturating_duration_since(started).as_secs(),
+            }))
+            .collect::<Vec<_>>(),
     });
     json.as_object_mut()
         .unwrap()
@@ -149,11 +158,13 @@ pub fn run(options: &Options) {
     );
     assert!(
         verdict.failures.is_empty(),
-        "soak seed {} failed: {:?}\nreport: {}\n{}",
+        "soak seed {} failed: {:?}\nreport: {}\n{}\n--- the brokers' transactions ---\n{}",
         options.seed,
         verdict.failures,
         options.out.join("report.json").display(),
-        world.log_tails()
+        world.log_tails(),
+        std::fs::read_to_string(options.out.join("logs/kafka-transactions.txt"))
+            .unwrap_or_default()
     );
 }
 

@@ -51,6 +51,16 @@ pub struct Exit {
     pub last_error: String,
 }
 
+/// A hanging Kafka transaction an instance named at ERROR, which the operator then aborted as
+/// outboxd's remedy says (`kafka-transactions.sh abort`): Apache Kafka lost track of it, and no
+/// committed-only reader could pass it otherwise.
+pub struct Aborted {
+    pub at: Instant,
+    pub offset: i64,
+    /// What `find-hanging` and `abort` printed.
+    pub output: String,
+}
+
 struct Instance {
     outboxd: Outboxd,
     /// When to start it again (after an exit or a kill); `None` while it runs.
@@ -69,6 +79,9 @@ pub struct World {
     pub peak_rss_kib: u64,
     pub exits: Vec<Exit>,
     pub starts: usize,
+    pub aborted: Vec<Aborted>,
+    /// When the operator last read the instances' logs.
+    looked: Instant,
 }
 
 fn epoch_ms() -> i64 {
@@ -159,6 +172,8 @@ impl World {
             peak_rss_kib: 0,
             exits: Vec::new(),
             starts: 0,
+            aborted: Vec::new(),
+            looked: Instant::now(),
         }
     }
 
@@ -259,6 +274,93 @@ impl World {
             } else if instance.restart_at.is_some_and(|at| at <= now) {
                 self.spawn(i);
             }
+        }
+        self.operate();
+    }
+
+    /// The operator: every 5 s, reads the instances' logs; a hanging transaction one names (with
+    /// the command that aborts it) is aborted as that command says, once per offset.
+    fn operate(&mut self) {
+        if self.looked.elapsed() < Duration::from_secs(5) {
+            return;
+        }
+        self.looked = Instant::now();
+        let named: Vec<i64> = self
+            .instances
+            .iter()
+            .flat_map(|instance| {
+                instance
+                    .outboxd
+                    .log()
+                    .lines()
+                    .filter_map(|line| {
+                        let (_, rest) = line.split_once(" --start-offset ")?;
+                        let digits: String =
+                            rest.chars().take_while(char::is_ascii_digit).collect();
+                        digits.parse().ok()
+                    })
+                    .collect::<Vec<i64>>()
+            })
+            .collect();
+        for offset in named {
+            if self.aborted.iter().any(|a| a.offset == offset) {
+                continue;
+            }
+            let mut output = String::new();
+            let mut tool = |args: &[&str]| {
+                let out = self
+                    .broker
+                    .tool_output("org.apache.kafka.tools.TransactionsCommand", args);
+                let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+                output.push_str(&format!(
+                    "$ kafka-transactions {}\n{stdout}{}\n",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+                stdout
+            };
+            // The one outboxd named, and any other partition the same lost transaction holds
+            // (with exactly-once, the event topic's): find-hanging lists those open over a minute.
+            let listed = tool(&[
+                "find-hanging",
+                "--broker-id",
+                "1",
+                "--max-transaction-timeout",
+                "1",
+            ]);
+            let mut hanging = vec![(
+                "outboxd.checkpoints".to_string(),
+                "0".to_string(),
+                offset.to_string(),
+            )];
+            for row in listed.lines().skip(1) {
+                let columns: Vec<&str> = row.split_whitespace().collect();
+                if let [topic, partition, _, _, _, start, ..] = columns[..] {
+                    let found = (topic.to_string(), partition.to_string(), start.to_string());
+                    if !hanging.contains(&found) {
+                        hanging.push(found);
+                    }
+                }
+            }
+            for (topic, partition, start) in &hanging {
+                tool(&[
+                    "abort",
+                    "--topic",
+                    topic,
+                    "--partition",
+                    partition,
+                    "--start-offset",
+                    start,
+                ]);
+            }
+            println!(
+                "soak: outboxd named a hanging Kafka transaction at offset {offset} of outboxd.checkpoints; the operator aborted it:\n{output}"
+            );
+            self.aborted.push(Aborted {
+                at: Instant::now(),
+                offset,
+                output,
+            });
         }
     }
 
@@ -458,6 +560,11 @@ impl World {
             ));
         }
         std::fs::write(dir.join("kafka-transactions.txt"), transactions).unwrap();
+        let operator: String = self.aborted.iter().map(|a| a.output.as_str()).collect();
+        std::fs::write(dir.join("operator.txt"), operator).unwrap();
+        for (n, log) in self.broker.logs().iter().enumerate() {
+            let _ = std::fs::copy(log, dir.join(format!("broker-{n}.log")));
+        }
         let server_log = match &self.db {
             Db::MariaDb(db) => db.dir().join("error.log"),
             Db::Postgres(pg) => pg.dir().join("postgres.log"),
