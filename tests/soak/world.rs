@@ -538,7 +538,13 @@ impl World {
         let mut transactions = String::new();
         for args in [
             &["list"][..],
-            &["find-hanging", "--broker-id", "1"],
+            &[
+                "find-hanging",
+                "--broker-id",
+                "1",
+                "--max-transaction-timeout",
+                "1",
+            ],
             &[
                 "describe-producers",
                 "--topic",
