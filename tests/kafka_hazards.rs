@@ -203,7 +203,21 @@ fn a_transaction_open_past_every_timeout_is_named_with_its_abort_command_and_the
         );
     }
 
-    // The operator follows the remedy.
+    // The remedy's find-hanging runs as printed; it lists nothing here, as this transaction's
+    // coordinator still has it (a lost one would be listed).
+    let find =
+        format!("find-hanging --topic {CHECKPOINTS} --partition 0 --max-transaction-timeout 1");
+    assert!(log.contains(&find), "{log}");
+    let out = broker.tool_output(
+        "org.apache.kafka.tools.TransactionsCommand",
+        &find.split(' ').collect::<Vec<_>>(),
+    );
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && !listed.contains("outboxd.checkpoints"),
+        "{listed}"
+    );
+    // The operator aborts it (here by the same command a lost one takes).
     let out = broker.tool_output(
         "org.apache.kafka.tools.TransactionsCommand",
         &abort.split(' ').collect::<Vec<_>>(),

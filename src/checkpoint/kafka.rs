@@ -524,26 +524,14 @@ impl KafkaStore {
                     };
                     held = true;
                     if !std::mem::replace(&mut told, true) {
-                        // Nothing read yet leaves no position: ask where the readable part ends.
-                        let stable = stable_offset(&consumer, &self.topic).unwrap_or(at);
-                        let held_for = self.held.observe(stable, Instant::now());
-                        if self.held.hanging(held_for) {
-                            let e = self
-                                .held
-                                .hanging_error(&self.topic, stable, until, held_for);
-                            tracing::error!(error = %e, "the checkpoint topic holds a hanging transaction");
-                        } else {
-                            tracing::info!(
-                                topic = self.topic,
-                                stable_until = stable,
-                                written_until = until,
-                                "waiting for a transaction open on the checkpoint topic to end before reading the checkpoint (another pipeline's, or one a killed instance left)"
-                            );
-                        }
+                        self.tell_held(&consumer, at, until);
                     }
                 }
                 Some(Err(e)) if group_lookup_error(&e) => {}
-                Some(Err(e)) => return Err(unreachable(&self.topic, &e)),
+                Some(Err(e)) => {
+                    self.held.clear();
+                    return Err(unreachable(&self.topic, &e));
+                }
                 None if Instant::now() > deadline => {
                     if let Some(stable) = held
                         .then(|| stable_offset(&consumer, &self.topic))
@@ -568,6 +556,30 @@ impl KafkaStore {
                 }
                 None => {}
             }
+        }
+    }
+
+    /// A read waits at `at`, below `until`: counts how long readers have waited at that stable
+    /// offset (across reads), and says so: INFO at first, ERROR once that is longer than any of
+    /// outboxd's transactions may stay open (a hanging transaction: [`Held`]).
+    fn tell_held(&self, consumer: &BaseConsumer<QuietContext>, at: i64, until: i64) {
+        // Before its first record, librdkafka's position is no offset (-1001): ask where
+        // committed-only reads end.
+        let stable = stable_offset(consumer, &self.topic).unwrap_or(at);
+        let now = Instant::now();
+        let held_for = self.held.observe(stable, now);
+        if !self.held.hanging(held_for) {
+            tracing::info!(
+                topic = self.topic,
+                stable_until = stable,
+                written_until = until,
+                "waiting for a transaction open on the checkpoint topic to end before reading the checkpoint (another pipeline's, or one a killed instance left)"
+            );
+        } else if self.held.tell(now) {
+            let e = self
+                .held
+                .hanging_error(&self.topic, stable, until, held_for);
+            tracing::error!(error = %e, "the checkpoint topic holds a hanging transaction");
         }
     }
 
@@ -1047,9 +1059,6 @@ impl rdkafka::ClientContext for QuietContext {
 
 impl rdkafka::consumer::ConsumerContext for QuietContext {}
 
-/// The readers name a consumer group (librdkafka's `assign` needs one) but never join it or commit
-/// to it, yet librdkafka looks its coordinator up: without DESCRIBE on the group that lookup fails,
-/// and the failure says nothing about the reads, which need no grant on the group.
 /// Where a committed-only reader of the partition stops: the last stable offset (a
 /// `read_committed` consumer's high watermark), `None` when the brokers do not answer in time.
 fn stable_offset(consumer: &BaseConsumer<QuietContext>, topic: &str) -> Option<i64> {
@@ -1059,6 +1068,9 @@ fn stable_offset(consumer: &BaseConsumer<QuietContext>, topic: &str) -> Option<i
         .map(|(_, stable)| stable)
 }
 
+/// The readers name a consumer group (librdkafka's `assign` needs one) but never join it or commit
+/// to it, yet librdkafka looks its coordinator up: without DESCRIBE on the group that lookup fails,
+/// and the failure says nothing about the reads, which need no grant on the group.
 fn group_lookup_error(e: &KafkaError) -> bool {
     e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed)
 }

@@ -12,6 +12,7 @@
 
 mod checker;
 mod load;
+mod operator;
 mod plan;
 mod report;
 mod tail;
@@ -120,8 +121,11 @@ pub fn run(options: &Options) {
         "catch_up_s": caught_up_after.as_secs(),
         "outboxd_starts": world.starts,
         "peak_rss_mib": world.peak_rss_kib / 1024,
-        // Hanging Kafka transactions outboxd named and the operator aborted (its remedy).
+        // Hanging Kafka transactions outboxd named, find-hanging listed and the operator aborted
+        // (outboxd's remedy); named but never listed (so left alone).
+        "hanging_transactions_unconfirmed": world.operator.unconfirmed,
         "hanging_transactions_aborted": world
+            .operator
             .aborted
             .iter()
             .map(|a| serde_json::json!({
@@ -142,7 +146,7 @@ pub fn run(options: &Options) {
     );
     println!(
         "soak: seed {} {:?} {}: {} faults, {} rows committed, {} delivered, {} lost, {} duplicates \
-         ({} unexplained), {} order violations; peak RSS {} MiB; report in {}",
+         ({} unexplained, {} replayed by a rewind), {} order violations; peak RSS {} MiB; report in {}",
         options.seed,
         options.source,
         if options.exactly_once { "exactly-once" } else { "at-least-once" },
@@ -152,6 +156,7 @@ pub fn run(options: &Options) {
         json["lost"],
         json["duplicates"],
         json["duplicates_unexplained"],
+        json["duplicates_replayed_by_rewind"],
         json["order_violations"],
         json["peak_rss_mib"],
         options.out.display()

@@ -30,6 +30,10 @@ pub enum Kind {
     Slow,
     /// The checkpoint's disk full for the hold (file store on a small tmpfs).
     DiskFull,
+    /// `checkpoint save` while running; after the hold every instance is stopped, `checkpoint set`
+    /// moves the live checkpoint back to the saved position, and they start again: the rows since
+    /// are sent once more, on purpose (an operator replaying).
+    Rewind,
 }
 
 impl Kind {
@@ -45,11 +49,12 @@ impl Kind {
             Kind::Loss => "packet loss",
             Kind::Slow => "slow network",
             Kind::DiskFull => "checkpoint disk full",
+            Kind::Rewind => "checkpoint rewound",
         }
     }
 
     /// Every kind, for `--faults` names.
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Kill9,
         Kind::Pause,
         Kind::LeaderKill,
@@ -60,6 +65,7 @@ impl Kind {
         Kind::Loss,
         Kind::Slow,
         Kind::DiskFull,
+        Kind::Rewind,
     ];
 
     /// The short name `scripts/soak.sh --faults` takes.
@@ -75,6 +81,7 @@ impl Kind {
             Kind::Loss => "loss",
             Kind::Slow => "slow",
             Kind::DiskFull => "disk-full",
+            Kind::Rewind => "rewind",
         }
     }
 
@@ -90,6 +97,7 @@ impl Kind {
             Kind::Loss => (4, 15),
             Kind::Slow => (4, 15),
             Kind::DiskFull => (2, 8),
+            Kind::Rewind => (2, 10),
         }
     }
 }

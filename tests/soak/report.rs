@@ -47,6 +47,7 @@ fn colour(kind: Kind) -> RGBColor {
         Kind::Loss => RGBColor(90, 170, 230),
         Kind::Slow => RGBColor(150, 210, 240),
         Kind::DiskFull => RGBColor(120, 120, 120),
+        Kind::Rewind => RGBColor(200, 170, 40),
     }
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::{kill, Signal};
 
+use super::operator::Operator;
 use super::plan::{Kind, Step};
 use crate::rig::disk::SmallDisk;
 use crate::rig::mariadb::{try_sql_at, CDC_PASSWORD};
@@ -51,16 +52,6 @@ pub struct Exit {
     pub last_error: String,
 }
 
-/// A hanging Kafka transaction an instance named at ERROR, which the operator then aborted as
-/// outboxd's remedy says (`kafka-transactions.sh abort`): Apache Kafka lost track of it, and no
-/// committed-only reader could pass it otherwise.
-pub struct Aborted {
-    pub at: Instant,
-    pub offset: i64,
-    /// What `find-hanging` and `abort` printed.
-    pub output: String,
-}
-
 struct Instance {
     outboxd: Outboxd,
     /// When to start it again (after an exit or a kill); `None` while it runs.
@@ -79,9 +70,8 @@ pub struct World {
     pub peak_rss_kib: u64,
     pub exits: Vec<Exit>,
     pub starts: usize,
-    pub aborted: Vec<Aborted>,
-    /// When the operator last read the instances' logs.
-    looked: Instant,
+    /// Aborts a hanging Kafka transaction outboxd names, once `find-hanging` confirms it.
+    pub operator: Operator,
 }
 
 fn epoch_ms() -> i64 {
@@ -172,8 +162,7 @@ impl World {
             peak_rss_kib: 0,
             exits: Vec::new(),
             starts: 0,
-            aborted: Vec::new(),
-            looked: Instant::now(),
+            operator: Operator::default(),
         }
     }
 
@@ -188,6 +177,7 @@ impl World {
             Kind::Partition,
             Kind::Loss,
             Kind::Slow,
+            Kind::Rewind,
         ];
         if self.instances.len() > 1 {
             kinds.push(Kind::LeaderKill);
@@ -275,93 +265,10 @@ impl World {
                 self.spawn(i);
             }
         }
-        self.operate();
-    }
-
-    /// The operator: every 5 s, reads the instances' logs; a hanging transaction one names (with
-    /// the command that aborts it) is aborted as that command says, once per offset.
-    fn operate(&mut self) {
-        if self.looked.elapsed() < Duration::from_secs(5) {
-            return;
-        }
-        self.looked = Instant::now();
-        let named: Vec<i64> = self
-            .instances
-            .iter()
-            .flat_map(|instance| {
-                instance
-                    .outboxd
-                    .log()
-                    .lines()
-                    .filter_map(|line| {
-                        let (_, rest) = line.split_once(" --start-offset ")?;
-                        let digits: String =
-                            rest.chars().take_while(char::is_ascii_digit).collect();
-                        digits.parse().ok()
-                    })
-                    .collect::<Vec<i64>>()
-            })
-            .collect();
-        for offset in named {
-            if self.aborted.iter().any(|a| a.offset == offset) {
-                continue;
-            }
-            let mut output = String::new();
-            let mut tool = |args: &[&str]| {
-                let out = self
-                    .broker
-                    .tool_output("org.apache.kafka.tools.TransactionsCommand", args);
-                let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-                output.push_str(&format!(
-                    "$ kafka-transactions {}\n{stdout}{}\n",
-                    args.join(" "),
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-                stdout
-            };
-            // The one outboxd named, and any other partition the same lost transaction holds
-            // (with exactly-once, the event topic's): find-hanging lists those open over a minute.
-            let listed = tool(&[
-                "find-hanging",
-                "--broker-id",
-                "1",
-                "--max-transaction-timeout",
-                "1",
-            ]);
-            let mut hanging = vec![(
-                "outboxd.checkpoints".to_string(),
-                "0".to_string(),
-                offset.to_string(),
-            )];
-            for row in listed.lines().skip(1) {
-                let columns: Vec<&str> = row.split_whitespace().collect();
-                if let [topic, partition, _, _, _, start, ..] = columns[..] {
-                    let found = (topic.to_string(), partition.to_string(), start.to_string());
-                    if !hanging.contains(&found) {
-                        hanging.push(found);
-                    }
-                }
-            }
-            for (topic, partition, start) in &hanging {
-                tool(&[
-                    "abort",
-                    "--topic",
-                    topic,
-                    "--partition",
-                    partition,
-                    "--start-offset",
-                    start,
-                ]);
-            }
-            println!(
-                "soak: outboxd named a hanging Kafka transaction at offset {offset} of outboxd.checkpoints; the operator aborted it:\n{output}"
-            );
-            self.aborted.push(Aborted {
-                at: Instant::now(),
-                offset,
-                output,
-            });
-        }
+        self.operator.look(
+            &self.broker,
+            self.instances.iter().map(|instance| instance.outboxd.log()),
+        );
     }
 
     /// Supervises for `how_long`.
@@ -371,6 +278,59 @@ impl World {
             self.tick();
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// [`Kind::Rewind`]: saves the live checkpoint, lets the pipeline go on for `hold`, stops every
+    /// instance, sets the checkpoint back to what was saved, and lets the supervisor start them.
+    fn rewind(&mut self, hold: Duration) -> String {
+        let outboxd = &self.instances[0].outboxd;
+        let label = format!("soak-{}", epoch_ms());
+        let (ok, text) = crate::operate::output(outboxd, &["checkpoint", "save", &label]);
+        // "saved POSITION as LABEL (WHERE)"; a MariaDB position reads "FILE:POS gtid:STATE".
+        let saved = text.lines().find_map(|l| {
+            l.strip_prefix("saved ")?
+                .split_once(" as ")
+                .map(|(p, _)| p.to_string())
+        });
+        let Some(saved) = saved.filter(|_| ok) else {
+            return format!("not rewound: `checkpoint save` said {}", text.trim());
+        };
+        let position = saved
+            .split_whitespace()
+            .find(|part| part.starts_with("gtid:"))
+            .unwrap_or_else(|| saved.split_whitespace().next().unwrap_or_default())
+            .to_string();
+        self.idle(hold);
+        // An instance that exited by itself just now is the supervisor's (an exit), not stopped.
+        self.tick();
+        for instance in &mut self.instances {
+            instance.restart_at = None;
+            if instance.outboxd.started() {
+                instance.outboxd.stop();
+            }
+        }
+        // A stopped leader releases the lead at once; one whose release did not get through
+        // counts as leading for two takeover timeouts, and `set` says it is running until then.
+        let set = Instant::now();
+        loop {
+            let (ok, text) = crate::operate::output(
+                &self.instances[0].outboxd,
+                &["checkpoint", "set", &position],
+            );
+            if ok {
+                break;
+            }
+            assert!(
+                text.contains("is running") && set.elapsed() < Duration::from_secs(60),
+                "checkpoint set {position} failed: {text}"
+            );
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        for instance in &mut self.instances {
+            instance.restart_at = Some(Instant::now());
+        }
+        self.tick();
+        format!("back to {position}, saved {hold:?} before")
     }
 
     /// A running instance: `target` modulo those running (the first one when none runs).
@@ -464,6 +424,7 @@ impl World {
                 self.disk.as_ref().unwrap().free();
                 format!("{hold:?}")
             }
+            Kind::Rewind => self.rewind(hold),
         };
         Injected {
             kind: step.kind,
@@ -566,8 +527,7 @@ impl World {
             ));
         }
         std::fs::write(dir.join("kafka-transactions.txt"), transactions).unwrap();
-        let operator: String = self.aborted.iter().map(|a| a.output.as_str()).collect();
-        std::fs::write(dir.join("operator.txt"), operator).unwrap();
+        std::fs::write(dir.join("operator.txt"), &self.operator.transcript).unwrap();
         for (n, log) in self.broker.logs().iter().enumerate() {
             let _ = std::fs::copy(log, dir.join(format!("broker-{n}.log")));
         }
