@@ -109,7 +109,7 @@ impl Held {
             self.longest.as_secs()
         ))
         .remedy(format!(
-            "`kafka-transactions.sh --bootstrap-server <kafka.brokers> find-hanging --topic {topic} --partition 0 --max-transaction-timeout 1` (with --command-config on a secured cluster) lists it when its coordinator has lost it: then `kafka-transactions.sh --bootstrap-server <kafka.brokers> abort --topic {topic} --partition 0 --start-offset {stable}`, and with kafka.exactly_once abort likewise what `find-hanging --broker-id N --max-transaction-timeout 1` lists for the same producer id on each broker. Not listed: its coordinator still has it and will end it (a longer transaction.timeout.ms), or the brokers' log says why not. outboxd retries meanwhile and carries on by itself once it ends (README \"Troubleshooting\")"
+            "`kafka-transactions.sh --bootstrap-server <kafka.brokers> find-hanging --topic {topic} --partition 0 --max-transaction-timeout 1` (with --command-config on a secured cluster) lists it when its coordinator has lost it (once its last write is a minute old: run it again after a minute if it lists nothing at first); then `kafka-transactions.sh --bootstrap-server <kafka.brokers> abort --topic {topic} --partition 0 --start-offset {stable}`, and with kafka.exactly_once abort likewise what `find-hanging --broker-id N --max-transaction-timeout 1` lists for the same producer id on each broker. Not listed: its coordinator still has it and will end it (a longer transaction.timeout.ms), or the brokers' log says why not. outboxd retries meanwhile and carries on by itself once it ends (README \"Troubleshooting\")"
         ))
         .transient()
     }

@@ -215,6 +215,12 @@ impl Outboxd {
         status
     }
 
+    /// SIGTERM and wait, whatever the exit (a harness that records exits rather than fail on them).
+    pub fn terminate(&mut self) -> ExitStatus {
+        let _ = kill(self.pid(), Signal::SIGTERM);
+        self.child.take().unwrap().wait().unwrap()
+    }
+
     /// SIGKILL: no chance to drain or checkpoint.
     pub fn kill9(&mut self) {
         let mut child = self.child.take().unwrap();

@@ -5,9 +5,9 @@
 //! - phantom: a record whose row the database does not hold (a rolled-back row, or none of ours);
 //! - duplicate: a second record of a row. One is *explained* when the broker appended it between
 //!   the start of a fault and a minute after its end, the replay window a fault opens; one is
-//!   *replayed* when a checkpoint rewind (an operator's deliberate replay) explains it: its first
-//!   copy arrived before the rewind ended, the second in its window. Exactly-once allows only
-//!   replayed ones;
+//!   *replayed* when a checkpoint rewind (an operator's deliberate replay) explains it: it arrived
+//!   after the rewind's restart, the row's previous copy before, and ahead of the first new row
+//!   of its partition after that restart. Exactly-once allows only replayed ones;
 //! - order violation: a row first seen after a later row of the same key (per partition, offset
 //!   order; replays of rows already seen do not count);
 //! - recovery of a fault: from its end until every row whose COMMIT had returned by then arrived
@@ -178,40 +178,65 @@ struct Duplicates {
     extra: usize,
     /// Of those, appended outside every fault's window.
     unexplained: usize,
-    /// Of those, a rewind's replay: first copy before the rewind ended, this one in its window.
+    /// Of those, a rewind's replay (see [`replayed_by_rewind`]).
     replayed: usize,
 }
 
 fn duplicates(seen: &Seen, faults: &[Injected]) -> Duplicates {
-    // The first copy's append time of each row.
-    let mut first: HashMap<u128, i64> = HashMap::new();
+    let mut ordered: Vec<_> = seen.deliveries.iter().collect();
+    ordered.sort_by_key(|d| (d.partition, d.offset));
+    let rewinds: Vec<i64> = faults.iter().filter_map(|f| f.restarted_ms).collect();
+    // Per partition and rewind: the offset of the first row never seen before that arrived
+    // after the restart. The source sends in commit order, so a replay comes before it.
+    let mut new_after: HashMap<(i32, i64), i64> = HashMap::new();
+    let mut previous: HashMap<u128, i64> = HashMap::new();
+    for d in &ordered {
+        if previous.insert(d.id, d.appended_ms).is_none() {
+            for &r in rewinds.iter().filter(|&&r| d.appended_ms >= r) {
+                new_after.entry((d.partition, r)).or_insert(d.offset);
+            }
+        }
+    }
     let mut counts = Duplicates {
         extra: 0,
         unexplained: 0,
         replayed: 0,
     };
-    let mut ordered: Vec<_> = seen.deliveries.iter().collect();
-    ordered.sort_by_key(|d| (d.partition, d.offset));
+    previous.clear();
     for d in ordered {
-        let Some(&first_ms) = first.get(&d.id) else {
-            first.insert(d.id, d.appended_ms);
+        let Some(before) = previous.insert(d.id, d.appended_ms) else {
             continue;
         };
         counts.extra += 1;
-        let in_window =
-            |f: &&Injected| f.started_ms <= d.appended_ms && d.appended_ms <= f.ended_ms + 60_000;
-        if !faults.iter().any(|f| in_window(&f)) {
+        let in_window = faults
+            .iter()
+            .any(|f| f.started_ms <= d.appended_ms && d.appended_ms <= f.ended_ms + 60_000);
+        if !in_window {
             counts.unexplained += 1;
         }
-        if faults
-            .iter()
-            .filter(in_window)
-            .any(|f| f.kind == Kind::Rewind && first_ms <= f.ended_ms)
-        {
+        if replayed_by_rewind(d, before, &rewinds, &new_after) {
             counts.replayed += 1;
         }
     }
     counts
+}
+
+/// A copy is a rewind's replay when, for the last rewind restarted before it arrived: the copy
+/// arrived after that restart, the row's previous copy before it (one replay per rewind), and it
+/// comes before the first new row of its partition after the restart.
+fn replayed_by_rewind(
+    d: &super::tail::Delivery,
+    previous_ms: i64,
+    rewinds: &[i64],
+    new_after: &HashMap<(i32, i64), i64>,
+) -> bool {
+    let Some(&restart) = rewinds.iter().filter(|&&r| r <= d.appended_ms).max() else {
+        return false;
+    };
+    previous_ms < restart
+        && new_after
+            .get(&(d.partition, restart))
+            .is_none_or(|&first_new| d.offset < first_new)
 }
 
 /// Rows first seen after a later row of their key, in each partition's offset order.

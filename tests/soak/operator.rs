@@ -184,7 +184,8 @@ fn find_hanging_rows_and_named_offsets_are_read() {
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0]["StartOffset"], "103");
     assert_eq!(listed[0]["ProducerId"], "7");
-    assert!(rows("No hanging transactions found\n").is_empty());
+    // With nothing hanging, the tool prints its header alone.
+    assert!(rows(table.lines().next().unwrap()).is_empty());
     let log = "x remedy: … then `kafka-transactions.sh abort --topic outboxd.checkpoints --partition 0 --start-offset 103`, and …";
     assert_eq!(named_offsets(log), vec![103]);
 }
