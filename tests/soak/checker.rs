@@ -315,3 +315,43 @@ fn recovery_and_timeline(inputs: &Inputs) -> (Vec<Duration>, Vec<(u64, u64, u64)
         .collect();
     (recovery, timeline)
 }
+
+/// A rewind excuses one replayed copy per row, after its restart and ahead of the first new row;
+/// a copy before the restart, after a new row, or a second one for the same rewind is a duplicate.
+#[test]
+fn only_a_rewinds_replay_is_excused() {
+    use super::tail::Delivery;
+    let at = |id: u128, offset: i64, appended_ms: i64| Delivery {
+        id,
+        partition: 0,
+        offset,
+        appended_ms,
+        key_ok: true,
+    };
+    let now = Instant::now();
+    let rewind = Injected {
+        kind: Kind::Rewind,
+        started: now,
+        ended: now,
+        started_ms: 1_000,
+        ended_ms: 2_000,
+        detail: String::new(),
+        restarted_ms: Some(2_000),
+    };
+    let seen = Seen {
+        deliveries: vec![
+            at(1, 0, 500),
+            at(2, 1, 600),
+            at(3, 2, 1_500),
+            at(2, 3, 1_600), // before the restart: not a replay
+            at(1, 4, 2_100), // replayed
+            at(1, 5, 2_150), // a second copy for the same rewind
+            at(4, 6, 2_200), // the first new row
+            at(3, 7, 2_300), // after the first new row
+        ],
+        ..Seen::default()
+    };
+    let counts = duplicates(&seen, &[rewind]);
+    assert_eq!(counts.extra, 4);
+    assert_eq!(counts.replayed, 1);
+}
