@@ -4,7 +4,8 @@
 # made of; the full run also draws benches/latency-vs-rate.png.
 # --quick: 20k rows per measurement, 5 s per offered rate, a 100 MiB restart backlog (full: 200k rows,
 #          20 s, 1 GiB).
-# --only drain,huge,raw,relay,postgres,latency,restart,eos,peer,sinks,debezium,checkpoint: run only these sections.
+# --only drain,huge,raw,relay,postgres,latency,restart,eos,peer,sinks,debezium,checkpoint: run only these sections
+#          (rabbitmq, nats or redis: one of the sinks section).
 # --profile DIR: record every timed outboxd run with `perf record --call-graph dwarf` into DIR.
 # --baseline PATH[=LABEL]: also drain each backlog with another outboxd binary (e.g. an older
 #          commit's release build), interleaved with this build's runs: before/after in one run.
@@ -23,4 +24,6 @@ fi
 # brokers a small heap and a quick-starting JIT instead).
 export KAFKA_HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xmx1G -Xms1G}"
 export KAFKA_JVM_PERFORMANCE_OPTS="${KAFKA_JVM_PERFORMANCE_OPTS:--server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -XX:MaxInlineLevel=15}"
+# outboxd runs at its own default log level, as users run it (the tests' rig gives it debug).
+export OUTBOXD_RIG_LOG=default
 cargo bench --locked --bench throughput -- "$@"

@@ -542,11 +542,23 @@ fn main() {
         loaded += n;
     }
 
-    if args.wants("sinks") {
+    // `sinks` runs all three; `rabbitmq`, `nats` or `redis` one of them.
+    let sink = |name: &str| {
+        args.wants("sinks")
+            || args
+                .only
+                .as_ref()
+                .is_some_and(|o| o.iter().any(|s| s == name))
+    };
+    if sink("rabbitmq") {
         rows.extend(rabbitmq_section(&db, &rt, loaded, n, record_bytes));
         loaded += n;
+    }
+    if sink("nats") {
         rows.extend(nats_section(&db, &rt, loaded, n, record_bytes));
         loaded += n;
+    }
+    if sink("redis") {
         rows.extend(redis_section(&db, &rt, loaded, n, record_bytes));
         loaded += n;
     }
@@ -1998,7 +2010,12 @@ fn rabbitmq_section(
     rabbit.declare("outbox", &[("orders", "outbox.event.#")]);
     let mut outboxd = Outboxd::new(
         "bench-rabbit",
-        &config_with_rabbitmq(&db.cdc_url(), &rabbit.url(), ""),
+        &config_with_rabbitmq(
+            &db.cdc_url(),
+            &rabbit.url(),
+            // Extra `[rabbitmq]` keys for an experiment (e.g. "max_in_flight = 2000").
+            &std::env::var("OUTBOXD_BENCH_RABBITMQ").unwrap_or_default(),
+        ),
     );
     outboxd.start();
     outboxd.stop();
@@ -2234,7 +2251,12 @@ fn redis_section(
     let redis = Redis::start();
     let mut outboxd = Outboxd::new(
         "bench-redis",
-        &config_with_redis(&db.cdc_url(), &redis.url(), ""),
+        &config_with_redis(
+            &db.cdc_url(),
+            &redis.url(),
+            // Extra `[redis]` keys for an experiment (e.g. "max_in_flight = 2000").
+            &std::env::var("OUTBOXD_BENCH_REDIS").unwrap_or_default(),
+        ),
     );
     outboxd.start();
     outboxd.stop();
@@ -2242,7 +2264,11 @@ fn redis_section(
     // The same backlog exactly once: the checkpoint in Redis, committed with the entries.
     let mut eos = Outboxd::with_checkpoint(
         "bench-redis-eos",
-        &config_with_redis(&db.cdc_url(), &redis.url(), ""),
+        &config_with_redis(
+            &db.cdc_url(),
+            &redis.url(),
+            &std::env::var("OUTBOXD_BENCH_REDIS").unwrap_or_default(),
+        ),
         "store = \"redis\"",
     );
     eos.start();

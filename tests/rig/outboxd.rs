@@ -94,11 +94,16 @@ impl Outboxd {
             }
             None => Command::new(&self.binary),
         };
+        // Tests read outboxd's debug lines; the benchmark (`OUTBOXD_RIG_LOG=default`, set by
+        // benches/run.sh) measures outboxd at its own default level, as users run it.
+        match std::env::var("OUTBOXD_RIG_LOG").as_deref() {
+            Ok("default") => cmd.env_remove("RUST_LOG"),
+            _ => cmd.env("RUST_LOG", "info,outboxd=debug"),
+        };
         cmd.arg("--config")
             .arg(self.config_path())
             .args(args)
             .env("OUTBOXD_SOURCE__PASSWORD", CDC_PASSWORD)
-            .env("RUST_LOG", "info,outboxd=debug")
             .env_remove("OUTBOXD_CONFIG")
             .env_remove("FAILPOINTS")
             .envs(self.env.iter().map(|(k, v)| (k, v)));
