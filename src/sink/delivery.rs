@@ -49,7 +49,7 @@ impl Delivery {
             return refuse(
                 "max_in_flight",
                 format!("{} is out of range", self.max_in_flight),
-                "use 1..=1000000 (default 10000)",
+                "use 1..=1000000 (default 10000; 2000 under [rabbitmq] and [redis])",
             );
         }
         if self.max_in_flight_bytes < 1024 * 1024 || self.max_in_flight_bytes > u32::MAX as u64 {

@@ -19,7 +19,8 @@ pub struct RabbitMqConfig {
     /// `amqps://`: a PEM file of the CA(s) to trust instead of the system's.
     #[serde(default)]
     pub ca_file: Option<std::path::PathBuf>,
-    #[serde(default = "delivery::default_max_in_flight")]
+    /// Messages published and not yet confirmed (see [`DEFAULT_MAX_IN_FLIGHT`]).
+    #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
     #[serde(default = "delivery::default_max_in_flight_bytes")]
     pub max_in_flight_bytes: u64,
@@ -38,6 +39,17 @@ pub struct RabbitMqConfig {
     /// clients); a larger message is refused by the broker, which stops outboxd.
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
+}
+
+/// Why RabbitMQ's window is smaller than the other sinks' 10,000: the broker confirms persistent
+/// messages at its disk's pace (about 11–17k/s on the benchmark's machine), so 2,000 unconfirmed
+/// messages keep it as busy as 10,000 do (0.89 against 0.97 × lapin alone), while each one costs
+/// about 3 KB of outboxd's memory (lapin's frames and confirm, the settler's entry): peak RSS 58 MB
+/// against 80 MB draining a backlog (`./benches/run.sh --only rabbitmq`, BENCHMARKS.md).
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 2_000;
+
+fn default_max_in_flight() -> usize {
+    DEFAULT_MAX_IN_FLIGHT
 }
 
 fn default_max_message_bytes() -> usize {
@@ -139,5 +151,21 @@ impl RabbitMqConfig {
             return Err("AMQP header names are at most 255 bytes".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_defaults_to_two_thousand_messages_and_can_be_raised() {
+        let parse = |text: &str| toml::from_str::<RabbitMqConfig>(text).unwrap().delivery();
+        let base = "url = \"amqp://localhost\"\nexchange = \"outbox\"\n";
+        assert_eq!(parse(base).max_in_flight, 2_000);
+        assert_eq!(
+            parse(&format!("{base}max_in_flight = 10000\n")).max_in_flight,
+            10_000
+        );
     }
 }

@@ -8,6 +8,17 @@ use serde::Deserialize;
 use crate::sink::delivery::{self, Delivery, Refusal};
 use crate::source::config::redact_url;
 
+/// Why Redis's window is smaller than Kafka's 10,000: entries go as `MULTI`/`EXEC` batches of at
+/// most 1,000, one at a time (at least once), or pipelines of 1,000 into the open transaction
+/// (exactly once), so a window of two batches keeps Redis as busy as ten, while each waiting entry
+/// costs outboxd about 2 KB (its fields, then its command): draining a backlog, peak RSS 43 MB
+/// against 52–67 MB, at the same rate (`./benches/run.sh --only redis`, BENCHMARKS.md).
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 2_000;
+
+fn default_max_in_flight() -> usize {
+    DEFAULT_MAX_IN_FLIGHT
+}
+
 /// `[redis]` (Streams).
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,7 +36,8 @@ pub struct RedisConfig {
     /// fewer is a transient error (the batch is sent again from the checkpoint).
     #[serde(default)]
     pub wait_replicas: u32,
-    #[serde(default = "delivery::default_max_in_flight")]
+    /// Entries sent and not yet acknowledged (see [`DEFAULT_MAX_IN_FLIGHT`]).
+    #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
     #[serde(default = "delivery::default_max_in_flight_bytes")]
     pub max_in_flight_bytes: u64,
@@ -191,5 +203,21 @@ impl RedisConfig {
             return Err(format!("outboxd writes the stream field {name:?} itself"));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_defaults_to_two_batches_and_can_be_raised() {
+        let parse = |text: &str| toml::from_str::<RedisConfig>(text).unwrap().delivery();
+        let base = "url = \"redis://localhost\"\n";
+        assert_eq!(parse(base).max_in_flight, 2_000);
+        assert_eq!(
+            parse(&format!("{base}max_in_flight = 10000\n")).max_in_flight,
+            10_000
+        );
     }
 }
