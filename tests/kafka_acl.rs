@@ -299,3 +299,74 @@ fn check_names_each_missing_grant_and_run_refuses_to_start() {
         });
     }
 }
+
+#[test]
+fn exactly_once_runs_with_exactly_the_grants_the_readme_lists_and_names_the_records_id_without_it()
+{
+    let (broker, ca, _dir) = sasl_broker();
+    checkpoint_topic(&broker);
+    // README "Exactly once", Grants: the checkpoint store's grants, plus WRITE on the records'
+    // transactional id. WRITE implies DESCRIBE in Kafka's authorizer.
+    grant_write(&broker, "outbox.event.order");
+    grant_write(&broker, "outbox.event.customer");
+    acl(
+        &broker,
+        &["--add"],
+        "Read",
+        &["--topic", "outboxd.checkpoints"],
+    );
+    grant_write(&broker, "outboxd.checkpoints");
+    acl(
+        &broker,
+        &["--add"],
+        "Write",
+        &["--transactional-id", "outboxd.acl-eos.checkpoint"],
+    );
+    let (db, mut outboxd) = pipeline("acl-eos", &broker, &ca, "exactly_once = true", true);
+    until_check_passes(&outboxd);
+    // Without the records' transactional id: run stops naming it, before it reads a thing.
+    let (ok, run) = output(&outboxd, &["run"]);
+    assert!(!ok, "run: {run}");
+    assert!(
+        run.contains("taking over the pipeline's Kafka transactions (transactional id outboxd.acl-eos.records)")
+            && run.contains(
+                "grant outboxd's principal WRITE and DESCRIBE on the transactional id outboxd.acl-eos.records"
+            ),
+        "run: {run}"
+    );
+    assert!(!run.contains(PASSWORD), "{run}");
+    assert_eq!(
+        records_in(&broker.bootstrap(), "outbox.event.order")
+            + records_in(&broker.bootstrap(), "outbox.event.customer"),
+        0
+    );
+    acl(
+        &broker,
+        &["--add"],
+        "Write",
+        &["--transactional-id", "outboxd.acl-eos.records"],
+    );
+    // The authorizer applies it a moment later: a start may still be refused, then try again.
+    let mut refused = Vec::new();
+    wait_until("run to open the stream once granted", LIMIT, || {
+        if !outboxd.started() {
+            outboxd.spawn(&[]);
+        }
+        if outboxd.exited().is_some() {
+            refused.push(outboxd.log());
+            return false;
+        }
+        // The records' transactions are taken over before the stream opens.
+        outboxd.log().contains("stream opened")
+    });
+    insert_rows(&db, 0, 20, 2);
+    // A read_committed consumer (the rig's) sees every row once.
+    let records = consume_events(&broker.bootstrap(), 20);
+    let ids: std::collections::BTreeSet<String> =
+        records.iter().filter_map(|r| r.header("id")).collect();
+    assert_eq!((records.len(), ids.len()), (20, 20), "{}", outboxd.log());
+    outboxd.stop();
+    for log in refused.iter().chain([&outboxd.log()]) {
+        assert!(!log.contains(PASSWORD), "{log}");
+    }
+}
