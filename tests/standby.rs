@@ -446,3 +446,56 @@ fn the_kafka_store_without_a_grant_on_its_transactional_id_stops_with_the_grant_
     );
     assert!(!text.contains("scram-secret"), "{text}");
 }
+
+/// Postgres lets one connection use a replication slot, and a frozen (SIGSTOPped) leader keeps its
+/// walsender; with `wal_sender_timeout = 0` the server never ends it. The new leader fenced the
+/// frozen one when it took the lead, so it ends that connection and streams (before, it retried
+/// "replication slot … is active for PID …" until the server freed the slot: here, for good).
+#[test]
+fn a_new_leader_ends_the_walsender_a_frozen_leader_still_holds_and_streams() {
+    use crate::postgres_pipeline::{insert_sql, pg_payload, SCHEMA as PG_SCHEMA};
+    use crate::rig::Postgres;
+    let pg = Postgres::start(&["wal_sender_timeout = 0"]);
+    pg.sql("postgres", "CREATE DATABASE app;");
+    pg.sql("app", PG_SCHEMA);
+    let broker = Broker::start();
+    for topic in ["outbox.event.order", "outbox.event.customer"] {
+        create_topic(&broker.bootstrap(), topic, 3);
+    }
+    let body = format!(
+        "[source]\nkind = \"postgres\"\nurl = \"{}\"\ntables = [\"public.outbox\"]\nslot = \"outboxd_lead\"\n\
+         publication = \"outboxd_lead\"\nheartbeat_interval_ms = 1000\n\
+         [kafka]\nbrokers = \"{}\"\n[http]\nlisten = \"\"\n",
+        pg.url("cdc", "app"),
+        broker.bootstrap()
+    );
+    let checkpoint = format!("store = \"kafka\"\ntopic = \"{TOPIC}\"\ntakeover_timeout_ms = 1500");
+    let mut leader = Outboxd::with_checkpoint("pg-lead", &body, &checkpoint);
+    let mut standby = Outboxd::with_checkpoint("pg-lead", &body, &checkpoint);
+    leader.start();
+    standby.start_until(&[], &[], &["standing by"]);
+    pg.sql("app", &transactions(0, 100, 5, insert_sql));
+    assert_eq!(
+        consume_distinct_events(&broker.bootstrap(), 100).len(),
+        100,
+        "{}",
+        leader.log()
+    );
+    let frozen = leader.pid();
+    kill(frozen, Signal::SIGSTOP).unwrap();
+    wait_until("the standby to take over", Duration::from_secs(60), || {
+        leads(&standby)
+    });
+    pg.sql("app", &transactions(100, 200, 5, insert_sql));
+    let records = consume_distinct_events(&broker.bootstrap(), 200);
+    kill(frozen, Signal::SIGCONT).unwrap();
+    let log = standby.log();
+    check_records_by(&records, 0..200, pg_payload);
+    check_per_key_order(&records);
+    assert!(
+        log.contains("the replication slot was held by another connection"),
+        "{log}"
+    );
+    standby.stop();
+    leader.terminate();
+}

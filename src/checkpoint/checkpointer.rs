@@ -56,8 +56,8 @@ impl Checkpointer {
     }
 
     /// A handle for the source: the durable position as it moves (the stored one is known to it).
-    pub fn durable(&self) -> Durable {
-        Durable::new(self.durable.subscribe())
+    pub fn durable(&self, fenced_earlier: bool) -> Durable {
+        Durable::new(self.durable.subscribe(), fenced_earlier)
     }
 
     /// The source is open: its positions belong to `identity`. Without a stored checkpoint, `start`

@@ -42,8 +42,10 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Where a pipeline's changes come from.
 #[derive(Clone)]
 pub enum Input {
-    /// The configured server, resuming from the checkpoint.
-    Live,
+    /// The configured server, resuming from the checkpoint. `leading`: this instance took the
+    /// pipeline's lead, which fenced every earlier instance (`checkpoint.store = "kafka"`), so a
+    /// connection still holding the source's replication slot is a fenced instance's, and is ended.
+    Live { leading: bool },
     /// Local binlog files, read once from `from` (or their start).
     Files {
         paths: Vec<std::path::PathBuf>,
@@ -90,7 +92,7 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>, progress: bool
                 &config,
                 store,
                 metrics,
-                Input::Live,
+                Input::Live { leading: false },
                 None,
                 Plan::FirstStart,
                 shutdown,
@@ -171,7 +173,7 @@ async fn lead(
             config,
             store.clone(),
             metrics.clone(),
-            Input::Live,
+            Input::Live { leading: true },
             None,
             Plan::FirstStart,
             session_shutdown,
@@ -287,7 +289,7 @@ pub async fn replay(
         &config,
         store,
         metrics.clone(),
-        Input::Live,
+        Input::Live { leading: false },
         Some(to),
         Plan::FirstStart,
         shutdown,
@@ -318,7 +320,7 @@ pub async fn snapshot(
         &config,
         store,
         metrics.clone(),
-        Input::Live,
+        Input::Live { leading: false },
         None,
         Plan::OnDemand { predicate },
         shutdown,

@@ -279,7 +279,7 @@ impl<'a> Session<'a> {
                 let error = Error::source("the source reader stopped");
                 // A file replay that broke cannot be cured by reading the files again.
                 return Err(match self.shared.input {
-                    Input::Live => error.transient(),
+                    Input::Live { .. } => error.transient(),
                     Input::Files { .. } => error,
                 });
             };
@@ -725,7 +725,7 @@ async fn open_source(
     checkpointer: &Checkpointer,
 ) -> Result<Source> {
     Ok(match &shared.input {
-        Input::Live => {
+        Input::Live { leading } => {
             let timeout = connect_timeout(config);
             let connect = Source::connect(
                 &config.source,
@@ -733,7 +733,7 @@ async fn open_source(
                 &config.name,
                 resume.map(|(i, p)| (i, p)),
                 shared.metrics.clone(),
-                checkpointer.durable(),
+                checkpointer.durable(*leading),
             );
             tokio::time::timeout(timeout, connect).await.map_err(|_| {
                 Error::source(format!(

@@ -100,21 +100,31 @@ pub struct Ignored {
 
 /// What a source may confirm to its server (a Postgres slot's `confirmed_flush_lsn`): the newest
 /// position the checkpoint holds durably. The checkpoint owns it; a source only asks, without
-/// waiting, so nothing newer than what is on disk is ever confirmed.
+/// waiting, so nothing newer than what is on disk is ever confirmed. It also says whether the
+/// checkpoint store fenced every earlier instance of the pipeline before this session (the Kafka
+/// store's lease): then a connection still holding the source's slot is a fenced instance's.
 #[derive(Clone)]
-pub struct Durable(watch::Receiver<Option<Position>>);
+pub struct Durable {
+    rx: watch::Receiver<Option<Position>>,
+    fenced_earlier: bool,
+}
 
 impl Durable {
-    pub(crate) fn new(rx: watch::Receiver<Option<Position>>) -> Self {
-        Durable(rx)
+    pub(crate) fn new(rx: watch::Receiver<Option<Position>>, fenced_earlier: bool) -> Self {
+        Durable { rx, fenced_earlier }
     }
 
     /// The durable position, if it moved since the last call.
     pub fn newer(&mut self) -> Option<Position> {
-        match self.0.has_changed() {
-            Ok(true) => self.0.borrow_and_update().clone(),
+        match self.rx.has_changed() {
+            Ok(true) => self.rx.borrow_and_update().clone(),
             _ => None,
         }
+    }
+
+    /// Whether every earlier instance of the pipeline was fenced before this session began.
+    pub fn fenced_earlier(&self) -> bool {
+        self.fenced_earlier
     }
 }
 

@@ -461,6 +461,57 @@ impl Control {
         Ok(lsn.as_deref().and_then(parse_lsn).or(Some(0)))
     }
 
+    /// Ends the connection that holds `slot`, if any, and waits (at most `limit`) until the slot is
+    /// free; returns the process id it ended. Only called when the checkpoint store fenced every
+    /// earlier instance of the pipeline (see `PostgresSource::connect`). Postgres lets a role end
+    /// its own backends, so no grant beyond the replication user's is needed; a refusal is an error
+    /// naming `pg_signal_backend`.
+    pub async fn end_slot_holder(&self, slot: &str, limit: Duration) -> Result<Option<i32>> {
+        let Some(pid) = self
+            .slot_holder(slot)
+            .await
+            .map_err(|e| self.failed("reading pg_replication_slots", e))?
+        else {
+            return Ok(None);
+        };
+        let ended: bool = self
+            .client
+            .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+            .await
+            .map_err(|e| {
+                let error = self.failed("ending the connection that holds the replication slot", e);
+                error.remedy(format!(
+                    "the slot {slot} is held by process {pid}, which outboxd's user may not end: run outboxd as the role that holds it, or GRANT pg_signal_backend TO <user>; or wait for wal_sender_timeout to end it"
+                ))
+            })?
+            .get(0);
+        if ended {
+            let deadline = tokio::time::Instant::now() + limit;
+            while tokio::time::Instant::now() < deadline {
+                match self.slot_holder(slot).await {
+                    Ok(Some(p)) if p == pid => tokio::time::sleep(Duration::from_millis(50)).await,
+                    _ => break,
+                }
+            }
+        }
+        Ok(Some(pid))
+    }
+
+    /// The process id of the connection holding `slot`, if any.
+    async fn slot_holder(
+        &self,
+        slot: &str,
+    ) -> std::result::Result<Option<i32>, tokio_postgres::Error> {
+        self.client
+            .query_opt(
+                "SELECT active_pid FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND database = current_database() AND active_pid IS NOT NULL",
+                &[&slot],
+            )
+            .await
+            .map(|row| row.map(|r| r.get::<_, i32>(0)))
+    }
+
     /// A non-transactional message that makes the walsender send us something even when the database
     /// is idle. Fails on a standby (read-only).
     pub async fn emit_heartbeat(&self) -> Result<()> {

@@ -163,6 +163,9 @@ impl PostgresSource {
                 .remedy("point source.url back at that cluster, or set a position for this one with `outboxd checkpoint set LSN`"));
             }
         }
+        if durable.fenced_earlier() {
+            end_fenced_holder(&control, &own.slot).await;
+        }
         // The slot is confirmed only up to what the local checkpoint holds (`durable`).
         let stream = within(
             conn.start(&own.slot, &own.publication, start, durable),
@@ -395,4 +398,24 @@ pub fn parse_position(text: &str) -> Result<Position> {
         Error::config(format!("{text:?} is not a Postgres LSN"))
             .remedy("write an LSN like 0/16B3748")
     })
+}
+
+/// Postgres lets one connection use a slot. A leader that was frozen (or cut off) rather than
+/// killed keeps its walsender until `wal_sender_timeout` (60 s by default, possibly off), and the
+/// new leader could not stream until then. The lead fenced that instance already (it can no
+/// longer commit a checkpoint), so its connection is ended. Failing that (the user may not end
+/// it), the stream's start is retried until the server lets the slot go, as before.
+async fn end_fenced_holder(control: &Control, slot: &str) {
+    match control.end_slot_holder(slot, Duration::from_secs(5)).await {
+        Ok(Some(pid)) => tracing::warn!(
+            slot = %slot,
+            pid,
+            "the replication slot was held by another connection (an earlier instance of this pipeline, fenced when this one took the lead): ended it"
+        ),
+        Ok(None) => {}
+        Err(e) => tracing::warn!(
+            error = %e,
+            "could not end the connection holding the replication slot; waiting for the server to free it"
+        ),
+    }
 }
