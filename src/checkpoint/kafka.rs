@@ -144,7 +144,7 @@ impl KafkaStore {
             .set("enable.auto.offset.store", "false")
             .set("isolation.level", Isolation::Written.level());
         config
-            .create_with_context(QuietContext)
+            .create_with_context(QuietContext::default())
             .map_err(|e| unreachable(&self.topic, &e))
     }
 
@@ -471,7 +471,7 @@ impl KafkaStore {
             .set("max.partition.fetch.bytes", "16777216")
             .set("isolation.level", isolation.level());
         config
-            .create_with_context(QuietContext)
+            .create_with_context(QuietContext::default())
             .map_err(|e| unreachable(&self.topic, &e))
     }
 
@@ -594,7 +594,7 @@ impl KafkaStore {
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_uncommitted");
         let consumer: BaseConsumer<QuietContext> = config
-            .create_with_context(QuietContext)
+            .create_with_context(QuietContext::default())
             .map_err(|e| unreachable(&self.topic, &e))?;
         consumer
             .fetch_watermarks(&self.topic, 0, TIMEOUT)
@@ -1036,8 +1036,40 @@ impl LeadRecord {
     }
 }
 
-/// Client callbacks that keep librdkafka's expected events (end of partition) out of the error log.
-pub struct QuietContext;
+/// Client callbacks that keep librdkafka's expected events (end of partition) out of the error log,
+/// and its repeats: while a broker is down librdkafka reports every failed connection attempt
+/// (about ten a second), so each client warns at most once per [`RETELL`], with how many it held
+/// back (the rest go to debug).
+#[derive(Default)]
+pub struct QuietContext {
+    retell: Mutex<Retell>,
+}
+
+/// How often a checkpoint topic client warns about librdkafka errors.
+const RETELL: Duration = Duration::from_secs(30);
+
+/// At most one warning per [`RETELL`], counting the ones held back.
+#[derive(Default)]
+struct Retell {
+    last: Option<Instant>,
+    held_back: u64,
+}
+
+impl Retell {
+    /// `Some(held back since the last one)` when a warning is due at `now`.
+    fn due(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(last) if now.duration_since(last) < RETELL => {
+                self.held_back += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.held_back))
+            }
+        }
+    }
+}
 
 impl rdkafka::ClientContext for QuietContext {
     fn error(&self, error: KafkaError, reason: &str) {
@@ -1053,7 +1085,17 @@ impl rdkafka::ClientContext for QuietContext {
             tracing::debug!(%error, reason, "checkpoint topic client (its group is never joined)");
             return;
         }
-        tracing::warn!(%error, reason, "checkpoint topic client");
+        let due = self
+            .retell
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .due(Instant::now());
+        match due {
+            Some(held_back) => {
+                tracing::warn!(%error, reason, held_back, "checkpoint topic client (at most one warning per 30 s; held_back: repeats since the last one)")
+            }
+            None => tracing::debug!(%error, reason, "checkpoint topic client"),
+        }
     }
 }
 
@@ -1183,6 +1225,18 @@ where
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_client_warns_once_per_thirty_seconds_and_counts_what_it_held_back() {
+        let mut retell = Retell::default();
+        let start = Instant::now();
+        assert_eq!(retell.due(start), Some(0));
+        assert_eq!(retell.due(start + Duration::from_millis(100)), None);
+        assert_eq!(retell.due(start + Duration::from_secs(29)), None);
+        assert_eq!(retell.due(start + RETELL), Some(2));
+        assert_eq!(retell.due(start + RETELL + Duration::from_secs(1)), None);
+    }
+
     use super::*;
 
     #[test]
