@@ -1034,7 +1034,10 @@ exchange = "outbox"
         assert_eq!(c.sink().name(), "rabbitmq");
         assert!(c.kafka().is_none());
         let d = c.delivery();
-        assert_eq!(d.max_in_flight, 10_000);
+        assert_eq!(
+            d.max_in_flight,
+            crate::sink::rabbitmq::config::DEFAULT_MAX_IN_FLIGHT
+        );
         assert_eq!(d.drain_timeout_ms, 30_000);
         assert_eq!(d.timeout, Some(std::time::Duration::from_secs(60)));
         let both = format!("{RABBIT}[kafka]\nbrokers = \"k:9092\"\n");

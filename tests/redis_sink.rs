@@ -737,3 +737,28 @@ fn with_the_checkpoint_in_redis_an_entry_refused_inside_exec_keeps_the_checkpoin
     );
     outboxd.stop();
 }
+
+/// With the checkpoint in Redis, a source transaction ten times the window still flows (an
+/// entry's `QUEUED` frees its room; the transaction commits only at its end) and lands once.
+#[test]
+fn with_the_checkpoint_in_redis_a_source_transaction_larger_than_the_window_lands_once() {
+    let (db, redis) = servers();
+    let mut outboxd = Outboxd::with_checkpoint(
+        "redis-eos-large",
+        &config_with_redis(&db.cdc_url(), &redis.url(), "max_in_flight = 50"),
+        "store = \"redis\"",
+    );
+    outboxd.start();
+    insert_rows(&db, 0, 500, 500);
+    insert_rows(&db, 500, 520, 5);
+    let got = redis.read(&STREAMS, 520, READ_LIMIT);
+    assert_eq!(got.len(), 520, "{}", outboxd.log());
+    let records = consumed(&got);
+    assert_eq!(check_records(&records, 0..520), 0, "{}", outboxd.log());
+    check_per_key_order(&records);
+    wait_until("the checkpoint to pass the last row", READ_LIMIT, || {
+        stored_checkpoint(&redis, "redis-eos-large")["position"]["gtid_set"]
+            == db.sql_socket("SELECT @@gtid_binlog_pos;").trim()
+    });
+    outboxd.stop();
+}

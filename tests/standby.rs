@@ -496,6 +496,17 @@ fn a_new_leader_ends_the_walsender_a_frozen_leader_still_holds_and_streams() {
         log.contains("the replication slot was held by another connection"),
         "{log}"
     );
+    // The woken leader lost the lead: it must not end the new leader's connection in turn.
+    pg.sql("app", &transactions(200, 300, 5, insert_sql));
+    let records = consume_distinct_events(&broker.bootstrap(), 300);
+    check_records_by(&records, 0..300, pg_payload);
+    assert!(
+        !leader
+            .log()
+            .contains("the replication slot was held by another connection"),
+        "{}",
+        leader.log()
+    );
     standby.stop();
     leader.terminate();
 }

@@ -56,8 +56,9 @@ impl Checkpointer {
     }
 
     /// A handle for the source: the durable position as it moves (the stored one is known to it).
-    pub fn durable(&self, fenced_earlier: bool) -> Durable {
-        Durable::new(self.durable.subscribe(), fenced_earlier)
+    /// `lead`: true while this instance holds the pipeline's lead (see [`Durable::fenced_earlier`]).
+    pub fn durable(&self, lead: Option<watch::Receiver<bool>>) -> Durable {
+        Durable::new(self.durable.subscribe(), lead)
     }
 
     /// The source is open: its positions belong to `identity`. Without a stored checkpoint, `start`

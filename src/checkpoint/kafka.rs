@@ -1038,11 +1038,12 @@ impl LeadRecord {
 
 /// Client callbacks that keep librdkafka's expected events (end of partition) out of the error log,
 /// and its repeats: while a broker is down librdkafka reports every failed connection attempt
-/// (about ten a second), so each client warns at most once per [`RETELL`], with how many it held
-/// back (the rest go to debug).
+/// (about ten a second), so each client warns about each kind of error at most once per
+/// [`RETELL`], with how many it held back (the rest go to debug).
 #[derive(Default)]
 pub struct QuietContext {
-    retell: Mutex<Retell>,
+    /// Per kind of error, so that a new one (a refused login after a broker outage) still shows.
+    retell: Mutex<std::collections::HashMap<String, Retell>>,
 }
 
 /// How often a checkpoint topic client warns about librdkafka errors.
@@ -1085,14 +1086,17 @@ impl rdkafka::ClientContext for QuietContext {
             tracing::debug!(%error, reason, "checkpoint topic client (its group is never joined)");
             return;
         }
+        let kind = format!("{:?}", error.rdkafka_error_code());
         let due = self
             .retell
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .entry(kind)
+            .or_default()
             .due(Instant::now());
         match due {
             Some(held_back) => {
-                tracing::warn!(%error, reason, held_back, "checkpoint topic client (at most one warning per 30 s; held_back: repeats since the last one)")
+                tracing::warn!(%error, reason, held_back, "checkpoint topic client (at most one warning per kind of error per 30 s; held_back: repeats since the last one)")
             }
             None => tracing::debug!(%error, reason, "checkpoint topic client"),
         }

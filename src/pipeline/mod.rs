@@ -42,10 +42,11 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Where a pipeline's changes come from.
 #[derive(Clone)]
 pub enum Input {
-    /// The configured server, resuming from the checkpoint. `leading`: this instance took the
-    /// pipeline's lead, which fenced every earlier instance (`checkpoint.store = "kafka"`), so a
-    /// connection still holding the source's replication slot is a fenced instance's, and is ended.
-    Live { leading: bool },
+    /// The configured server, resuming from the checkpoint. `lead`: this instance took the
+    /// pipeline's lead (`checkpoint.store = "kafka"`), which fenced every earlier instance; true
+    /// while it still holds it. A connection still holding the source's replication slot is then
+    /// a fenced instance's, and is ended.
+    Live { lead: Option<watch::Receiver<bool>> },
     /// Local binlog files, read once from `from` (or their start).
     Files {
         paths: Vec<std::path::PathBuf>,
@@ -92,7 +93,7 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>, progress: bool
                 &config,
                 store,
                 metrics,
-                Input::Live { leading: false },
+                Input::Live { lead: None },
                 None,
                 Plan::FirstStart,
                 shutdown,
@@ -173,7 +174,9 @@ async fn lead(
             config,
             store.clone(),
             metrics.clone(),
-            Input::Live { leading: true },
+            Input::Live {
+                lead: Some(holding.watch()),
+            },
             None,
             Plan::FirstStart,
             session_shutdown,
@@ -289,7 +292,7 @@ pub async fn replay(
         &config,
         store,
         metrics.clone(),
-        Input::Live { leading: false },
+        Input::Live { lead: None },
         Some(to),
         Plan::FirstStart,
         shutdown,
@@ -320,7 +323,7 @@ pub async fn snapshot(
         &config,
         store,
         metrics.clone(),
-        Input::Live { leading: false },
+        Input::Live { lead: None },
         None,
         Plan::OnDemand { predicate },
         shutdown,

@@ -725,7 +725,7 @@ async fn open_source(
     checkpointer: &Checkpointer,
 ) -> Result<Source> {
     Ok(match &shared.input {
-        Input::Live { leading } => {
+        Input::Live { lead } => {
             let timeout = connect_timeout(config);
             let connect = Source::connect(
                 &config.source,
@@ -733,7 +733,7 @@ async fn open_source(
                 &config.name,
                 resume.map(|(i, p)| (i, p)),
                 shared.metrics.clone(),
-                checkpointer.durable(*leading),
+                checkpointer.durable(lead.clone()),
             );
             tokio::time::timeout(timeout, connect).await.map_err(|_| {
                 Error::source(format!(

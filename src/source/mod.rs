@@ -106,12 +106,15 @@ pub struct Ignored {
 #[derive(Clone)]
 pub struct Durable {
     rx: watch::Receiver<Option<Position>>,
-    fenced_earlier: bool,
+    lead: Option<watch::Receiver<bool>>,
 }
 
 impl Durable {
-    pub(crate) fn new(rx: watch::Receiver<Option<Position>>, fenced_earlier: bool) -> Self {
-        Durable { rx, fenced_earlier }
+    pub(crate) fn new(
+        rx: watch::Receiver<Option<Position>>,
+        lead: Option<watch::Receiver<bool>>,
+    ) -> Self {
+        Durable { rx, lead }
     }
 
     /// The durable position, if it moved since the last call.
@@ -122,9 +125,11 @@ impl Durable {
         }
     }
 
-    /// Whether every earlier instance of the pipeline was fenced before this session began.
+    /// Whether every earlier instance of the pipeline was fenced when this one took the lead, and
+    /// this one still holds it (asked right before acting on it: a leader that lost the lead and
+    /// has not noticed yet must not end the new leader's connection).
     pub fn fenced_earlier(&self) -> bool {
-        self.fenced_earlier
+        self.lead.as_ref().is_some_and(|held| *held.borrow())
     }
 }
 

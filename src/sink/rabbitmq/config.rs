@@ -43,7 +43,7 @@ pub struct RabbitMqConfig {
 
 /// Why RabbitMQ's window is smaller than the other sinks' 10,000: the broker confirms persistent
 /// messages at its disk's pace (about 11–17k/s on the benchmark's machine), so 2,000 unconfirmed
-/// messages keep it as busy as 10,000 do (0.89 against 0.97 × lapin alone), while each one costs
+/// messages drain within the run-to-run spread of 10,000 (0.89 against 0.97 × lapin alone), while each one costs
 /// about 3 KB of outboxd's memory (lapin's frames and confirm, the settler's entry): peak RSS 58 MB
 /// against 80 MB draining a backlog (`./benches/run.sh --only rabbitmq`, BENCHMARKS.md).
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 2_000;

@@ -12,7 +12,7 @@ use crate::source::config::redact_url;
 /// most 1,000, one at a time (at least once), or pipelines of 1,000 into the open transaction
 /// (exactly once), so a window of two batches keeps Redis as busy as ten, while each waiting entry
 /// costs outboxd about 2 KB (its fields, then its command): draining a backlog, peak RSS 43 MB
-/// against 52–67 MB, at the same rate (`./benches/run.sh --only redis`, BENCHMARKS.md).
+/// against 57–67 MB, at the same rate (`./benches/run.sh --only redis`, BENCHMARKS.md).
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 2_000;
 
 fn default_max_in_flight() -> usize {

@@ -200,6 +200,21 @@ pub fn refuses_plain_text(message: &str) -> bool {
     message.contains("no encryption")
 }
 
+/// What became of the connection holding a replication slot (`Control::end_slot_holder`).
+#[derive(Debug, PartialEq)]
+pub enum SlotHolder {
+    /// Nobody held it.
+    Free,
+    /// Held by a connection that is not this pipeline's (another role or `application_name`).
+    NotOurs { pid: i32, name: Option<String> },
+    /// Ended, and the slot is free.
+    Ended { pid: i32 },
+    /// The process was gone by the time it was signalled.
+    Gone { pid: i32 },
+    /// Signalled, but it still held the slot when the wait ended.
+    StillHeld { pid: i32 },
+}
+
 impl Control {
     pub async fn connect(info: &ConnInfo) -> Result<Control> {
         let mut config = tokio_postgres::Config::new();
@@ -461,55 +476,78 @@ impl Control {
         Ok(lsn.as_deref().and_then(parse_lsn).or(Some(0)))
     }
 
-    /// Ends the connection that holds `slot`, if any, and waits (at most `limit`) until the slot is
-    /// free; returns the process id it ended. Only called when the checkpoint store fenced every
-    /// earlier instance of the pipeline (see `PostgresSource::connect`). Postgres lets a role end
-    /// its own backends, so no grant beyond the replication user's is needed; a refusal is an error
-    /// naming `pg_signal_backend`.
-    pub async fn end_slot_holder(&self, slot: &str, limit: Duration) -> Result<Option<i32>> {
-        let Some(pid) = self
+    /// Ends the connection that holds `slot` if it is one of this pipeline's (the same role and the
+    /// same `application_name` as `ours`), and waits (at most `limit`) until the slot is free. Only
+    /// called when the lead fenced every earlier instance (see `PostgresSource::connect`); a holder
+    /// that is not outboxd's (another tool, another role, an operator's session) is left alone.
+    pub async fn end_slot_holder(
+        &self,
+        slot: &str,
+        ours: &str,
+        limit: Duration,
+    ) -> Result<SlotHolder> {
+        let Some((pid, user, name)) = self
             .slot_holder(slot)
             .await
             .map_err(|e| self.failed("reading pg_replication_slots", e))?
         else {
-            return Ok(None);
+            return Ok(SlotHolder::Free);
         };
-        let ended: bool = self
+        if !user || name.as_deref() != Some(ours) {
+            return Ok(SlotHolder::NotOurs { pid, name });
+        }
+        let signalled: bool = self
             .client
             .query_one("SELECT pg_terminate_backend($1)", &[&pid])
             .await
             .map_err(|e| {
-                let error = self.failed("ending the connection that holds the replication slot", e);
-                error.remedy(format!(
-                    "the slot {slot} is held by process {pid}, which outboxd's user may not end: run outboxd as the role that holds it, or GRANT pg_signal_backend TO <user>; or wait for wal_sender_timeout to end it"
-                ))
+                self.failed("ending the connection that holds the replication slot", e)
+                    .remedy(format!(
+                        "the slot {slot} is held by process {pid}, which outboxd's user may not end (another role's, or a superuser's): end it yourself, or wait for wal_sender_timeout to end it"
+                    ))
             })?
             .get(0);
-        if ended {
-            let deadline = tokio::time::Instant::now() + limit;
-            while tokio::time::Instant::now() < deadline {
-                match self.slot_holder(slot).await {
-                    Ok(Some(p)) if p == pid => tokio::time::sleep(Duration::from_millis(50)).await,
-                    _ => break,
-                }
-            }
+        if !signalled {
+            return Ok(SlotHolder::Gone { pid });
         }
-        Ok(Some(pid))
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            match self.slot_holder(slot).await {
+                Ok(Some((p, ..))) if p == pid => {}
+                Ok(_) => return Ok(SlotHolder::Ended { pid }),
+                Err(e) => return Err(self.failed("reading pg_replication_slots", e)),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(SlotHolder::StillHeld { pid });
+            }
+            // Postgres says nothing when a backend exits: look again shortly.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
-    /// The process id of the connection holding `slot`, if any.
+    /// The connection holding `slot`, if any: its process id, whether it runs as this connection's
+    /// role, and its `application_name`.
     async fn slot_holder(
         &self,
         slot: &str,
-    ) -> std::result::Result<Option<i32>, tokio_postgres::Error> {
+    ) -> std::result::Result<Option<(i32, bool, Option<String>)>, tokio_postgres::Error> {
         self.client
             .query_opt(
-                "SELECT active_pid FROM pg_replication_slots \
-                 WHERE slot_name = $1 AND database = current_database() AND active_pid IS NOT NULL",
+                "SELECT s.active_pid, a.usename = current_user, a.application_name \
+                 FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid \
+                 WHERE s.slot_name = $1 AND s.database = current_database() AND s.active_pid IS NOT NULL",
                 &[&slot],
             )
             .await
-            .map(|row| row.map(|r| r.get::<_, i32>(0)))
+            .map(|row| {
+                row.map(|r| {
+                    (
+                        r.get::<_, i32>(0),
+                        r.get::<_, Option<bool>>(1).unwrap_or(false),
+                        r.get::<_, Option<String>>(2),
+                    )
+                })
+            })
     }
 
     /// A non-transactional message that makes the walsender send us something even when the database

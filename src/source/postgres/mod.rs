@@ -36,6 +36,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 
+use self::control::SlotHolder;
 pub use self::control::{quote_table, ConnInfo, Control};
 pub use self::decoder::{position, HEARTBEAT_PREFIX};
 use self::decoder::{Decoder, Step};
@@ -164,7 +165,7 @@ impl PostgresSource {
             }
         }
         if durable.fenced_earlier() {
-            end_fenced_holder(&control, &own.slot).await;
+            end_fenced_holder(&control, &own.slot, &info.application_name).await;
         }
         // The slot is confirmed only up to what the local checkpoint holds (`durable`).
         let stream = within(
@@ -403,19 +404,37 @@ pub fn parse_position(text: &str) -> Result<Position> {
 /// Postgres lets one connection use a slot. A leader that was frozen (or cut off) rather than
 /// killed keeps its walsender until `wal_sender_timeout` (60 s by default, possibly off), and the
 /// new leader could not stream until then. The lead fenced that instance already (it can no
-/// longer commit a checkpoint), so its connection is ended. Failing that (the user may not end
-/// it), the stream's start is retried until the server lets the slot go, as before.
-async fn end_fenced_holder(control: &Control, slot: &str) {
-    match control.end_slot_holder(slot, Duration::from_secs(5)).await {
-        Ok(Some(pid)) => tracing::warn!(
+/// longer commit a checkpoint), so its connection is ended, if it is outboxd's: the same role and
+/// `application_name` as this one. Anything else (another tool, another role, a refusal) is left
+/// to the server: the stream's start is retried until the slot is free, as before.
+async fn end_fenced_holder(control: &Control, slot: &str, ours: &str) {
+    match control
+        .end_slot_holder(slot, ours, Duration::from_secs(3))
+        .await
+    {
+        Ok(SlotHolder::Free) => {}
+        Ok(SlotHolder::Ended { pid }) => tracing::warn!(
             slot = %slot,
             pid,
-            "the replication slot was held by another connection (an earlier instance of this pipeline, fenced when this one took the lead): ended it"
+            "the replication slot was held by another connection of this pipeline (an earlier instance, fenced when this one took the lead): ended it"
         ),
-        Ok(None) => {}
+        Ok(SlotHolder::Gone { pid }) => {
+            tracing::info!(slot = %slot, pid, "the connection holding the replication slot had gone already")
+        }
+        Ok(SlotHolder::StillHeld { pid }) => tracing::warn!(
+            slot = %slot,
+            pid,
+            "the connection holding the replication slot was told to end but still holds it; retrying until the server frees the slot"
+        ),
+        Ok(SlotHolder::NotOurs { pid, name }) => tracing::warn!(
+            slot = %slot,
+            pid,
+            application_name = ?name,
+            "the replication slot is held by a connection that is not this pipeline's (another role or application_name): left alone; retrying until it lets go (is another program, or pipeline, using the slot?)"
+        ),
         Err(e) => tracing::warn!(
             error = %e,
-            "could not end the connection holding the replication slot; waiting for the server to free it"
+            "could not end the connection holding the replication slot; retrying until the server frees the slot"
         ),
     }
 }

@@ -711,7 +711,7 @@ mod tests {
             Box::new(client),
             BytesMut::new(),
             0x100,
-            Durable::new(rx, false),
+            Durable::new(rx, None),
             "test".into(),
         );
         (stream, server, tx)
