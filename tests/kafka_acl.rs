@@ -58,6 +58,27 @@ fn grant_write(broker: &Broker, topic: &str) {
     acl(broker, &["--add"], "Write", &["--topic", topic]);
 }
 
+/// What README lists for the Kafka checkpoint store of pipeline `name`: READ and WRITE on the
+/// checkpoint topic, WRITE on the checkpoint writer's transactional id; and WRITE on the event
+/// topics.
+fn grant_checkpoint_store(broker: &Broker, name: &str) {
+    grant_write(broker, "outbox.event.order");
+    grant_write(broker, "outbox.event.customer");
+    acl(
+        broker,
+        &["--add"],
+        "Read",
+        &["--topic", "outboxd.checkpoints"],
+    );
+    grant_write(broker, "outboxd.checkpoints");
+    acl(
+        broker,
+        &["--add"],
+        "Write",
+        &["--transactional-id", &format!("outboxd.{name}.checkpoint")],
+    );
+}
+
 /// The Kafka checkpoint store's topic, made by the rig (a principal without CREATE cannot).
 fn checkpoint_topic(broker: &Broker) {
     create_topic_with(
@@ -152,24 +173,9 @@ fn a_topic_without_a_write_grant_stops_run_naming_the_grant_and_nothing_is_dead_
 fn the_kafka_checkpoint_store_runs_with_exactly_the_grants_the_readme_lists() {
     let (broker, ca, _dir) = sasl_broker();
     checkpoint_topic(&broker);
-    // README "Running more than one instance": READ and WRITE on the checkpoint topic, WRITE on
-    // the checkpoint writer's transactional id; WRITE on the event topics. No CREATE, no group.
-    grant_write(&broker, "outbox.event.order");
-    grant_write(&broker, "outbox.event.customer");
+    // README "Running more than one instance": no CREATE, no group.
+    grant_checkpoint_store(&broker, "acl-store");
     grant_write(&broker, DLQ);
-    acl(
-        &broker,
-        &["--add"],
-        "Read",
-        &["--topic", "outboxd.checkpoints"],
-    );
-    grant_write(&broker, "outboxd.checkpoints");
-    acl(
-        &broker,
-        &["--add"],
-        "Write",
-        &["--transactional-id", "outboxd.acl-store.checkpoint"],
-    );
     let (db, mut outboxd) = pipeline(
         "acl-store",
         &broker,
@@ -307,21 +313,7 @@ fn exactly_once_runs_with_exactly_the_grants_the_readme_lists_and_names_the_reco
     checkpoint_topic(&broker);
     // README "Exactly once", Grants: the checkpoint store's grants, plus WRITE on the records'
     // transactional id. WRITE implies DESCRIBE in Kafka's authorizer.
-    grant_write(&broker, "outbox.event.order");
-    grant_write(&broker, "outbox.event.customer");
-    acl(
-        &broker,
-        &["--add"],
-        "Read",
-        &["--topic", "outboxd.checkpoints"],
-    );
-    grant_write(&broker, "outboxd.checkpoints");
-    acl(
-        &broker,
-        &["--add"],
-        "Write",
-        &["--transactional-id", "outboxd.acl-eos.checkpoint"],
-    );
+    grant_checkpoint_store(&broker, "acl-eos");
     let (db, mut outboxd) = pipeline("acl-eos", &broker, &ca, "exactly_once = true", true);
     until_check_passes(&outboxd);
     // Without the records' transactional id: run stops naming it (check cannot ask about
