@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use crate::rig::moto::{config_with_aws, Got, Moto, SECRET_KEY, SESSION_TOKEN};
 use crate::rig::scenario::{
-    check_per_key_order, check_records, insert_rows, kill_9_and_restart, spawn_writer, SCHEMA,
+    check_per_key_order, check_records, insert_rows, kill_9_and_restart, n_of, spawn_writer,
+    transactions, SCHEMA,
 };
 use crate::rig::{free_port, http_get, wait_until, Consumed, MariaDb, Outboxd};
 
@@ -252,18 +253,31 @@ fn a_missing_queue_or_a_message_over_the_queues_size_is_dead_lettered_or_stops_o
     assert_eq!(strict.checkpoint()["position"]["gtid_set"], stopped_at);
 }
 
-#[test]
-fn partial_batch_failures_throttling_and_kill_9s_lose_nothing_and_keep_each_keys_order() {
-    let (db, moto) = servers();
+/// The faults a lane meets, injected together (moto produces none of them): one batch in five
+/// cut short after 3 entries (the rest reported failed, as SQS does under load), one in ten
+/// throttled whole, one in ten with only its first entry failed and the rest stored.
+const BATCH_FAULTS: &str =
+    "aws_batch_partial=20%return(3);aws_batch_throttle=10%return;aws_batch_entry_fails=10%return(InternalError)";
+
+/// `total` rows from several writers into the SQS or SNS (`section`) pipeline `outboxd`, which
+/// meets [`BATCH_FAULTS`] and `kills` kill -9s; every row read back from the FIFO queues in
+/// per-key order, each repeat inside the de-duplication window. Returns the messages read.
+fn rows_survive_batch_faults_and_kills(
+    db: &MariaDb,
+    moto: &Moto,
+    section: &str,
+    total: u64,
+    kills: usize,
+) -> Vec<Consumed> {
     // A checkpoint written once a second: each kill leaves up to a second of stored rows behind
     // it, which the next start sends again (the FIFO queue must drop every one).
     let mut outboxd = Outboxd::with_checkpoint(
-        "sqs-faults",
+        &format!("{section}-faults"),
         &format!(
             "{}{FIFO_ROUTE}",
             config_with_aws(
                 &db.cdc_url(),
-                "sqs",
+                section,
                 &moto.endpoint(),
                 "message_timeout_ms = 20000"
             )
@@ -271,43 +285,174 @@ fn partial_batch_failures_throttling_and_kill_9s_lose_nothing_and_keep_each_keys
         "interval_ms = 1000",
     );
     outboxd.env = Moto::env();
-    // One batch in five is cut short after 3 entries (the rest reported failed, as SQS does
-    // under load), one in ten is throttled whole.
-    outboxd.env.push((
-        "FAILPOINTS".into(),
-        "aws_batch_partial=20%return(3);aws_batch_throttle=10%return".into(),
-    ));
+    outboxd.env.push(("FAILPOINTS".into(), BATCH_FAULTS.into()));
     outboxd.start();
-    // moto's FIFO queues slow down with every message they hold: a load it can keep up with.
-    let total = 600u64;
     let records = std::thread::scope(|scope| {
-        let reader = scope.spawn(|| read_all(&moto, total as usize));
+        let reader = scope.spawn(|| read_all(moto, total as usize));
         let writer = spawn_writer(db.socket_path(), total, &[1, 9, 40], 1);
-        kill_9_and_restart(&mut outboxd, 3);
+        kill_9_and_restart(&mut outboxd, kills);
         writer.join().unwrap();
         let end = db
             .sql_socket("SELECT @@gtid_binlog_pos;")
             .trim()
             .to_string();
-        let start = std::time::Instant::now();
-        while outboxd.checkpoint_or_null()["position"]["gtid_set"] != end.as_str() {
-            assert!(
-                start.elapsed() < Duration::from_secs(180),
-                "the checkpoint did not reach the end; outboxd's log:\n{}",
-                outboxd.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_until(
+            "the checkpoint to reach the end of the binlog",
+            Duration::from_secs(180),
+            || outboxd.checkpoint_or_null()["position"]["gtid_set"] == end.as_str(),
+        );
         reader.join().unwrap()
     });
     let resends = check_records(&records, 0..total);
     // Each repeat carries its row's id as de-duplication id and came within 5 minutes of the
     // first (read_all checks both): SQS drops every one; moto keeps none of deleted messages.
     println!(
-        "sqs: {} messages for {total} rows after 3 kill -9 of outboxd, partial batches and throttling: {resends} resends, each inside SQS's de-duplication window",
+        "{section}: {} messages for {total} rows after {kills} kill -9 of outboxd, partial batches, single-entry failures and throttling: {resends} resends, each inside the de-duplication window",
         records.len()
     );
     check_per_key_order(&records);
+    outboxd.stop();
+    records
+}
+
+#[test]
+fn partial_batch_failures_throttling_and_kill_9s_lose_nothing_and_keep_each_keys_order() {
+    let (db, moto) = servers();
+    // moto's FIFO queues slow down with every message they hold: a load it can keep up with.
+    rows_survive_batch_faults_and_kills(&db, &moto, "sqs", 600, 5);
+}
+
+#[test]
+fn sns_fifo_topics_lose_nothing_and_keep_each_keys_order_across_batch_faults_and_kill_9s() {
+    // Each FIFO topic fans out to the FIFO queue of the same name, which the test reads.
+    let (db, moto) = servers();
+    for kind in ["order", "customer"] {
+        let arn = moto.create_topic(&queue_of(kind));
+        let url = moto.create_queue(&queue_of(kind), &[]);
+        moto.subscribe(&arn, &url);
+    }
+    rows_survive_batch_faults_and_kills(&db, &moto, "sns", 400, 3);
+}
+
+/// A reply that fails a batch's first entry and stores the ones after it (SQS does so under
+/// load) must not put a group's later message ahead of its earlier one; so a FIFO batch holds
+/// at most one message per group. Two keys, so that a batch could hold many of each.
+#[test]
+fn a_reply_failing_only_the_first_entry_of_a_batch_reorders_no_fifo_group() {
+    let (db, moto) = servers();
+    let mut outboxd = pipeline("sqs-first-fails", &db, &moto, "");
+    outboxd.env.push((
+        "FAILPOINTS".into(),
+        "aws_batch_entry_fails=25%return(InternalError)".into(),
+    ));
+    outboxd.start();
+    let total = 200u64;
+    let records = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| read_all(&moto, total as usize));
+        db.sql_socket(&transactions(0, total, 50, |n| {
+            let (id, _, _, payload) = crate::rig::scenario::event(n);
+            format!(
+                "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{id}'), 'order', 'hot-{}', 'Created', '{payload}');",
+                n % 2
+            )
+        }));
+        reader.join().unwrap()
+    });
+    let distinct: std::collections::BTreeSet<u64> = records.iter().map(n_of).collect();
+    assert_eq!(
+        distinct,
+        (0..total).collect(),
+        "every row arrives; outboxd's log:\n{}",
+        outboxd.log()
+    );
+    assert!(
+        outboxd.log().contains("entries of a batch go again"),
+        "the fail point fired"
+    );
+    check_per_key_order(&records);
+    outboxd.stop();
+}
+
+/// An entry refused for a reason every message would meet (a KMS key, a grant) stops outboxd
+/// instead of dead-lettering all traffic; a refusal of one message's own (an invalid value)
+/// dead-letters that message with its reason.
+#[test]
+fn an_entry_refused_by_kms_stops_outboxd_while_an_invalid_entry_is_dead_lettered() {
+    let (db, moto) = servers();
+    moto.create_queue("outboxd-dlq", &[]);
+    let mut outboxd = pipeline(
+        "sqs-refused",
+        &db,
+        &moto,
+        "dead_letter_topic = \"outboxd-dlq\"",
+    );
+    let with_failpoint = |outboxd: &mut Outboxd, failpoints: &str| {
+        outboxd.env.retain(|(k, _)| k != "FAILPOINTS");
+        if !failpoints.is_empty() {
+            outboxd.env.push(("FAILPOINTS".into(), failpoints.into()));
+        }
+    };
+    // One entry refused as invalid: parked with its reason, the rest delivered.
+    with_failpoint(
+        &mut outboxd,
+        "aws_batch_entry_fails=1*return(InvalidParameterValue)",
+    );
+    outboxd.start();
+    let delivered = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| read_all(&moto, 19));
+        insert_rows(&db, 0, 20, 20);
+        reader.join().unwrap()
+    });
+    let parked = moto.read("outboxd-dlq", 1, READ_LIMIT);
+    assert_eq!(parked.len(), 1, "{}", outboxd.log());
+    assert!(
+        parked[0]
+            .attribute("outboxd.reason")
+            .is_some_and(|r| r.starts_with("refused: InvalidParameterValue")),
+        "{parked:?}"
+    );
+    let mut all: Vec<u64> = delivered.iter().map(n_of).collect();
+    all.push(n_of(&parked[0].as_consumed("outbox.event.order", 0)));
+    all.sort();
+    all.dedup();
+    assert_eq!(all, (0..20).collect::<Vec<_>>());
+    let first = db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    wait_until("the first rows checkpointed", READ_LIMIT, || {
+        outboxd.checkpoint_or_null()["position"]["gtid_set"] == first.as_str()
+    });
+    outboxd.stop();
+
+    // Every entry refused by KMS: outboxd stops naming the code and what to grant, parks
+    // nothing, and keeps its checkpoint before the rows.
+    with_failpoint(
+        &mut outboxd,
+        "aws_batch_entry_fails=return(KMS.DisabledException)",
+    );
+    outboxd.start();
+    insert_rows(&db, 20, 30, 10);
+    let status = outboxd.wait_exit(Duration::from_secs(60));
+    let log = outboxd.log();
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("KMS.DisabledException"), "{log}");
+    assert!(
+        !log.contains("sent to the dead-letter destination"),
+        "a refusal every message meets parks none: {log}"
+    );
+    assert!(log.contains("a KMS key they may use"), "{log}");
+    assert_eq!(outboxd.checkpoint()["position"]["gtid_set"], first.as_str());
+    assert!(moto.take("outboxd-dlq").is_empty(), "nothing parked");
+
+    // Once the key is usable again, the rows arrive.
+    with_failpoint(&mut outboxd, "");
+    outboxd.start();
+    let rest = read_all(&moto, 10);
+    let mut ns: Vec<u64> = rest.iter().map(n_of).collect();
+    ns.sort();
+    ns.dedup();
+    assert_eq!(ns, (20..30).collect::<Vec<_>>());
     outboxd.stop();
 }
 

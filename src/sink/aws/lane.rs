@@ -208,25 +208,29 @@ impl Lane {
         let client = self.client.clone();
         let destination = self.destination.clone();
         async move {
-            let reply = match injected(batch.len()) {
-                Some(Err(failure)) => Err(failure),
-                Some(Ok(0)) => Ok(vec![injected_failure(); batch.len()]),
-                Some(Ok(sent)) => {
-                    let messages: Vec<&Message> =
-                        batch[..sent].iter().map(|e| &e.message).collect();
-                    client
-                        .send_batch(&destination, &messages)
-                        .await
-                        .map(|mut outcomes| {
-                            outcomes.resize(batch.len(), injected_failure());
-                            outcomes
-                        })
-                }
-                None => {
-                    let messages: Vec<&Message> = batch.iter().map(|e| &e.message).collect();
-                    client.send_batch(&destination, &messages).await
-                }
+            // A fail point may send only entries `skip..sent` and answer for the others: the
+            // head with `head`, the tail with `tail`.
+            let (skip, sent, head, tail) = match injected(batch.len()) {
+                None => (0, batch.len(), None, None),
+                Some(Injected::Refused(failure)) => return (batch, Err(failure)),
+                Some(Injected::FirstOf(k)) => (0, k, None, Some(injected_failure())),
+                Some(Injected::AllButFirst(first)) => (1, batch.len(), Some(first), None),
             };
+            let messages: Vec<&Message> = batch[skip..sent].iter().map(|e| &e.message).collect();
+            let reply = if messages.is_empty() {
+                Ok(Vec::new())
+            } else {
+                client.send_batch(&destination, &messages).await
+            };
+            let reply = reply.map(|outcomes| {
+                head.into_iter()
+                    .chain(outcomes)
+                    .chain(std::iter::repeat_n(
+                        tail.unwrap_or(Outcome::Stored),
+                        batch.len() - sent,
+                    ))
+                    .collect()
+            });
             (batch, reply)
         }
         .boxed()
@@ -292,6 +296,9 @@ impl Lane {
             }
         }
         let pause = !again.is_empty() && !progress;
+        if let Some(first) = failed_from {
+            tracing::debug!(destination = %self.destination.name, again = again.len(), first_failed = first, "entries of a batch go again");
+        }
         requeue(pending, again);
         Ok(pause)
     }
@@ -378,12 +385,25 @@ fn requeue(pending: &mut VecDeque<Entry>, entries: Vec<Entry>) {
     }
 }
 
-/// The fail points of the AWS sinks' tests (no AWS-compatible server fails part of a batch or
-/// throttles): `aws_batch_throttle` fails a whole batch as throttled before it is sent;
-/// `aws_batch_partial(k)` sends only the first k entries and reports the rest failed
-/// (`InternalError`, as SQS does). `None`: send as it is; `Some(Ok(k))`: send the first k.
-fn injected(len: usize) -> Option<std::result::Result<usize, Failure>> {
-    fail::fail_point!("aws_batch_throttle", |_| Some(Err(Failure {
+/// What a fail point does to a batch.
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+enum Injected {
+    /// The whole call fails (throttled) before anything is sent.
+    Refused(Failure),
+    /// Only the first k entries are sent; the rest are reported failed (`InternalError`).
+    FirstOf(usize),
+    /// Entry 0 is not sent and is reported with this outcome; the others are sent.
+    AllButFirst(Outcome),
+}
+
+/// The fail points of the AWS sinks' tests (no AWS-compatible server fails part of a batch,
+/// refuses one entry or throttles): `aws_batch_throttle` fails a whole batch as throttled before
+/// it is sent; `aws_batch_partial(k)` sends only the first k entries and reports the rest failed
+/// (`InternalError`, as SQS does); `aws_batch_entry_fails(code)` reports entry 0 failed with the
+/// error code `code` (classed as a reply's would be) and sends the others, which is the reply that
+/// reorders a FIFO group when one batch holds two of its messages.
+fn injected(len: usize) -> Option<Injected> {
+    fail::fail_point!("aws_batch_throttle", |_| Some(Injected::Refused(Failure {
         code: "ThrottlingException".into(),
         text: "ThrottlingException: injected by the fail point aws_batch_throttle".into(),
         transient: true,
@@ -391,7 +411,17 @@ fn injected(len: usize) -> Option<std::result::Result<usize, Failure>> {
     })));
     fail::fail_point!("aws_batch_partial", |arg: Option<String>| {
         let k = arg.and_then(|a| a.parse().ok()).unwrap_or(1usize);
-        Some(Ok(k.min(len)))
+        Some(Injected::FirstOf(k.min(len)))
+    });
+    fail::fail_point!("aws_batch_entry_fails", |arg: Option<String>| {
+        let code = arg.unwrap_or_else(|| "InternalError".into());
+        Some(Injected::AllButFirst(Outcome::Failed(
+            super::service::entry_failure(
+                &code,
+                Some("injected by the fail point aws_batch_entry_fails"),
+                true,
+            ),
+        )))
     });
     let _ = len;
     None

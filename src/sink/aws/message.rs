@@ -300,4 +300,28 @@ mod tests {
         let kept = m.dead_letter("orders", "unroutable", true);
         assert_eq!(kept.body, "payload");
     }
+
+    #[test]
+    fn a_dead_letter_keeps_to_ten_attributes_and_its_reason_wins_over_the_position() {
+        // Eight attributes and the position: the most a message carries.
+        let mut full = record(Some(b"k"), Some(b"payload"), "e-7");
+        for h in 0..5 {
+            full.headers
+                .insert(1, (format!("h{h}"), Some(b"x".to_vec())));
+        }
+        let m = Message::new(&full);
+        assert_eq!(m.attributes.len(), 9);
+        assert!(m.attributes.iter().any(|(n, _)| n == POSITION_HEADER));
+        // Kept body: the reason is the tenth.
+        let kept = m.dead_letter("orders", "unroutable", true);
+        assert_eq!(kept.attributes.len(), MAX_ATTRIBUTES);
+        assert!(kept.attributes.iter().any(|(n, _)| n == POSITION_HEADER));
+        // Body left out: the reason and `outboxd.body = omitted` take the position's place.
+        let omitted = m.dead_letter("orders", "too_large: 300000 bytes", false);
+        assert_eq!(omitted.attributes.len(), MAX_ATTRIBUTES, "{omitted:?}");
+        assert!(omitted.attributes.iter().all(|(n, _)| n != POSITION_HEADER));
+        for name in [REASON_ATTRIBUTE, BODY_ATTRIBUTE, ID_HEADER, KEY_ATTRIBUTE] {
+            assert!(omitted.attributes.iter().any(|(n, _)| n == name), "{name}");
+        }
+    }
 }

@@ -383,7 +383,8 @@ fn missing_code(code: &str) -> bool {
     )
 }
 
-fn entry_failure(code: &str, message: Option<&str>, sender_fault: bool) -> Failure {
+/// One refused entry of a reply (`sender_fault`: the service blames the request), classed.
+pub(super) fn entry_failure(code: &str, message: Option<&str>, sender_fault: bool) -> Failure {
     Failure {
         code: code.to_string(),
         text: format!("{code}: {}", message.unwrap_or("(no message)")),
