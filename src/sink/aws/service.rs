@@ -192,7 +192,10 @@ impl Client {
         destination: &Destination,
         messages: &[&Message],
     ) -> std::result::Result<Vec<Outcome>, Failure> {
-        let (stored, failed): (Vec<String>, Vec<(String, Failure)>) = match self {
+        let failed = |id: &str, code: &str, message: Option<&str>, sender_fault: bool| {
+            (id.to_string(), entry_failure(code, message, sender_fault))
+        };
+        match self {
             Client::Sqs(sqs) => {
                 let entries = messages
                     .iter()
@@ -206,23 +209,14 @@ impl Client {
                     .send()
                     .await
                     .map_err(|e| failure("SendMessageBatch", e))?;
-                (
-                    answer
-                        .successful()
-                        .iter()
-                        .map(|s| s.id().to_string())
-                        .collect(),
+                Ok(outcomes(
+                    messages.len(),
+                    answer.successful().iter().map(|s| s.id()),
                     answer
                         .failed()
                         .iter()
-                        .map(|f| {
-                            (
-                                f.id().to_string(),
-                                entry_failure(f.code(), f.message(), f.sender_fault()),
-                            )
-                        })
-                        .collect(),
-                )
+                        .map(|f| failed(f.id(), f.code(), f.message(), f.sender_fault())),
+                ))
             }
             Client::Sns(sns, _) => {
                 let entries = messages
@@ -237,52 +231,52 @@ impl Client {
                     .send()
                     .await
                     .map_err(|e| failure("PublishBatch", e))?;
-                (
-                    answer
-                        .successful()
-                        .iter()
-                        .filter_map(|s| s.id().map(str::to_string))
-                        .collect(),
+                Ok(outcomes(
+                    messages.len(),
+                    answer.successful().iter().filter_map(|s| s.id()),
                     answer
                         .failed()
                         .iter()
-                        .map(|f| {
-                            (
-                                f.id().to_string(),
-                                entry_failure(f.code(), f.message(), f.sender_fault()),
-                            )
-                        })
-                        .collect(),
-                )
-            }
-        };
-        let mut outcomes = vec![None; messages.len()];
-        for id in stored {
-            if let Some(slot) = id.parse::<usize>().ok().and_then(|i| outcomes.get_mut(i)) {
-                *slot = Some(Outcome::Stored);
+                        .map(|f| failed(f.id(), f.code(), f.message(), f.sender_fault())),
+                ))
             }
         }
-        for (id, why) in failed {
-            if let Some(slot) = id.parse::<usize>().ok().and_then(|i| outcomes.get_mut(i)) {
-                *slot = Some(Outcome::Failed(why));
-            }
+    }
+}
+
+/// A batch reply's entries, by the ids outboxd gave them (their places in the batch), as one
+/// outcome per message in order. An entry the reply does not mention was not stored as far as
+/// outboxd can tell: sent again (FIFO drops the repeat by its de-duplication id).
+fn outcomes<'a>(
+    len: usize,
+    stored: impl Iterator<Item = &'a str>,
+    failed: impl Iterator<Item = (String, Failure)>,
+) -> Vec<Outcome> {
+    let mut outcomes = vec![None; len];
+    let mut settle = |id: &str, outcome: Outcome| {
+        if let Some(slot) = id.parse::<usize>().ok().and_then(|i| outcomes.get_mut(i)) {
+            *slot = Some(outcome);
         }
-        // An entry the reply does not mention was not stored as far as outboxd can tell: sent
-        // again (FIFO drops the repeat by its de-duplication id).
-        Ok(outcomes
-            .into_iter()
-            .map(|o| {
-                o.unwrap_or_else(|| {
-                    Outcome::Failed(Failure {
-                        code: "NotInReply".into(),
-                        text: "the batch reply does not mention this entry".into(),
-                        transient: true,
-                        missing: false,
-                    })
+    };
+    for id in stored {
+        settle(id, Outcome::Stored);
+    }
+    for (id, why) in failed {
+        settle(&id, Outcome::Failed(why));
+    }
+    outcomes
+        .into_iter()
+        .map(|o| {
+            o.unwrap_or_else(|| {
+                Outcome::Failed(Failure {
+                    code: "NotInReply".into(),
+                    text: "the batch reply does not mention this entry".into(),
+                    transient: true,
+                    missing: false,
                 })
             })
-            .collect())
-    }
+        })
+        .collect()
 }
 
 /// One batch entry, for either SDK: their entry and attribute types are twins generated from the
@@ -503,4 +497,25 @@ pub async fn sdk_config(config: &AwsConfig) -> Result<aws_config::SdkConfig> {
         .remedy("set region = \"eu-west-1\" in the section (or AWS_REGION)"));
     }
     Ok(sdk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_settles_entries_by_their_ids_and_one_it_does_not_mention_goes_again() {
+        let refused = entry_failure("InvalidParameterValue", Some("bad attribute"), true);
+        let got = outcomes(
+            4,
+            ["2", "0", "9", "x"].into_iter(),
+            [("1".to_string(), refused)].into_iter(),
+        );
+        assert!(matches!(got[0], Outcome::Stored));
+        assert!(
+            matches!(&got[1], Outcome::Failed(f) if !f.transient && f.text == "InvalidParameterValue: bad attribute")
+        );
+        assert!(matches!(got[2], Outcome::Stored));
+        assert!(matches!(&got[3], Outcome::Failed(f) if f.transient && f.code == "NotInReply"));
+    }
 }
