@@ -21,6 +21,9 @@
 //!   settings (RabbitMQ: persistent, mandatory, confirms, a window of 10,000; NATS: `Nats-Msg-Id`,
 //!   every `PubAck` awaited; Redis: `MULTI`/`EXEC` batches of 1,000), interleaved run by run.
 //!
+//! - the SQS and SNS sinks (`--only aws`) on moto: outboxd's CPU per 1,000 messages beside the AWS
+//!   SDK's alone (`aws.rs`; moto sets the rate).
+//!
 //! - Debezium 3.5 under Kafka Connect (`--only debezium`) and outboxd draining the same MariaDB
 //!   backlogs (1-, 10- and 100-row transactions) into the same Apache Kafka, interleaved run by run.
 //!
@@ -30,6 +33,9 @@
 #[allow(dead_code, unused_imports)]
 #[path = "../tests/rig/mod.rs"]
 mod rig;
+
+#[path = "throughput/aws.rs"]
+mod aws;
 
 #[path = "throughput/checkpoint_scan.rs"]
 mod checkpoint_scan;
@@ -265,7 +271,7 @@ struct Args {
     /// `--profile DIR`: every timed outboxd run is recorded by `perf record -g` into DIR.
     profile: Option<String>,
     /// `--only a,b`: run only these sections (drain, huge, raw, relay, postgres, latency, restart,
-    /// eos, peer, sinks, checkpoint).
+    /// eos, peer, sinks, aws, checkpoint).
     only: Option<Vec<String>>,
     /// `--baseline PATH[=LABEL]`: also drain every backlog with this outboxd binary (an older
     /// build), interleaved with this build's runs, for a before/after in one run.
@@ -561,6 +567,11 @@ fn main() {
     if sink("redis") {
         rows.extend(redis_section(&db, &rt, loaded, n, record_bytes));
         loaded += n;
+    }
+    if args.wants("aws") {
+        let aws_rows = aws::rows(quick);
+        rows.extend(aws::section(&db, &rt, loaded, aws_rows, record_bytes));
+        loaded += aws_rows;
     }
 
     if args.wants("debezium") {

@@ -373,6 +373,38 @@ fn a_reply_failing_only_the_first_entry_of_a_batch_reorders_no_fifo_group() {
     outboxd.stop();
 }
 
+/// One hot key on a FIFO queue goes one round trip at a time (a batch holds one message per
+/// group), so a backlog of it waits in the lane far longer than `message_timeout_ms`. The timeout
+/// counts from a message's first send, not from when it joined the lane: waiting its turn ends
+/// no session (before, each session ended after a second and sent its rows again).
+#[test]
+fn a_backlog_of_one_hot_fifo_group_waits_its_turn_without_ending_the_session() {
+    let (db, moto) = servers();
+    let mut outboxd = pipeline("sqs-hot", &db, &moto, "message_timeout_ms = 1000");
+    outboxd.start();
+    let total = 400u64;
+    let records = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| read_all(&moto, total as usize));
+        db.sql_socket(&transactions(0, total, 100, |n| {
+            let (id, _, _, payload) = crate::rig::scenario::event(n);
+            format!(
+                "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{id}'), 'order', 'hot', 'Created', '{payload}');"
+            )
+        }));
+        reader.join().unwrap()
+    });
+    let distinct: std::collections::BTreeSet<u64> = records.iter().map(n_of).collect();
+    assert_eq!(distinct, (0..total).collect(), "{}", outboxd.log());
+    check_per_key_order(&records);
+    let log = outboxd.log();
+    assert!(
+        !log.contains("session ended"),
+        "a message waiting its turn ended the session:\n{log}"
+    );
+    assert_eq!(records.len(), total as usize, "nothing was sent twice");
+    outboxd.stop();
+}
+
 /// An entry refused for a reason every message would meet (a KMS key, a grant) stops outboxd
 /// instead of dead-lettering all traffic; a refusal of one message's own (an invalid value)
 /// dead-letters that message with its reason.
@@ -411,8 +443,10 @@ fn an_entry_refused_by_kms_stops_outboxd_while_an_invalid_entry_is_dead_lettered
             .is_some_and(|r| r.starts_with("refused: InvalidParameterValue")),
         "{parked:?}"
     );
+    let parked_n = n_of(&parked[0].as_consumed("outbox.event.order", 0));
     let mut all: Vec<u64> = delivered.iter().map(n_of).collect();
-    all.push(n_of(&parked[0].as_consumed("outbox.event.order", 0)));
+    assert!(!all.contains(&parked_n), "the parked row is not delivered");
+    all.push(parked_n);
     all.sort();
     all.dedup();
     assert_eq!(all, (0..20).collect::<Vec<_>>());
@@ -449,7 +483,9 @@ fn an_entry_refused_by_kms_stops_outboxd_while_an_invalid_entry_is_dead_lettered
     with_failpoint(&mut outboxd, "");
     outboxd.start();
     let rest = read_all(&moto, 10);
-    let mut ns: Vec<u64> = rest.iter().map(n_of).collect();
+    // (A late repeat of an earlier row may come too: moto drops repeats only while the first
+    // copy is still in the queue.)
+    let mut ns: Vec<u64> = rest.iter().map(n_of).filter(|n| *n >= 20).collect();
     ns.sort();
     ns.dedup();
     assert_eq!(ns, (20..30).collect::<Vec<_>>());
@@ -478,7 +514,7 @@ fn a_frozen_endpoint_past_the_message_timeout_resumes_without_losing_a_row() {
         wait_until(
             "the delivery timeout to end a session",
             Duration::from_secs(60),
-            || outboxd.log().contains("waited"),
+            || outboxd.log().contains("still not stored"),
         );
         moto.thaw();
         reader.join().unwrap()

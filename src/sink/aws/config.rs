@@ -106,7 +106,9 @@ impl AwsConfig {
             max_in_flight_bytes: self.max_in_flight_bytes,
             drain_timeout_ms: self.drain_timeout_ms,
             dead_letter_topic: self.dead_letter_topic.clone(),
-            timeout: Some(self.message_timeout()),
+            // Each lane times its messages from their first send (lane.rs): the session's
+            // watchdog would count the wait of a FIFO group's backlog for its turn.
+            timeout: None,
         }
     }
 

@@ -1,22 +1,26 @@
 //! A lane: one task per destination that turns the messages handed to it into batches of up to
 //! 10, sends them, and settles each entry from the batch's reply.
 //!
-//! Order on a FIFO destination: two batches in flight never share a message group, and a batch
-//! takes a group's messages only in the order they came, so a group's messages are stored in
-//! that order whatever the replies do. A reply that fails an entry: the entries before it are
-//! stored (acknowledged); that entry and every entry after it in the batch go back to the front,
-//! in order, and are sent again with the same de-duplication ids (an entry after the failure
-//! that was stored is dropped by SQS/SNS as a repeat). Resending only the failed entries would
-//! put a group's later message ahead of its earlier one. On a standard destination only the
-//! failed entries go back (order is best-effort there; a resend of a stored one would be a
-//! duplicate).
+//! Order on a FIFO destination: a batch holds at most one message per group, two batches in
+//! flight never share a group, and a batch takes a group's messages only in the order they came.
+//! A reply that fails some entries (a 200 with `Failed` entries): the stored ones are
+//! acknowledged, the failed ones go back to the front, in order, and are sent again with the same
+//! de-duplication ids. No group's later message can pass its earlier one: it was never in the
+//! same batch, and it waits behind the failed one. (With two messages of a group in one batch, a
+//! reply that fails the first and stores the second would reorder the group, whatever is sent
+//! again: test `a_reply_failing_only_the_first_entry_of_a_batch_reorders_no_fifo_group`.)
 //!
 //! A failure time heals (throttling, a server error, no answer) pauses the lane with a growing
-//! backoff; the session's watchdog ends the session when a message waits longer than
-//! `message_timeout_ms`. A refused entry (too large, an attribute the service refuses) goes to
+//! backoff. The lane ends the session when a message sent once is still not stored
+//! `message_timeout_ms` after its first send; the next session sends it again from the
+//! checkpoint. The clock starts at the first send, not when the message joined the lane: a FIFO
+//! group goes one message per round trip, so a backlog of one hot key waits its turn far longer
+//! than any timeout that would still catch a silent endpoint, and waiting is not failing
+//! (test `a_backlog_of_one_hot_fifo_group_waits_its_turn_without_ending_the_session`). The
+//! limit (at most 4 minutes) keeps every resend inside FIFO's 5-minute de-duplication window. A refused entry (too large, an attribute the service refuses) goes to
 //! the dead-letter destination with its reason, or stops outboxd naming it: never sent forever.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,6 +42,9 @@ pub const BATCH_ENTRIES: usize = 10;
 /// How far into the waiting messages a batch looks for ones it may take.
 const LOOK_AHEAD: usize = 1_000;
 
+/// How often a lane looks for a message past its timeout.
+const TIMEOUT_TICK: Duration = Duration::from_millis(250);
+
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -49,6 +56,8 @@ pub struct Entry {
     pub message: Message,
     pub size: usize,
     pub enqueued: Instant,
+    /// When it was first sent to this destination (its timeout counts from then).
+    pub sent: Option<Instant>,
     /// A dead letter already: a refusal stops outboxd.
     pub dead_lettered: bool,
     pub _room: Room,
@@ -62,6 +71,7 @@ impl Entry {
             size: message.size(),
             message,
             enqueued: Instant::now(),
+            sent: None,
             dead_lettered: false,
             _room: room,
         }
@@ -73,9 +83,11 @@ impl Entry {
         if message.size() > max_bytes {
             message = self.message.dead_letter(&self.topic, why, false);
         }
+        // A new message to another destination: its clock starts when it is first sent there.
         Entry {
             size: message.size(),
             message,
+            sent: None,
             dead_lettered: true,
             ..self
         }
@@ -99,6 +111,8 @@ pub struct Lane {
     pub acks: Arc<dyn Acks>,
     pub metrics: Arc<Metrics>,
     pub max_batches: usize,
+    /// `message_timeout_ms`: how long a message may stay unstored after its first send.
+    pub timeout: Duration,
 }
 
 impl Lane {
@@ -111,18 +125,26 @@ impl Lane {
         let mut paused_until: Option<tokio::time::Instant> = None;
         let mut backoff = FIRST_BACKOFF;
         let mut open = true;
+        // The first send of the oldest message of each batch in flight (and how many batches
+        // share it).
+        let mut flying: BTreeMap<Instant, usize> = BTreeMap::new();
+        let mut tick = tokio::time::interval(TIMEOUT_TICK.min(self.timeout));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             while paused_until.is_none() && in_flight.len() < self.max_batches {
-                let batch = self.take_batch(&mut pending, &busy);
+                let mut batch = self.take_batch(&mut pending, &busy);
                 if batch.is_empty() {
                     break;
                 }
                 if self.destination.fifo {
                     busy.extend(batch.iter().map(|e| e.message.group.clone()));
                 }
-                for _ in &batch {
+                let now = Instant::now();
+                for entry in &mut batch {
+                    entry.sent.get_or_insert(now);
                     self.metrics.produced();
                 }
+                *flying.entry(first_sent(&batch)).or_default() += 1;
                 in_flight.push(self.send(batch));
             }
             if !open && pending.is_empty() && in_flight.is_empty() {
@@ -140,6 +162,13 @@ impl Lane {
                     None => open = false,
                 },
                 Some((batch, reply)) = in_flight.next(), if !in_flight.is_empty() => {
+                    let sent = first_sent(&batch);
+                    if let Some(n) = flying.get_mut(&sent) {
+                        *n -= 1;
+                        if *n == 0 {
+                            flying.remove(&sent);
+                        }
+                    }
                     if self.destination.fifo {
                         for entry in &batch {
                             busy.remove(&entry.message.group);
@@ -161,6 +190,21 @@ impl Lane {
                     }
                 }
                 () = pause => paused_until = None,
+                _ = tick.tick() => {
+                    // In flight, or sent and waiting to go again (never-sent ones do not count).
+                    let oldest = flying
+                        .keys()
+                        .next()
+                        .copied()
+                        .into_iter()
+                        .chain(pending.iter().filter_map(|e| e.sent))
+                        .min();
+                    if let Some(age) = oldest.map(|at| at.elapsed()).filter(|age| *age > self.timeout) {
+                        self.metrics.delivery_error();
+                        self.acks.failed(self.overdue(age, in_flight.len()));
+                        return;
+                    }
+                }
             }
             while let Ok(entry) = queue.try_recv() {
                 pending.push_back(entry);
@@ -226,7 +270,7 @@ impl Lane {
                 head.into_iter()
                     .chain(outcomes)
                     .chain(std::iter::repeat_n(
-                        tail.unwrap_or(Outcome::Stored),
+                        tail.unwrap_or_else(injected_failure),
                         batch.len() - sent,
                     ))
                     .collect()
@@ -244,7 +288,7 @@ impl Lane {
         reply: std::result::Result<Vec<Outcome>, Failure>,
         pending: &mut VecDeque<Entry>,
     ) -> Result<bool> {
-        let outcomes = match reply {
+        let mut outcomes = match reply {
             Ok(outcomes) => outcomes,
             Err(failure) if failure.transient => {
                 tracing::debug!(destination = %self.destination.name, error = %failure.text, "a batch goes again after a pause");
@@ -264,26 +308,23 @@ impl Lane {
             }
             Err(failure) => return Err(self.refused(&failure)),
         };
-        let fifo = self.destination.fifo;
+        // One outcome per entry: an entry without one goes again.
+        outcomes.resize_with(batch.len(), || {
+            Outcome::Failed(super::service::not_in_reply())
+        });
         let mut again = Vec::new();
-        let mut failed_from: Option<usize> = None;
         let mut progress = false;
-        for (i, (entry, outcome)) in batch.into_iter().zip(outcomes).enumerate() {
+        for (entry, outcome) in batch.into_iter().zip(outcomes) {
             match outcome {
-                Outcome::Stored if failed_from.is_none() || !fifo => {
+                Outcome::Stored => {
                     progress = true;
                     self.stored(entry)
                 }
-                // FIFO, after an earlier failure in the batch: sent again (a stored one is a
-                // repeat SQS/SNS drop).
-                Outcome::Stored => again.push(entry),
-                Outcome::Failed(f) if f.transient => {
-                    failed_from.get_or_insert(i);
-                    again.push(entry);
-                }
+                // Before the transient case: a KMS key or a grant refused on an entry stops
+                // outboxd even when the reply does not blame the sender.
                 Outcome::Failed(f) if destination_wide(&f.code) => return Err(self.refused(&f)),
+                Outcome::Failed(f) if f.transient => again.push(entry),
                 Outcome::Failed(f) => {
-                    failed_from.get_or_insert(i);
                     let why = if f.code.contains("TooLong") || f.text.contains("too long") {
                         format!("too_large: {}", f.text)
                     } else {
@@ -296,11 +337,25 @@ impl Lane {
             }
         }
         let pause = !again.is_empty() && !progress;
-        if let Some(first) = failed_from {
-            tracing::debug!(destination = %self.destination.name, again = again.len(), first_failed = first, "entries of a batch go again");
+        if !again.is_empty() {
+            tracing::debug!(destination = %self.destination.name, again = again.len(), "entries of a batch go again");
         }
         requeue(pending, again);
         Ok(pause)
+    }
+
+    /// The session-ending error for a message still unstored `age` after its first send.
+    fn overdue(&self, age: Duration, batches: usize) -> Error {
+        let service = self.client.service();
+        Error::sink(format!(
+            "a message to the {} {:?} is still not stored {age:?} after it was first sent ({batches} batch(es) in flight; {}.message_timeout_ms is {} ms)",
+            service.noun(),
+            self.destination.name,
+            service.section(),
+            self.timeout.as_millis()
+        ))
+        .remedy("outboxd sends again from the checkpoint (FIFO drops repeats by their de-duplication id within 5 minutes); check the endpoint, the network and throttling")
+        .transient()
     }
 
     fn stored(&self, entry: Entry) {
@@ -357,6 +412,15 @@ impl Lane {
     }
 }
 
+/// The first send of a batch's oldest message (every entry of a batch taken has one).
+fn first_sent(batch: &[Entry]) -> Instant {
+    batch
+        .iter()
+        .filter_map(|e| e.sent)
+        .min()
+        .unwrap_or_else(Instant::now)
+}
+
 fn injected_failure() -> Outcome {
     Outcome::Failed(Failure {
         code: "InternalError".into(),
@@ -367,15 +431,18 @@ fn injected_failure() -> Outcome {
 }
 
 /// Refusals that would meet every message (a KMS key or a grant): they stop outboxd instead of
-/// dead-lettering all traffic.
+/// dead-lettering all traffic. SQS spells KMS codes `KMS.DisabledException` or `KmsDisabled`;
+/// throttling and unavailability (`KmsThrottled`, `KMSUnavailable`) pass and are retried.
 fn destination_wide(code: &str) -> bool {
-    code.starts_with("KMS")
-        || code.contains("AccessDenied")
-        || code.contains("AuthorizationError")
-        || matches!(
-            code,
-            "InvalidClientTokenId" | "UnrecognizedClientException" | "ExpiredToken"
-        )
+    let lower = code.to_ascii_lowercase();
+    !super::service::transient_code(code)
+        && (lower.starts_with("kms")
+            || lower.contains("accessdenied")
+            || lower.contains("authorizationerror")
+            || matches!(
+                code,
+                "InvalidClientTokenId" | "UnrecognizedClientException" | "ExpiredToken"
+            ))
 }
 
 /// Puts `entries` back at the front, in their order.
@@ -425,4 +492,35 @@ fn injected(len: usize) -> Option<Injected> {
     });
     let _ = len;
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::destination_wide;
+
+    #[test]
+    fn kms_and_grant_refusals_stop_in_either_spelling_while_throttling_and_bad_entries_pass() {
+        for code in [
+            "KMS.DisabledException",
+            "KmsDisabled",
+            "KmsAccessDenied",
+            "KMS.NotFoundException",
+            "AccessDenied",
+            "AccessDeniedException",
+            "AuthorizationError",
+            "ExpiredToken",
+        ] {
+            assert!(destination_wide(code), "{code}");
+        }
+        for code in [
+            "KmsThrottled",
+            "KMSThrottlingException",
+            "KMSUnavailable",
+            "InvalidParameterValue",
+            "InvalidMessageContents",
+            "InternalError",
+        ] {
+            assert!(!destination_wide(code), "{code}");
+        }
+    }
 }

@@ -237,6 +237,7 @@ impl AwsSink {
             acks: self.acks.clone(),
             metrics: self.metrics.clone(),
             max_batches: self.config.max_batches_in_flight,
+            timeout: self.config.message_timeout(),
         };
         let task = tokio::spawn(lane.run(entries));
         self.lanes

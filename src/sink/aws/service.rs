@@ -254,7 +254,9 @@ fn outcomes<'a>(
 ) -> Vec<Outcome> {
     let mut outcomes = vec![None; len];
     let mut settle = |id: &str, outcome: Outcome| {
-        if let Some(slot) = id.parse::<usize>().ok().and_then(|i| outcomes.get_mut(i)) {
+        // Only the ids outboxd gave ("0" to "9"), spelled as it spelled them.
+        let place = id.parse::<usize>().ok().filter(|i| i.to_string() == id);
+        if let Some(slot) = place.and_then(|i| outcomes.get_mut(i)) {
             *slot = Some(outcome);
         }
     };
@@ -266,17 +268,18 @@ fn outcomes<'a>(
     }
     outcomes
         .into_iter()
-        .map(|o| {
-            o.unwrap_or_else(|| {
-                Outcome::Failed(Failure {
-                    code: "NotInReply".into(),
-                    text: "the batch reply does not mention this entry".into(),
-                    transient: true,
-                    missing: false,
-                })
-            })
-        })
+        .map(|o| o.unwrap_or_else(|| Outcome::Failed(not_in_reply())))
         .collect()
+}
+
+/// The failure of an entry a batch reply does not answer for: transient, so it goes again.
+pub(super) fn not_in_reply() -> Failure {
+    Failure {
+        code: "NotInReply".into(),
+        text: "the batch reply does not mention this entry".into(),
+        transient: true,
+        missing: false,
+    }
 }
 
 /// One batch entry, for either SDK: their entry and attribute types are twins generated from the
@@ -346,7 +349,7 @@ fn sns_entry(
 }
 
 /// Codes that time heals: throttling, the service's own trouble, credentials being refreshed.
-fn transient_code(code: &str) -> bool {
+pub(super) fn transient_code(code: &str) -> bool {
     let code = code.rsplit('.').next().unwrap_or(code);
     code.contains("Throttl")
         || matches!(
@@ -506,16 +509,20 @@ mod tests {
     #[test]
     fn a_reply_settles_entries_by_their_ids_and_one_it_does_not_mention_goes_again() {
         let refused = entry_failure("InvalidParameterValue", Some("bad attribute"), true);
+        let lost = entry_failure("InternalError", None, false);
+        // "3" both stored and failed: failed wins, so it is sent again rather than taken as
+        // stored; "+3" and "03" are not ids outboxd gave.
         let got = outcomes(
-            4,
-            ["2", "0", "9", "x"].into_iter(),
-            [("1".to_string(), refused)].into_iter(),
+            5,
+            ["2", "0", "9", "x", "3", "+4", "04"].into_iter(),
+            [("1".to_string(), refused), ("3".to_string(), lost)].into_iter(),
         );
         assert!(matches!(got[0], Outcome::Stored));
         assert!(
             matches!(&got[1], Outcome::Failed(f) if !f.transient && f.text == "InvalidParameterValue: bad attribute")
         );
         assert!(matches!(got[2], Outcome::Stored));
-        assert!(matches!(&got[3], Outcome::Failed(f) if f.transient && f.code == "NotInReply"));
+        assert!(matches!(&got[3], Outcome::Failed(f) if f.transient && f.code == "InternalError"));
+        assert!(matches!(&got[4], Outcome::Failed(f) if f.transient && f.code == "NotInReply"));
     }
 }
