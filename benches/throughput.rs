@@ -21,8 +21,8 @@
 //!   settings (RabbitMQ: persistent, mandatory, confirms, a window of 10,000; NATS: `Nats-Msg-Id`,
 //!   every `PubAck` awaited; Redis: `MULTI`/`EXEC` batches of 1,000), interleaved run by run.
 //!
-//! - the SQS and SNS sinks (`--only aws`) on moto: outboxd's CPU per 1,000 messages beside the AWS
-//!   SDK's alone (`aws.rs`; moto sets the rate).
+//! - the SNS sink (`--only aws`) on moto: outboxd's CPU per 1,000 messages beside the AWS SDK's
+//!   alone (`aws.rs` says why SNS and not SQS; moto sets the rate).
 //!
 //! - Debezium 3.5 under Kafka Connect (`--only debezium`) and outboxd draining the same MariaDB
 //!   backlogs (1-, 10- and 100-row transactions) into the same Apache Kafka, interleaved run by run.

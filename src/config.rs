@@ -1100,6 +1100,10 @@ endpoint_url = "https://u:s3cret-endpoint@sqs.example"
         assert_eq!(c.sink().name(), "sqs");
         let Some(sqs) = &c.sqs else { unreachable!() };
         assert_eq!(sqs.max_batches_in_flight, 3);
+        // A window of 1,000, and no session watchdog: each lane times its messages from their
+        // first send.
+        assert_eq!(c.delivery().max_in_flight, 1_000);
+        assert_eq!(c.delivery().timeout, None);
         assert!(c.secret_values().contains(&"s3cret-endpoint".to_string()));
         let sns = SQS.replace("[sqs]", "[sns]");
         assert_eq!(parse(&sns, &[]).unwrap().sink().name(), "sns");

@@ -50,7 +50,8 @@ pub struct AwsConfig {
     /// is the topic's name, found with `sns:ListTopics`.
     #[serde(default)]
     pub topic_arn: Option<String>,
-    #[serde(default = "delivery::default_max_in_flight")]
+    /// Messages handed to the lanes and not yet stored (see [`DEFAULT_MAX_IN_FLIGHT`]).
+    #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
     #[serde(default = "delivery::default_max_in_flight_bytes")]
     pub max_in_flight_bytes: u64,
@@ -71,6 +72,18 @@ pub struct AwsConfig {
     /// batches in flight never share a message group, so each group keeps its order.
     #[serde(default = "default_max_batches_in_flight")]
     pub max_batches_in_flight: usize,
+}
+
+/// The default window: 1,000 messages, where the other sinks keep 2,000 or 10,000. It bounds
+/// how far the checkpoint can fall behind a hot FIFO group, which goes one message per round
+/// trip (about 20–50 a second on SQS): 1,000 of them take 20–50 s. A restart sends again from
+/// the checkpoint, and only what SQS stored within the last 5 minutes is dropped as a repeat. A
+/// lane keeps at most 100 messages in flight (10 batches of 10), so 1,000 still keeps several
+/// destinations busy.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1_000;
+
+fn default_max_in_flight() -> usize {
+    DEFAULT_MAX_IN_FLIGHT
 }
 
 fn default_message_timeout_ms() -> u64 {

@@ -94,7 +94,13 @@ impl Entry {
     }
 }
 
-type Sent = (Vec<Entry>, std::result::Result<Vec<Outcome>, Failure>);
+/// A batch back from the service: its entries, the reply, and the first send of its oldest
+/// message (the key it holds in the lane's `flying`).
+type Sent = (
+    Vec<Entry>,
+    std::result::Result<Vec<Outcome>, Failure>,
+    Instant,
+);
 
 /// Where a lane hands what it cannot deliver.
 #[derive(Clone)]
@@ -144,8 +150,9 @@ impl Lane {
                     entry.sent.get_or_insert(now);
                     self.metrics.produced();
                 }
-                *flying.entry(first_sent(&batch)).or_default() += 1;
-                in_flight.push(self.send(batch));
+                let sent = first_sent(&batch);
+                *flying.entry(sent).or_default() += 1;
+                in_flight.push(self.send(batch, sent));
             }
             if !open && pending.is_empty() && in_flight.is_empty() {
                 return;
@@ -161,8 +168,7 @@ impl Lane {
                     Some(entry) => pending.push_back(entry),
                     None => open = false,
                 },
-                Some((batch, reply)) = in_flight.next(), if !in_flight.is_empty() => {
-                    let sent = first_sent(&batch);
+                Some((batch, reply, sent)) = in_flight.next(), if !in_flight.is_empty() => {
                     if let Some(n) = flying.get_mut(&sent) {
                         *n -= 1;
                         if *n == 0 {
@@ -248,7 +254,7 @@ impl Lane {
         batch
     }
 
-    fn send(&self, batch: Vec<Entry>) -> BoxFuture<'static, Sent> {
+    fn send(&self, batch: Vec<Entry>, oldest: Instant) -> BoxFuture<'static, Sent> {
         let client = self.client.clone();
         let destination = self.destination.clone();
         async move {
@@ -256,7 +262,7 @@ impl Lane {
             // head with `head`, the tail with `tail`.
             let (skip, sent, head, tail) = match injected(batch.len()) {
                 None => (0, batch.len(), None, None),
-                Some(Injected::Refused(failure)) => return (batch, Err(failure)),
+                Some(Injected::Refused(failure)) => return (batch, Err(failure), oldest),
                 Some(Injected::FirstOf(k)) => (0, k, None, Some(injected_failure())),
                 Some(Injected::AllButFirst(first)) => (1, batch.len(), Some(first), None),
             };
@@ -275,7 +281,7 @@ impl Lane {
                     ))
                     .collect()
             });
-            (batch, reply)
+            (batch, reply, oldest)
         }
         .boxed()
     }
@@ -435,7 +441,11 @@ fn injected_failure() -> Outcome {
 /// throttling and unavailability (`KmsThrottled`, `KMSUnavailable`) pass and are retried.
 fn destination_wide(code: &str) -> bool {
     let lower = code.to_ascii_lowercase();
-    !super::service::transient_code(code)
+    let passing = ["throttl", "unavailable", "internal"]
+        .iter()
+        .any(|word| lower.contains(word));
+    !passing
+        && !super::service::transient_code(code)
         && (lower.starts_with("kms")
             || lower.contains("accessdenied")
             || lower.contains("authorizationerror")
@@ -516,6 +526,8 @@ mod tests {
             "KmsThrottled",
             "KMSThrottlingException",
             "KMSUnavailable",
+            "KMS.KMSUnavailableException",
+            "KMS.KMSInternalException",
             "InvalidParameterValue",
             "InvalidMessageContents",
             "InternalError",

@@ -5,16 +5,18 @@
 //! Why the ack path looks the way it does (`shared/sinks.md` has the service facts):
 //! - A batch reply is 200 even when entries failed; each entry's outcome is read. On a FIFO
 //!   destination (`.fifo`) the message group is the key and the de-duplication id the row id, so
-//!   the service keeps each key's order and drops a resend inside its 5-minute window: a crash
-//!   or a failed entry sends again from the first unstored message with the same ids (`lane.rs`
-//!   says why resending only the failed entries would reorder a group). A restart more than 5
-//!   minutes after the first send leaves duplicates (each carries its `id`).
+//!   the service keeps each key's order and drops a resend inside its 5-minute window: a failed
+//!   entry goes again with the same ids, first in line, and a crash sends again from the
+//!   checkpoint (`lane.rs` says why a batch holds one message per group). A restart more than 5
+//!   minutes after the first send leaves duplicates (each carries its `id`); the window of 1,000
+//!   (`config.rs`) bounds how far the checkpoint falls behind.
 //! - Standard queues and topics neither order nor de-duplicate: `check` warns, and a resend after
 //!   a crash is a duplicate consumers drop by `id`.
 //! - A routed topic no queue/topic has, a name the service cannot take, a message over the
 //!   destination's size, or an entry the service refuses for good goes to `dead_letter_topic`
 //!   with `outboxd.reason`, or stops outboxd naming it; throttling and server errors are retried
-//!   with a backoff until `message_timeout_ms`, then the session starts again from the checkpoint.
+//!   with a backoff until `message_timeout_ms` after a message's first send, then the session
+//!   starts again from the checkpoint.
 //! - The queue URL (or topic ARN) and the queue's attributes are read once per session, when the
 //!   first row for it comes; a queue that does not exist is asked again after 10 s.
 //!
@@ -199,7 +201,8 @@ impl AwsSink {
     /// Looks `name` up, bounded in time.
     async fn resolve(&self, name: &str) -> Result<Option<Destination>> {
         let template = self.config.template(self.service);
-        // Within the delivery timeout: the row waiting for it holds a ticket already.
+        // Bounded: the row waiting for it holds a ticket already, and the lanes' clocks start
+        // only once it is sent.
         let limit = RESOLVE_TIMEOUT.min(self.config.message_timeout() / 2);
         let looked = tokio::time::timeout(limit, self.client.resolve(name, template, &self.config))
             .await
@@ -239,7 +242,23 @@ impl AwsSink {
             max_batches: self.config.max_batches_in_flight,
             timeout: self.config.message_timeout(),
         };
-        let task = tokio::spawn(lane.run(entries));
+        // A lane that panics must end the session (its messages would otherwise wait unacked,
+        // and no watchdog counts the time: the lanes time their own messages).
+        let acks = self.acks.clone();
+        let task = tokio::spawn(async move {
+            use futures_util::FutureExt;
+            if std::panic::AssertUnwindSafe(lane.run(entries))
+                .catch_unwind()
+                .await
+                .is_err()
+            {
+                acks.failed(
+                    Error::sink("a destination's lane panicked")
+                        .remedy("outboxd sends again from the checkpoint; please report the panic above")
+                        .transient(),
+                );
+            }
+        });
         self.lanes
             .lock()
             .unwrap_or_else(|e| e.into_inner())

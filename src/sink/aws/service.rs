@@ -471,6 +471,7 @@ pub async fn sdk_config(config: &AwsConfig) -> Result<aws_config::SdkConfig> {
             TimeoutConfig::builder()
                 .connect_timeout(Duration::from_secs(5))
                 .operation_attempt_timeout(config.message_timeout().min(Duration::from_secs(20)))
+                .operation_timeout(config.message_timeout())
                 .build(),
         );
     if let Some(region) = &config.region {
