@@ -260,6 +260,14 @@ fn timed_run(
     (seconds, stats)
 }
 
+/// Starts and stops `outboxd` once, so that it saves a checkpoint at the current end of the
+/// binlog (before the backlog is loaded); returns that checkpoint, to restore before each run.
+fn first_checkpoint(outboxd: &mut Outboxd) -> Vec<u8> {
+    outboxd.start();
+    outboxd.stop();
+    std::fs::read(outboxd.checkpoint_path()).unwrap()
+}
+
 /// `done` for [`timed_run`]: the checkpoint reached MariaDB GTID state `target`.
 fn at_gtid(target: &str) -> impl FnMut(&Outboxd) -> bool + '_ {
     move |o| o.checkpoint_or_null()["position"]["gtid_set"] == target
@@ -1827,9 +1835,7 @@ fn peer_section(db: &MariaDb, binary: &std::path::Path, n: u64, record_bytes: u6
         .replace("app.outbox", "app.df_outbox")
         + "[route]\nby = \"aggregate_type\"\nkey = \"aggregate_id\"\nid = \"id\"\n";
     let mut outboxd = Outboxd::new("peerbench", &body);
-    outboxd.start();
-    outboxd.stop();
-    let checkpoint = std::fs::read(outboxd.checkpoint_path()).unwrap();
+    let checkpoint = first_checkpoint(&mut outboxd);
     db.sql_socket(&insert(0, n));
     let target = gtid_pos(db);
     let mut ours = Vec::new();
@@ -2028,9 +2034,7 @@ fn rabbitmq_section(
             &std::env::var("OUTBOXD_BENCH_RABBITMQ").unwrap_or_default(),
         ),
     );
-    outboxd.start();
-    outboxd.stop();
-    let checkpoint = std::fs::read(outboxd.checkpoint_path()).unwrap();
+    let checkpoint = first_checkpoint(&mut outboxd);
     db.sql_socket(&load_script(from, from + n, 10));
     let target = gtid_pos(db);
     let body = payload(0, 0);
@@ -2147,9 +2151,7 @@ fn nats_section(
         "bench-nats",
         &config_with_nats(&db.cdc_url(), &nats.url(), ""),
     );
-    outboxd.start();
-    outboxd.stop();
-    let checkpoint = std::fs::read(outboxd.checkpoint_path()).unwrap();
+    let checkpoint = first_checkpoint(&mut outboxd);
     db.sql_socket(&load_script(from, from + n, 10));
     let target = gtid_pos(db);
     let body = payload(0, 0);
@@ -2269,9 +2271,7 @@ fn redis_section(
             &std::env::var("OUTBOXD_BENCH_REDIS").unwrap_or_default(),
         ),
     );
-    outboxd.start();
-    outboxd.stop();
-    let checkpoint = std::fs::read(outboxd.checkpoint_path()).unwrap();
+    let checkpoint = first_checkpoint(&mut outboxd);
     // The same backlog exactly once: the checkpoint in Redis, committed with the entries.
     let mut eos = Outboxd::with_checkpoint(
         "bench-redis-eos",

@@ -334,6 +334,38 @@ fn sns_fifo_topics_lose_nothing_and_keep_each_keys_order_across_batch_faults_and
     rows_survive_batch_faults_and_kills(&db, &moto, "sns", 400, 3);
 }
 
+/// Commits rows `0..total` of kind `order` over `keys` keys (`hot-0`, `hot-1`, …) in
+/// transactions of `per_txn`, while reading the queues; returns what was read, once every row
+/// arrived.
+fn hot_rows(
+    db: &MariaDb,
+    moto: &Moto,
+    outboxd: &Outboxd,
+    total: u64,
+    per_txn: u64,
+    keys: u64,
+) -> Vec<Consumed> {
+    let records = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| read_all(moto, total as usize));
+        db.sql_socket(&transactions(0, total, per_txn, |n| {
+            let (id, _, _, payload) = crate::rig::scenario::event(n);
+            format!(
+                "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{id}'), 'order', 'hot-{}', 'Created', '{payload}');",
+                n % keys
+            )
+        }));
+        reader.join().unwrap()
+    });
+    let distinct: std::collections::BTreeSet<u64> = records.iter().map(n_of).collect();
+    assert_eq!(
+        distinct,
+        (0..total).collect(),
+        "every row arrives; outboxd's log:\n{}",
+        outboxd.log()
+    );
+    records
+}
+
 /// A reply that fails a batch's first entry and stores the ones after it (SQS does so under
 /// load) must not put a group's later message ahead of its earlier one; so a FIFO batch holds
 /// at most one message per group. Two keys, so that a batch could hold many of each.
@@ -346,25 +378,7 @@ fn a_reply_failing_only_the_first_entry_of_a_batch_reorders_no_fifo_group() {
         "aws_batch_entry_fails=25%return(InternalError)".into(),
     ));
     outboxd.start();
-    let total = 200u64;
-    let records = std::thread::scope(|scope| {
-        let reader = scope.spawn(|| read_all(&moto, total as usize));
-        db.sql_socket(&transactions(0, total, 50, |n| {
-            let (id, _, _, payload) = crate::rig::scenario::event(n);
-            format!(
-                "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{id}'), 'order', 'hot-{}', 'Created', '{payload}');",
-                n % 2
-            )
-        }));
-        reader.join().unwrap()
-    });
-    let distinct: std::collections::BTreeSet<u64> = records.iter().map(n_of).collect();
-    assert_eq!(
-        distinct,
-        (0..total).collect(),
-        "every row arrives; outboxd's log:\n{}",
-        outboxd.log()
-    );
+    let records = hot_rows(&db, &moto, &outboxd, 200, 50, 2);
     assert!(
         outboxd.log().contains("entries of a batch go again"),
         "the fail point fired"
@@ -382,19 +396,8 @@ fn a_backlog_of_one_hot_fifo_group_waits_its_turn_without_ending_the_session() {
     let (db, moto) = servers();
     let mut outboxd = pipeline("sqs-hot", &db, &moto, "message_timeout_ms = 1000");
     outboxd.start();
-    let total = 400u64;
-    let records = std::thread::scope(|scope| {
-        let reader = scope.spawn(|| read_all(&moto, total as usize));
-        db.sql_socket(&transactions(0, total, 100, |n| {
-            let (id, _, _, payload) = crate::rig::scenario::event(n);
-            format!(
-                "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{id}'), 'order', 'hot', 'Created', '{payload}');"
-            )
-        }));
-        reader.join().unwrap()
-    });
-    let distinct: std::collections::BTreeSet<u64> = records.iter().map(n_of).collect();
-    assert_eq!(distinct, (0..total).collect(), "{}", outboxd.log());
+    let total = 400;
+    let records = hot_rows(&db, &moto, &outboxd, total, 100, 1);
     check_per_key_order(&records);
     let log = outboxd.log();
     assert!(

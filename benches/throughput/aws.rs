@@ -19,7 +19,10 @@ use futures_util::stream::{self, StreamExt};
 use super::rig::moto::{config_with_aws, Moto};
 use super::rig::scenario::uuid_of;
 use super::rig::{MariaDb, Outboxd};
-use super::{at_gtid, gtid_pos, load_script, median, payload, stat_cpu_seconds, timed_run, Row};
+use super::{
+    at_gtid, first_checkpoint, gtid_pos, load_script, median, payload, stat_cpu_seconds, timed_run,
+    Row,
+};
 use super::{ProcessStats, KEYS, REPEATS};
 
 /// The topic the route names (`outbox-event-order`: SNS takes no dots).
@@ -51,9 +54,7 @@ pub fn section(
         ),
     );
     outboxd.env = Moto::env();
-    outboxd.start();
-    outboxd.stop();
-    let checkpoint = std::fs::read(outboxd.checkpoint_path()).unwrap();
+    let checkpoint = first_checkpoint(&mut outboxd);
     db.sql_socket(&load_script(from, from + n, 10));
     let target = gtid_pos(db);
     let client = moto.sns();
