@@ -511,14 +511,19 @@ fn a_frozen_endpoint_past_the_message_timeout_resumes_without_losing_a_row() {
             outboxd.checkpoint_or_null()["position"]["gtid_set"] == first.as_str()
         });
         moto.freeze();
+        let frozen = std::time::Instant::now();
         insert_rows(&db, 100, 300, 5);
-        // The session ends on the delivery timeout and starts again, while the endpoint is
-        // down.
+        // The endpoint stays down for 30 s: the session ends on the delivery timeout, and the
+        // next ones try again while it is down.
         wait_until(
             "the delivery timeout to end a session",
             Duration::from_secs(60),
             || outboxd.log().contains("still not stored"),
         );
+        wait_until("30 s of outage", Duration::from_secs(60), || {
+            frozen.elapsed() >= Duration::from_secs(30)
+        });
+        assert!(outboxd.child_running(), "an outage stops nothing");
         moto.thaw();
         reader.join().unwrap()
     });
