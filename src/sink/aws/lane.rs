@@ -17,8 +17,11 @@
 //! group goes one message per round trip, so a backlog of one hot key waits its turn far longer
 //! than any timeout that would still catch a silent endpoint, and waiting is not failing
 //! (test `a_backlog_of_one_hot_fifo_group_waits_its_turn_without_ending_the_session`). The
-//! limit (at most 4 minutes) keeps every resend inside FIFO's 5-minute de-duplication window. A refused entry (too large, an attribute the service refuses) goes to
-//! the dead-letter destination with its reason, or stops outboxd naming it: never sent forever.
+//! limit (at most 4 minutes) keeps resends inside FIFO's 5-minute de-duplication window.
+//!
+//! A refused entry (too large, an attribute the service refuses) goes to the dead-letter
+//! destination with its reason, or stops outboxd naming it: never sent forever. A refusal every
+//! message would meet (a KMS key, a grant) stops outboxd instead of parking all traffic.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
