@@ -76,10 +76,10 @@ pub struct AwsConfig {
 
 /// The default window: 1,000 messages, where the other sinks keep 2,000 or 10,000. It bounds
 /// how far the checkpoint can fall behind a hot FIFO group, which goes one message per round
-/// trip (about 20–50 a second on SQS): 1,000 of them take 20–50 s. A restart sends again from
-/// the checkpoint, and only what SQS stored within the last 5 minutes is dropped as a repeat. A
-/// lane keeps at most 100 messages in flight (10 batches of 10), so 1,000 still keeps several
-/// destinations busy.
+/// trip (tens a second on SQS, by its latency; not measured here): 1,000 of them take tens of
+/// seconds. A restart sends again from the checkpoint, and only what SQS stored within the last
+/// 5 minutes is dropped as a repeat. A lane keeps at most 100 messages in flight (10 batches of
+/// 10), so 1,000 still keeps several destinations busy.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 1_000;
 
 fn default_max_in_flight() -> usize {
