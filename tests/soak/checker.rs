@@ -70,6 +70,7 @@ pub fn check(inputs: &Inputs) -> Verdict {
         extra: duplicates,
         unexplained,
         replayed,
+        others,
     } = duplicates(seen, inputs.faults);
     let order_violations = order_violations(seen);
     let key_mismatches = seen.deliveries.iter().filter(|d| !d.key_ok).count();
@@ -152,9 +153,11 @@ pub fn check(inputs: &Inputs) -> Verdict {
         "duplicates": duplicates,
         "duplicates_unexplained": unexplained,
         "duplicates_replayed_by_rewind": replayed,
+        "duplicate_incidents": incidents(&others, inputs.faults),
         "order_violations": order_violations,
         "key_mismatches": key_mismatches,
         "malformed": seen.malformed,
+        "re_read_by_the_checker": seen.re_read,
         "reader_reached_the_end": seen.drained,
         "faults_injected": inputs.faults.len(),
         "faults": faults_json,
@@ -180,6 +183,17 @@ struct Duplicates {
     unexplained: usize,
     /// Of those, a rewind's replay (see [`replayed_by_rewind`]).
     replayed: usize,
+    /// The others, in append order: what the report shows of each.
+    others: Vec<Copy>,
+}
+
+/// A copy that no rewind explains, and the copy of its row before it.
+struct Copy {
+    id: u128,
+    partition: i32,
+    offset: i64,
+    appended_ms: i64,
+    previous: (i32, i64, i64),
 }
 
 fn duplicates(seen: &Seen, faults: &[Injected]) -> Duplicates {
@@ -201,12 +215,14 @@ fn duplicates(seen: &Seen, faults: &[Injected]) -> Duplicates {
         extra: 0,
         unexplained: 0,
         replayed: 0,
+        others: Vec::new(),
     };
-    previous.clear();
+    let mut previous: HashMap<u128, (i32, i64, i64)> = HashMap::new();
     for d in ordered {
-        let Some(before) = previous.insert(d.id, d.appended_ms) else {
+        let Some(earlier) = previous.insert(d.id, (d.partition, d.offset, d.appended_ms)) else {
             continue;
         };
+        let before = earlier.2;
         counts.extra += 1;
         let in_window = faults
             .iter()
@@ -216,9 +232,74 @@ fn duplicates(seen: &Seen, faults: &[Injected]) -> Duplicates {
         }
         if replayed_by_rewind(d, before, &rewinds, &new_after) {
             counts.replayed += 1;
+        } else {
+            counts.others.push(Copy {
+                id: d.id,
+                partition: d.partition,
+                offset: d.offset,
+                appended_ms: d.appended_ms,
+                previous: earlier,
+            });
         }
     }
+    counts.others.sort_by_key(|c| c.appended_ms);
     counts
+}
+
+/// Copies no rewind explains, grouped into incidents (appended within 2 s of the one before),
+/// each with where its copies and their earlier copies sit and the faults of the minute before:
+/// what it takes to find the cause in the instances' logs after a long run.
+fn incidents(others: &[Copy], faults: &[Injected]) -> Vec<Value> {
+    let mut groups: Vec<&[Copy]> = Vec::new();
+    let mut start = 0;
+    for i in 1..=others.len() {
+        if i == others.len() || others[i].appended_ms - others[i - 1].appended_ms > 2_000 {
+            if i > start {
+                groups.push(&others[start..i]);
+            }
+            start = i;
+        }
+    }
+    groups
+        .iter()
+        .take(50)
+        .map(|group| {
+            let first = group[0].appended_ms;
+            let last = group[group.len() - 1].appended_ms;
+            let mut partitions: BTreeMap<i32, (i64, i64, i64, i64)> = BTreeMap::new();
+            for c in *group {
+                let e = partitions.entry(c.partition).or_insert((
+                    i64::MAX,
+                    i64::MIN,
+                    i64::MAX,
+                    i64::MIN,
+                ));
+                *e = (
+                    e.0.min(c.offset),
+                    e.1.max(c.offset),
+                    e.2.min(c.previous.1),
+                    e.3.max(c.previous.1),
+                );
+            }
+            let earlier_ms = group.iter().map(|c| c.previous.2);
+            let nearby: Vec<Value> = faults
+                .iter()
+                .filter(|f| f.ended_ms + 60_000 >= first && f.started_ms <= last)
+                .map(|f| json!({"kind": f.kind.name(), "at_epoch_ms": f.started_ms, "ended_epoch_ms": f.ended_ms, "detail": f.detail}))
+                .collect();
+            json!({
+                "copies": group.len(),
+                "appended_epoch_ms": [first, last],
+                "earlier_copies_appended_epoch_ms": [earlier_ms.clone().min(), earlier_ms.max()],
+                "earlier_copies_elsewhere": group.iter().filter(|c| c.previous.0 != c.partition).count(),
+                "offsets_by_partition": partitions.iter().map(|(p, (lo, hi, plo, phi))| {
+                    json!({"partition": p, "copies": [lo, hi], "earlier_copies": [plo, phi]})
+                }).collect::<Vec<_>>(),
+                "sample_rows": group.iter().take(3).map(|c| format!("{:032x}", c.id)).collect::<Vec<_>>(),
+                "faults_since_a_minute_before": nearby,
+            })
+        })
+        .collect()
 }
 
 /// A copy is a rewind's replay when, for the last rewind restarted before it arrived: the copy
@@ -351,7 +432,20 @@ fn only_a_rewinds_replay_is_excused() {
         ],
         ..Seen::default()
     };
-    let counts = duplicates(&seen, &[rewind]);
+    let counts = duplicates(&seen, std::slice::from_ref(&rewind));
     assert_eq!(counts.extra, 4);
     assert_eq!(counts.replayed, 1);
+    // The other three make one incident (appended within 2 s of each other), the rewind nearby.
+    let shown = incidents(&counts.others, &[rewind]);
+    assert_eq!(shown.len(), 1, "{shown:?}");
+    assert_eq!(shown[0]["copies"], 3);
+    assert_eq!(shown[0]["offsets_by_partition"][0]["copies"], json!([3, 7]));
+    assert_eq!(
+        shown[0]["offsets_by_partition"][0]["earlier_copies"],
+        json!([1, 4])
+    );
+    assert_eq!(
+        shown[0]["faults_since_a_minute_before"][0]["kind"],
+        "checkpoint rewound"
+    );
 }

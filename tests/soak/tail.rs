@@ -31,6 +31,9 @@ pub struct Seen {
     pub first: HashMap<u128, Instant>,
     /// Records whose id header was missing or not a row id of this run.
     pub malformed: u64,
+    /// Records this reader was handed again at an offset it had read (the consumer's own
+    /// re-fetch, not a second copy in the topic): left out of `deliveries`.
+    pub re_read: u64,
     /// Whether the reader's position reached every partition's end after the stop (a
     /// read_committed position may stop short of a final transaction marker; the reader also
     /// ends after 5 s without a record).
@@ -100,6 +103,7 @@ fn read(
     stop: &AtomicBool,
 ) {
     let mut ends: Option<(Vec<i64>, Instant)> = None;
+    let mut offsets: std::collections::HashSet<(i32, i64)> = std::collections::HashSet::new();
     let mut last = Instant::now();
     loop {
         if stop.load(Ordering::Relaxed) && ends.is_none() {
@@ -136,6 +140,10 @@ fn read(
                     .and_then(|v| std::str::from_utf8(v).ok())
                     .and_then(|s| u128::from_str_radix(&s.replace('-', ""), 16).ok());
                 let mut seen = seen.lock().unwrap();
+                if !offsets.insert((m.partition(), m.offset())) {
+                    seen.re_read += 1;
+                    continue;
+                }
                 let Some(id) = id else {
                     seen.malformed += 1;
                     continue;
