@@ -430,6 +430,31 @@ fn the_checkpoint_topic_is_created_durable_and_check_reports_how_it_keeps_checkp
     assert!(!shown.contains("create a topic on first use"), "{shown}");
 }
 
+/// KRaft lists a topic a moment after CreateTopics returns: until then a metadata read sees no
+/// partitions, and outboxd exited with "has 0 partitions; outboxd needs exactly one", a config
+/// error nothing retries. The fail point answers "no partitions" to the first four reads (the
+/// first before the topic is created); outboxd must wait for the topic and forward.
+#[test]
+fn a_new_checkpoint_topic_listed_without_partitions_for_a_moment_is_waited_for() {
+    let (db, broker) = mariadb_and_broker_with(Broker::start(), &EVENT_TOPICS);
+    let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
+    let mut outboxd = Outboxd::with_checkpoint(
+        "lagging",
+        &body,
+        "store = \"kafka\"\ntopic = \"lagging.checkpoints\"\n",
+    );
+    outboxd.start_with_env(
+        &[],
+        &[("FAILPOINTS", "checkpoint_topic_partitions_lag=4*return")],
+    );
+    insert_rows(&db, 0, 10, 1);
+    assert_eq!(consume_events(&broker.bootstrap(), 10).len(), 10);
+    outboxd.stop();
+    assert!(!outboxd
+        .log()
+        .contains("partitions; outboxd needs exactly one"));
+}
+
 /// The checkpoint writer's transactions used a fixed 60 s timeout: brokers whose
 /// `transaction.max.timeout.ms` is lower refused it, and the remedy spoke of grants. It now takes
 /// `kafka.properties`' `transaction.timeout.ms`, and the refusal names the brokers' limit.

@@ -219,6 +219,10 @@ impl KafkaStore {
 
     /// The topic's partition count as the brokers tell it (0: no such topic).
     fn partitions(&self, consumer: &BaseConsumer<QuietContext>) -> Result<usize> {
+        // Test builds: the brokers list the topic without partitions, as KRaft's metadata does
+        // for a moment after CreateTopics returns (test
+        // `a_new_checkpoint_topic_listed_without_partitions_for_a_moment_is_waited_for`).
+        fail::fail_point!("checkpoint_topic_partitions_lag", |_| Ok(0));
         let metadata = consumer
             .fetch_metadata(Some(&self.topic), TIMEOUT)
             .map_err(|e| unreachable(&self.topic, &e))?;
