@@ -199,7 +199,10 @@ impl Lane {
                     }
                 }
                 () = pause => paused_until = None,
-                _ = tick.tick() => {
+                // Only a message sent and not settled can be overdue: one is in flight, or back
+                // in the queue while the lane pauses (unpaused, the loop above sends it at once).
+                // An idle lane sleeps.
+                _ = tick.tick(), if !in_flight.is_empty() || paused_until.is_some() => {
                     // In flight, or sent and waiting to go again (never-sent ones do not count).
                     let oldest = flying
                         .keys()
