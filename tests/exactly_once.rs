@@ -448,3 +448,50 @@ fn a_record_the_broker_refuses_stops_with_the_remedy_instead_of_looping() {
     assert!(log.contains("max.message.bytes"), "{log}");
     assert!(!log.contains("reconnecting"), "{log}");
 }
+
+/// Another producer takes the pipeline's records transactional id while the leader sends (what a
+/// standby's session start does). librdkafka then fails the leader's records in flight with a
+/// bare `Fatal`, which read as a passing delivery failure: the leader reconnected, and its new
+/// session's `init_transactions` fenced the instance that had taken over (in the 60-minute soak,
+/// two instances did this to each other after every simultaneous start). The fence must read as
+/// one: the leader gives up its lead instead of reconnecting, and no row is lost or doubled.
+#[test]
+fn a_fenced_leader_stands_by_instead_of_fencing_the_new_one_back() {
+    use rdkafka::producer::{BaseProducer, Producer};
+    let (db, broker) = mariadb_and_broker();
+    let mut outboxd = mariadb_outboxd(&db, &broker, "eos-fenced", EXACTLY_ONCE, "");
+    outboxd.start();
+    insert_rows(&db, 0, 1_000, 7);
+    consume_as(&broker, "read_committed", |all| distinct(all) >= 1_000);
+    // The fence: what a new leader's session does first. The leader learns of it when it sends
+    // the next rows (adding a partition to its next transaction is refused).
+    let other: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .set("transactional.id", "outboxd.eos-fenced.records")
+        .create()
+        .unwrap();
+    other.init_transactions(Duration::from_secs(30)).unwrap();
+    let total = 3_000u64;
+    let writer = spawn_writer_from(db.socket_path(), 1_000, total, &[1, 7, 50], 10);
+    wait_until("the fenced leader to give up its lead", LIMIT, || {
+        outboxd.log().contains("giving up the lead")
+            || outboxd
+                .log()
+                .contains("reconnecting from the last checkpoint")
+    });
+    let log = outboxd.log();
+    assert!(
+        !log.contains("reconnecting from the last checkpoint"),
+        "the fenced leader reconnected (its next session fences the new leader back):\n{log}"
+    );
+    assert!(log.contains("this producer was fenced"), "{log}");
+    drop(other);
+    writer.join().unwrap();
+    // Alone, it takes the lead again once its own lease lapses, and sends every row once.
+    let records = assert_exactly_once(&broker, &mut outboxd, total, |n| event(n).3);
+    assert!(outboxd.log().matches("leading the pipeline").count() >= 2);
+    println!(
+        "fenced leader: {} records read_committed for {total} rows",
+        records.len()
+    );
+}

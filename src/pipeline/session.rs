@@ -602,7 +602,9 @@ impl<'a> Session<'a> {
             _ => result,
         };
         let (result, written) = if self.batch.is_some() {
-            let result = result.map_err(|e| self.explain_fence(e));
+            let result = result
+                .map_err(|e| self.sink.explain_fatal(e))
+                .map_err(|e| self.explain_fence(e));
             let written = self.finish_transaction(&result).await;
             (result, written)
         } else {

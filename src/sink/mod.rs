@@ -310,6 +310,15 @@ impl Sink {
         }
     }
 
+    /// What a failed session's error means once the producer's own state is known (Kafka: a
+    /// fenced producer fails its deliveries with a bare `Fatal`; see `KafkaSink::explain_fatal`).
+    pub fn explain_fatal(&self, e: Error) -> Error {
+        match self {
+            Sink::Kafka(sink) => sink.explain_fatal(e),
+            _ => e,
+        }
+    }
+
     /// Takes over the pipeline's transactions (Kafka: fences every earlier producer; Redis has
     /// nothing to take over: each commit compares the checkpoint it replaces).
     pub async fn init_transactions(&self, limit: Duration) -> Result<()> {

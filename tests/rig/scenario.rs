@@ -347,8 +347,19 @@ pub fn spawn_writer(
     sizes: &'static [u64],
     per_call: usize,
 ) -> std::thread::JoinHandle<()> {
+    spawn_writer_from(socket, 0, total, sizes, per_call)
+}
+
+/// [`spawn_writer`] for rows `from..total`.
+pub fn spawn_writer_from(
+    socket: std::path::PathBuf,
+    from: u64,
+    total: u64,
+    sizes: &'static [u64],
+    per_call: usize,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        let (mut n, mut i) = (0u64, 0usize);
+        let (mut n, mut i) = (from, 0usize);
         while n < total {
             let mut script = String::new();
             for _ in 0..per_call {

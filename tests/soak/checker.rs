@@ -98,45 +98,7 @@ pub fn check(inputs: &Inputs) -> Verdict {
         );
     }
 
-    let mut by_kind: BTreeMap<Kind, (usize, Duration)> = BTreeMap::new();
-    for (fault, took) in inputs.faults.iter().zip(&recovery) {
-        let entry = by_kind.entry(fault.kind).or_default();
-        entry.0 += 1;
-        entry.1 = entry.1.max(*took);
-    }
-    let faults_json: Vec<Value> = by_kind
-        .iter()
-        .map(|(kind, (count, longest))| {
-            json!({"kind": kind.name(), "count": count, "longest_recovery_s": secs(*longest)})
-        })
-        .collect();
-    let schedule: Vec<Value> = inputs
-        .faults
-        .iter()
-        .zip(&recovery)
-        .map(|(f, took)| {
-            json!({
-                "at_s": secs(f.started - inputs.started),
-                "at_epoch_ms": f.started_ms,
-                "kind": f.kind.name(),
-                "detail": f.detail,
-                "held_s": secs(f.ended - f.started),
-                "recovery_s": secs(*took),
-            })
-        })
-        .collect();
-    let exits: Vec<Value> = inputs
-        .exits
-        .iter()
-        .map(|e| {
-            json!({
-                "at_s": secs(e.at - inputs.started),
-                "instance": e.instance,
-                "status": e.status,
-                "last_error": e.last_error,
-            })
-        })
-        .collect();
+    let (faults_json, schedule, exits) = faults_and_exits(inputs, &recovery);
     let acked: usize = inputs.logs.iter().map(|l| l.acked.len()).sum();
     let json = json!({
         "rows_committed": committed.len(),
@@ -170,6 +132,53 @@ pub fn check(inputs: &Inputs) -> Verdict {
         failures,
         timeline,
     }
+}
+
+/// The faults by kind (count, longest recovery), each fault as scheduled, and the exits.
+fn faults_and_exits(
+    inputs: &Inputs,
+    recovery: &[Duration],
+) -> (Vec<Value>, Vec<Value>, Vec<Value>) {
+    let mut by_kind: BTreeMap<Kind, (usize, Duration)> = BTreeMap::new();
+    for (fault, took) in inputs.faults.iter().zip(recovery) {
+        let entry = by_kind.entry(fault.kind).or_default();
+        entry.0 += 1;
+        entry.1 = entry.1.max(*took);
+    }
+    let faults_json: Vec<Value> = by_kind
+        .iter()
+        .map(|(kind, (count, longest))| {
+            json!({"kind": kind.name(), "count": count, "longest_recovery_s": secs(*longest)})
+        })
+        .collect();
+    let schedule: Vec<Value> = inputs
+        .faults
+        .iter()
+        .zip(recovery)
+        .map(|(f, took)| {
+            json!({
+                "at_s": secs(f.started - inputs.started),
+                "at_epoch_ms": f.started_ms,
+                "kind": f.kind.name(),
+                "detail": f.detail,
+                "held_s": secs(f.ended - f.started),
+                "recovery_s": secs(*took),
+            })
+        })
+        .collect();
+    let exits: Vec<Value> = inputs
+        .exits
+        .iter()
+        .map(|e| {
+            json!({
+                "at_s": secs(e.at - inputs.started),
+                "instance": e.instance,
+                "status": e.status,
+                "last_error": e.last_error,
+            })
+        })
+        .collect();
+    (faults_json, schedule, exits)
 }
 
 fn secs(d: Duration) -> f64 {

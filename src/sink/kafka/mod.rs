@@ -191,11 +191,15 @@ pub fn fenced(e: &KafkaError) -> bool {
 }
 
 fn fenced_error(e: &KafkaError) -> Error {
+    fence(&e.to_string()).caused_by(e.clone())
+}
+
+/// Another producer with the transactional id took over: `why` is librdkafka's word for it.
+fn fence(why: &str) -> Error {
     Error::sink(format!(
-        "another instance of the pipeline took over its Kafka transactions (this producer was fenced: {e}); nothing this instance had not committed becomes visible"
+        "another instance of the pipeline took over its Kafka transactions (this producer was fenced: {why}); nothing this instance had not committed becomes visible"
     ))
     .remedy("nothing to do if you run a standby: this instance stands by. Otherwise another `outboxd run` uses this pipeline's name")
-    .caused_by(e.clone())
     .superseded()
 }
 
@@ -490,6 +494,27 @@ impl KafkaSink {
                     return Err(delivery_error(&e, &record.topic));
                 }
             }
+        }
+    }
+
+    /// `kafka.exactly_once`: `e` as what it means when this producer was fenced. librdkafka
+    /// reports the fence on the producer (a fatal error) and fails what was in flight with a bare
+    /// `Fatal`, which reads as a passing delivery failure: the session would reconnect, and its
+    /// `init_transactions` would fence the instance that took over (test
+    /// `standby::a_fenced_leader_stands_by_instead_of_fencing_the_new_one_back`).
+    pub fn explain_fatal(&self, e: Error) -> Error {
+        if e.is_superseded() || self.transactional_id.is_none() {
+            return e;
+        }
+        let Some(producer) = &self.producer else {
+            return e;
+        };
+        use RDKafkaErrorCode as C;
+        match producer.client().fatal_error() {
+            Some((C::Fenced | C::ProducerFenced | C::InvalidProducerEpoch, reason)) => {
+                fence(&reason)
+            }
+            _ => e,
         }
     }
 
