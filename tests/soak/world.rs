@@ -310,24 +310,7 @@ impl World {
         self.idle(hold);
         // An instance that exited by itself just now is the supervisor's (an exit), not stopped.
         self.tick();
-        let now = Instant::now();
-        for (i, instance) in self.instances.iter_mut().enumerate() {
-            instance.restart_at = None;
-            if !instance.outboxd.started() {
-                continue;
-            }
-            // One started a moment ago may not handle SIGTERM yet, and a leader whose last
-            // commit fails exits non-zero: an exit, recorded, not a failed test.
-            let status = instance.outboxd.terminate();
-            if !status.success() {
-                self.exits.push(Exit {
-                    at: now,
-                    instance: i,
-                    status: status.to_string(),
-                    last_error: "stopped for a rewind".into(),
-                });
-            }
-        }
+        self.terminate_all("stopped for a rewind");
         // A stopped leader releases the lead at once; one whose release did not get through
         // counts as leading for two takeover timeouts (`set` says it is running until then), and
         // a broker fault a moment ago may still be passing.
@@ -499,10 +482,16 @@ impl World {
         }
     }
 
-    /// SIGTERM to every running instance. One the supervisor started a moment ago may not handle
-    /// SIGTERM yet, and a leader whose last commit fails exits non-zero: each is an exit, recorded
-    /// (the report shows it), not a reason to throw away an hour's verdict.
+    /// SIGTERM to every running instance, at the end of the run.
     pub fn stop(&mut self) {
+        self.terminate_all("stopped at the end of the run");
+    }
+
+    /// SIGTERM to every running instance, and no restarts. One the supervisor started a moment
+    /// ago may not handle SIGTERM yet, and a leader whose last commit fails exits non-zero: each
+    /// is an exit, recorded with `why` (the report shows it), not a failed run (an hour's verdict
+    /// was once thrown away that way).
+    fn terminate_all(&mut self, why: &str) {
         let now = Instant::now();
         for (i, instance) in self.instances.iter_mut().enumerate() {
             instance.restart_at = None;
@@ -515,7 +504,7 @@ impl World {
                     at: now,
                     instance: i,
                     status: status.to_string(),
-                    last_error: "stopped at the end of the run".into(),
+                    last_error: why.into(),
                 });
             }
         }
