@@ -430,11 +430,10 @@ impl<'a> Session<'a> {
     /// the lead was lost too, the instance stands by as after any takeover, and the message says
     /// what else it may have been.
     fn explain_fence(&self, e: Error) -> Error {
-        let (Some(batch), Some(limit)) = (&self.batch, self.broker_timeout()) else {
+        let Some(limit) = self.broker_timeout() else {
             return e;
         };
-        let aged = batch.began().is_some_and(|b| b.elapsed() >= limit);
-        if !e.is_superseded() || !aged {
+        if !e.is_superseded() || !self.aged() {
             return e;
         }
         let lead_held = !*self.shutdown.borrow();
@@ -454,6 +453,27 @@ impl<'a> Session<'a> {
         } else {
             error.superseded()
         }
+    }
+
+    /// Whether the open transaction has outlived the brokers' `transaction.timeout.ms` (they
+    /// abort it, which fences this producer as another instance would).
+    fn aged(&self) -> bool {
+        let (Some(batch), Some(limit)) = (&self.batch, self.broker_timeout()) else {
+            return false;
+        };
+        batch.began().is_some_and(|b| b.elapsed() >= limit)
+    }
+
+    /// A fence librdkafka reported only as `Fatal` on the records in flight means another
+    /// instance took over (see `KafkaSink::explain_fatal`), unless the open transaction outlived
+    /// `transaction.timeout.ms`: then the brokers aborted it (a partition stalled while the
+    /// window was full, say), nobody took over, and reconnecting, as for any passing delivery
+    /// failure, is right.
+    fn fenced_in_flight(&self, e: Error) -> Error {
+        if self.aged() {
+            return e;
+        }
+        self.sink.explain_fatal(e)
     }
 
     /// Routes `row` (read at `read_at`), takes its ticket and room in the window, and sends it.
@@ -603,7 +623,7 @@ impl<'a> Session<'a> {
         };
         let (result, written) = if self.batch.is_some() {
             let result = result
-                .map_err(|e| self.sink.explain_fatal(e))
+                .map_err(|e| self.fenced_in_flight(e))
                 .map_err(|e| self.explain_fence(e));
             let written = self.finish_transaction(&result).await;
             (result, written)

@@ -501,7 +501,8 @@ impl KafkaSink {
     /// reports the fence on the producer (a fatal error) and fails what was in flight with a bare
     /// `Fatal`, which reads as a passing delivery failure: the session would reconnect, and its
     /// `init_transactions` would fence the instance that took over (test
-    /// `standby::a_fenced_leader_stands_by_instead_of_fencing_the_new_one_back`).
+    /// `exactly_once::a_fenced_leader_stands_by_instead_of_fencing_the_new_one_back`). The
+    /// session's own error is kept in the message.
     pub fn explain_fatal(&self, e: Error) -> Error {
         if e.is_superseded() || self.transactional_id.is_none() {
             return e;
@@ -511,9 +512,9 @@ impl KafkaSink {
         };
         use RDKafkaErrorCode as C;
         match producer.client().fatal_error() {
-            Some((C::Fenced | C::ProducerFenced | C::InvalidProducerEpoch, reason)) => {
-                fence(&reason)
-            }
+            Some((C::Fenced | C::ProducerFenced | C::InvalidProducerEpoch, reason)) => fence(
+                &format!("{reason}; the session ended with: {}", e.message()),
+            ),
             _ => e,
         }
     }
