@@ -180,13 +180,16 @@ fn base_record(
 
 /// Whether another producer with the transactional id took over (the checkpoint writer's too).
 pub fn fenced(e: &KafkaError) -> bool {
+    e.rdkafka_error_code().is_some_and(fenced_code)
+}
+
+/// The codes librdkafka and the brokers give a fenced producer.
+fn fenced_code(code: RDKafkaErrorCode) -> bool {
     matches!(
-        e.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::Fenced
-                | RDKafkaErrorCode::ProducerFenced
-                | RDKafkaErrorCode::InvalidProducerEpoch
-        )
+        code,
+        RDKafkaErrorCode::Fenced
+            | RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
     )
 }
 
@@ -510,11 +513,11 @@ impl KafkaSink {
         let Some(producer) = &self.producer else {
             return e;
         };
-        use RDKafkaErrorCode as C;
         match producer.client().fatal_error() {
-            Some((C::Fenced | C::ProducerFenced | C::InvalidProducerEpoch, reason)) => fence(
-                &format!("{reason}; the session ended with: {}", e.message()),
-            ),
+            Some((code, reason)) if fenced_code(code) => fence(&format!(
+                "{reason}; the session ended with: {}",
+                e.message()
+            )),
             _ => e,
         }
     }
