@@ -213,3 +213,43 @@ fn a_replica_behind_the_checkpoint_is_waited_for_and_nothing_is_lost() {
     check_records(&records, 0..60);
     outboxd.stop();
 }
+
+/// A session the sink ended (Redis gone for a moment) is no reason to leave a healthy replica:
+/// the next one may lag behind the checkpoint, and outboxd would wait for it. Found by the fault
+/// schedule with Redis, where every sink error moved outboxd to the other replica.
+#[test]
+fn a_sink_outage_does_not_move_outboxd_to_another_replica() {
+    use crate::rig::redis::{config_with_redis, Redis};
+    let primary = MariaDb::start(&[]);
+    let r1 = MariaDb::start_replica(&primary, 2, &["log-slave-updates=ON"]);
+    let r2 = MariaDb::start_replica(&primary, 3, &["log-slave-updates=ON"]);
+    primary.sql_socket(SCHEMA);
+    r1.catch_up(&primary);
+    r2.catch_up(&primary);
+    let mut redis = Redis::start();
+    let mut outboxd = Outboxd::new(
+        "sinkblip",
+        &config_with_redis(&url(&[&r1, &r2]), &redis.url(), ""),
+    );
+    outboxd.start();
+    insert_rows(&primary, 0, 20, 5);
+    let streams = ["outbox.event.order", "outbox.event.customer"];
+    assert_eq!(redis.read(&streams, 20, LIMIT).len(), 20);
+    redis.kill9();
+    insert_rows(&primary, 20, 40, 5);
+    wait_until("the sink's error to end a session", LIMIT, || {
+        outboxd.log().contains("session ended")
+    });
+    redis.boot();
+    assert!(
+        redis.read(&streams, 40, LIMIT).len() >= 40,
+        "{}",
+        outboxd.log()
+    );
+    assert!(
+        !outboxd.log().contains("moving to the next source host"),
+        "a sink error moved outboxd off a healthy replica:\n{}",
+        outboxd.log()
+    );
+    outboxd.stop();
+}

@@ -352,7 +352,7 @@ async fn drive(
     };
     let metrics = &shared.metrics;
     let mut backoff = new_backoff();
-    // Several hosts (replicas of one topology): one per session, the next after a failure.
+    // Several hosts (replicas of one topology): one per session, the next after the source failed.
     let urls = config.source.urls();
     let mut host = 0;
     loop {
@@ -380,7 +380,9 @@ async fn drive(
                 }
                 let delay = backoff.next().unwrap_or(Duration::from_secs(30));
                 metrics.reconnect();
-                if urls.len() > 1 {
+                // Only the source's own failure is a reason to leave its host: after a sink's or
+                // checkpoint's, the next replica may lag behind the checkpoint and be waited for.
+                if urls.len() > 1 && e.kind() == crate::error::Kind::Source {
                     host = (host + 1) % urls.len();
                     tracing::warn!(next = %crate::config::redact_url(&urls[host]), "moving to the next source host");
                 }
