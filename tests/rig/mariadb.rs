@@ -130,11 +130,20 @@ impl MariaDb {
         format!("mysql://cdc@127.0.0.1:{}/app", self.port)
     }
 
-    /// Stops the server cleanly (SIGTERM) and waits for it to exit.
+    /// Stops the server cleanly (SIGTERM) and waits for it to exit; SIGKILL after two minutes (a
+    /// shutdown that hangs must not stall a long run).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let pid = nix::unistd::Pid::from_raw(child.id() as i32);
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let limit = std::time::Instant::now() + Duration::from_secs(120);
+            while std::time::Instant::now() < limit {
+                if child.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
             let _ = child.wait();
         }
     }
@@ -215,7 +224,14 @@ pub fn sql_at(socket: &Path, sql: &str) -> String {
 pub fn try_sql_at(socket: &Path, sql: &str) -> Result<String, String> {
     let mut child = Command::new("mariadb")
         .arg(format!("--socket={}", socket.display()))
-        .args(["-uroot", "-N", "-B", "--default-character-set=utf8mb4"])
+        // No reconnect: a script cut off mid-transaction must not go on in a new session.
+        .args([
+            "-uroot",
+            "-N",
+            "-B",
+            "--skip-reconnect",
+            "--default-character-set=utf8mb4",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

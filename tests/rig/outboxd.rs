@@ -220,10 +220,29 @@ impl Outboxd {
         status
     }
 
-    /// SIGTERM and wait, whatever the exit (a harness that records exits rather than fail on them).
+    /// SIGTERM and wait, whatever the exit (a harness that records exits rather than fail on them);
+    /// SIGKILL after two minutes (outboxd's shutdown is bounded far below that: a hang must end
+    /// the wait, and shows as a kill in the status).
     pub fn terminate(&mut self) -> ExitStatus {
         let _ = kill(self.pid(), Signal::SIGTERM);
-        self.child.take().unwrap().wait().unwrap()
+        let mut child = self.child.take().unwrap();
+        let limit = std::time::Instant::now() + Duration::from_secs(120);
+        while std::time::Instant::now() < limit {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        child.wait().unwrap()
+    }
+
+    /// SIGKILL if a process runs, ignoring every error (for cleanup after a panic).
+    pub fn kill_if_running(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// SIGKILL: no chance to drain or checkpoint.
@@ -284,9 +303,6 @@ impl Outboxd {
 
 impl Drop for Outboxd {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.kill_if_running();
     }
 }

@@ -141,6 +141,11 @@ impl Redis {
         });
     }
 
+    /// The server's log file.
+    pub fn log_path(&self) -> std::path::PathBuf {
+        self._dir.path().join("server.log")
+    }
+
     /// `redis://[:password@]127.0.0.1:PORT/0` (`rediss://` with TLS).
     pub fn url(&self) -> String {
         let scheme = if self.tls.is_some() {

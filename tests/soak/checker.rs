@@ -1,13 +1,17 @@
 //! The checker: what the database committed against what the topic holds, independent of outboxd
 //! (it reads neither outboxd's logs nor its metrics, only the two ends).
 //!
-//! - lost: a row in the database's table that no record carries;
+//! - lost: a row in the database's table that no record carries (and the table must hold every
+//!   row whose COMMIT returned, or it is no truth to compare with);
 //! - phantom: a record whose row the database does not hold (a rolled-back row, or none of ours);
 //! - duplicate: a second record of a row. One is *explained* when the broker appended it between
 //!   the start of a fault and a minute after its end, the replay window a fault opens; one is
 //!   *replayed* when a checkpoint rewind (an operator's deliberate replay) explains it: it arrived
 //!   after the rewind's restart, the row's previous copy before, and ahead of the first new row
-//!   of its partition after that restart. Exactly-once allows only replayed ones;
+//!   of its partition after that restart, and the partition's copies so explained are together
+//!   exactly the last rows it received before the restart, none long before the save (a replay
+//!   from further back, or of rows picked here and there, is no rewind's). Exactly-once allows
+//!   only replayed ones;
 //! - order violation: a row first seen after a later row of the same key (per partition, offset
 //!   order; replays of rows already seen do not count);
 //! - recovery of a fault: from its end until every row whose COMMIT had returned by then arrived
@@ -66,6 +70,13 @@ pub fn check(inputs: &Inputs) -> Verdict {
         .iter()
         .filter(|id| committed.contains(id))
         .count();
+    // The table is the truth only if it holds every row whose COMMIT returned.
+    let acked_not_in_db = inputs
+        .logs
+        .iter()
+        .flat_map(|l| l.acked.iter())
+        .filter(|(id, _)| !committed.contains(id))
+        .count();
     let Duplicates {
         extra: duplicates,
         unexplained,
@@ -91,6 +102,14 @@ pub fn check(inputs: &Inputs) -> Verdict {
         rolled_back_in_db,
         "rolled-back rows in the database (a load bug)",
     );
+    fail(
+        acked_not_in_db,
+        "rows whose COMMIT returned missing from the database's table",
+    );
+    fail(
+        usize::from(!seen.drained),
+        "reader that did not reach the end of every partition (records after it were not checked)",
+    );
     if inputs.exactly_once {
         fail(
             duplicates - replayed,
@@ -105,6 +124,7 @@ pub fn check(inputs: &Inputs) -> Verdict {
         "rows_acked_to_the_load": acked,
         "rows_rolled_back": rolled_back.len(),
         "rows_in_failed_calls": inputs.logs.iter().map(|l| l.ambiguous.len()).sum::<usize>(),
+        "rows_acked_not_in_the_table": acked_not_in_db,
         "transactions": inputs.logs.iter().map(|l| l.transactions).sum::<u64>(),
         "records_read": seen.deliveries.len(),
         "rows_delivered": seen.first.len(),
@@ -121,6 +141,7 @@ pub fn check(inputs: &Inputs) -> Verdict {
         "malformed": seen.malformed,
         "re_read_by_the_checker": seen.re_read,
         "reader_reached_the_end": seen.drained,
+        "reader_rebuilt": seen.rebuilt,
         "faults_injected": inputs.faults.len(),
         "faults": faults_json,
         "schedule": schedule,
@@ -208,14 +229,25 @@ struct Copy {
 fn duplicates(seen: &Seen, faults: &[Injected]) -> Duplicates {
     let mut ordered: Vec<_> = seen.deliveries.iter().collect();
     ordered.sort_by_key(|d| (d.partition, d.offset));
-    let rewinds: Vec<i64> = faults.iter().filter_map(|f| f.restarted_ms).collect();
+    // Each rewind's restart, with when its `checkpoint save` ran.
+    let rewinds: Vec<(i64, i64)> = faults
+        .iter()
+        .filter_map(|f| f.restarted_ms.map(|r| (r, f.started_ms)))
+        .collect();
+    let restarts: Vec<i64> = rewinds.iter().map(|&(r, _)| r).collect();
     // Per partition and rewind: the offset of the first row never seen before that arrived
-    // after the restart. The source sends in commit order, so a replay comes before it.
+    // after the restart. The source sends in commit order, so a replay comes before it. And per
+    // partition, the first copies in offset order (id, append time).
     let mut new_after: HashMap<(i32, i64), i64> = HashMap::new();
+    let mut firsts: HashMap<i32, Vec<(u128, i64)>> = HashMap::new();
     let mut previous: HashMap<u128, i64> = HashMap::new();
     for d in &ordered {
         if previous.insert(d.id, d.appended_ms).is_none() {
-            for &r in rewinds.iter().filter(|&&r| d.appended_ms >= r) {
+            firsts
+                .entry(d.partition)
+                .or_default()
+                .push((d.id, d.appended_ms));
+            for &r in restarts.iter().filter(|&&r| d.appended_ms >= r) {
                 new_after.entry((d.partition, r)).or_insert(d.offset);
             }
         }
@@ -226,12 +258,13 @@ fn duplicates(seen: &Seen, faults: &[Injected]) -> Duplicates {
         replayed: 0,
         others: Vec::new(),
     };
+    // Copies that look like a rewind's replay, by partition and restart, in offset order.
+    let mut candidates: BTreeMap<(i32, i64), Vec<Copy>> = BTreeMap::new();
     let mut previous: HashMap<u128, (i32, i64, i64)> = HashMap::new();
     for d in ordered {
         let Some(earlier) = previous.insert(d.id, (d.partition, d.offset, d.appended_ms)) else {
             continue;
         };
-        let before = earlier.2;
         counts.extra += 1;
         let in_window = faults
             .iter()
@@ -239,21 +272,60 @@ fn duplicates(seen: &Seen, faults: &[Injected]) -> Duplicates {
         if !in_window {
             counts.unexplained += 1;
         }
-        if replayed_by_rewind(d, before, &rewinds, &new_after) {
-            counts.replayed += 1;
+        let copy = Copy {
+            id: d.id,
+            partition: d.partition,
+            offset: d.offset,
+            appended_ms: d.appended_ms,
+            previous: earlier,
+        };
+        match replayed_by_rewind(d, earlier.2, &restarts, &new_after) {
+            Some(restart) => candidates
+                .entry((d.partition, restart))
+                .or_default()
+                .push(copy),
+            None => counts.others.push(copy),
+        }
+    }
+    for ((partition, restart), copies) in candidates {
+        let saved_ms = rewinds
+            .iter()
+            .find(|&&(r, _)| r == restart)
+            .map_or(i64::MIN, |&(_, saved)| saved);
+        let before: Vec<(u128, i64)> = firsts[&partition]
+            .iter()
+            .copied()
+            .filter(|&(_, at)| at < restart)
+            .collect();
+        if is_a_replayed_tail(&copies, &before, saved_ms) {
+            counts.replayed += copies.len();
         } else {
-            counts.others.push(Copy {
-                id: d.id,
-                partition: d.partition,
-                offset: d.offset,
-                appended_ms: d.appended_ms,
-                previous: earlier,
-            });
+            counts.others.extend(copies);
         }
     }
     counts.others.sort_by_key(|c| c.appended_ms);
     counts
 }
+
+/// A rewind replays everything after the saved position once: in a partition, its copies are
+/// exactly the last rows first delivered there before the restart (in any order: on Postgres a
+/// session may start at the slot, ahead of the saved position, and the next one after a database
+/// restart from the saved position), none of them first delivered long before the save (the live
+/// checkpoint trails deliveries by far less than [`CHECKPOINT_LAG_MS`]). Copies that are not are
+/// no replay.
+fn is_a_replayed_tail(copies: &[Copy], before: &[(u128, i64)], saved_ms: i64) -> bool {
+    let Some(tail) = before.len().checked_sub(copies.len()).map(|k| &before[k..]) else {
+        return false;
+    };
+    let replayed: HashSet<u128> = copies.iter().map(|c| c.id).collect();
+    tail.iter().all(|(id, _)| replayed.contains(id))
+        && tail
+            .first()
+            .is_none_or(|&(_, at)| at >= saved_ms.saturating_sub(CHECKPOINT_LAG_MS))
+}
+
+/// How far the saved checkpoint may trail the rows delivered when it was saved.
+const CHECKPOINT_LAG_MS: i64 = 120_000;
 
 /// Copies no rewind explains, grouped into incidents (appended within 2 s of the one before),
 /// each with where its copies and their earlier copies sit and the faults of the minute before:
@@ -311,22 +383,22 @@ fn incidents(others: &[Copy], faults: &[Injected]) -> Vec<Value> {
         .collect()
 }
 
-/// A copy is a rewind's replay when, for the last rewind restarted before it arrived: the copy
-/// arrived after that restart, the row's previous copy before it (one replay per rewind), and it
-/// comes before the first new row of its partition after the restart.
+/// The restart of the rewind whose replay a copy may be: the last rewind restarted before the
+/// copy arrived, when the row's previous copy arrived before that restart (one replay per
+/// rewind) and the copy comes before the first new row of its partition after the restart.
+/// [`is_a_replayed_tail`] then checks the copies of each partition together.
 fn replayed_by_rewind(
     d: &super::tail::Delivery,
     previous_ms: i64,
-    rewinds: &[i64],
+    restarts: &[i64],
     new_after: &HashMap<(i32, i64), i64>,
-) -> bool {
-    let Some(&restart) = rewinds.iter().filter(|&&r| r <= d.appended_ms).max() else {
-        return false;
-    };
-    previous_ms < restart
+) -> Option<i64> {
+    let &restart = restarts.iter().filter(|&&r| r <= d.appended_ms).max()?;
+    (previous_ms < restart
         && new_after
             .get(&(d.partition, restart))
-            .is_none_or(|&first_new| d.offset < first_new)
+            .is_none_or(|&first_new| d.offset < first_new))
+    .then_some(restart)
 }
 
 /// Rows first seen after a later row of their key, in each partition's offset order.
@@ -411,9 +483,9 @@ fn recovery_and_timeline(inputs: &Inputs) -> (Vec<Duration>, Vec<(u64, u64, u64)
 #[test]
 fn only_a_rewinds_replay_is_excused() {
     use super::tail::Delivery;
-    let at = |id: u128, offset: i64, appended_ms: i64| Delivery {
+    let at = |partition: i32, id: u128, offset: i64, appended_ms: i64| Delivery {
         id,
-        partition: 0,
+        partition,
         offset,
         appended_ms,
         key_ok: true,
@@ -430,29 +502,35 @@ fn only_a_rewinds_replay_is_excused() {
     };
     let seen = Seen {
         deliveries: vec![
-            at(1, 0, 500),
-            at(2, 1, 600),
-            at(3, 2, 1_500),
-            at(2, 3, 1_600), // before the restart: not a replay
-            at(1, 4, 2_100), // replayed
-            at(1, 5, 2_150), // a second copy for the same rewind
-            at(4, 6, 2_200), // the first new row
-            at(3, 7, 2_300), // after the first new row
+            at(0, 1, 0, 500),
+            at(0, 2, 1, 600),
+            at(0, 3, 2, 1_500),
+            at(0, 2, 3, 1_600), // before the restart: not a replay
+            at(0, 2, 4, 2_100), // replayed: 2 and 3 are partition 0's last rows before
+            at(0, 3, 5, 2_150), // replayed
+            at(0, 4, 6, 2_200), // the first new row
+            at(0, 3, 7, 2_300), // after the first new row
+            at(1, 10, 0, 500),
+            at(1, 11, 1, 600),
+            at(1, 10, 2, 2_100), // not partition 1's last row before the restart (11 is)
+            at(2, 20, 0, -200_000),
+            at(2, 20, 1, 2_100), // the last row, but delivered long before the save
         ],
         ..Seen::default()
     };
     let counts = duplicates(&seen, std::slice::from_ref(&rewind));
-    assert_eq!(counts.extra, 4);
-    assert_eq!(counts.replayed, 1);
-    // The other three make one incident (appended within 2 s of each other), the rewind nearby.
+    assert_eq!(counts.extra, 6);
+    assert_eq!(counts.replayed, 2);
+    // The other four make one incident (appended within 2 s of each other), the rewind nearby.
     let shown = incidents(&counts.others, &[rewind]);
     assert_eq!(shown.len(), 1, "{shown:?}");
-    assert_eq!(shown[0]["copies"], 3);
+    assert_eq!(shown[0]["copies"], 4);
     assert_eq!(shown[0]["offsets_by_partition"][0]["copies"], json!([3, 7]));
     assert_eq!(
         shown[0]["offsets_by_partition"][0]["earlier_copies"],
-        json!([1, 4])
+        json!([1, 5])
     );
+    assert_eq!(shown[0]["offsets_by_partition"][1]["copies"], json!([2, 2]));
     assert_eq!(
         shown[0]["faults_since_a_minute_before"][0]["kind"],
         "checkpoint rewound"

@@ -176,6 +176,40 @@ fn rows(table: &str) -> Vec<HashMap<String, String>> {
         .collect()
 }
 
+/// What Kafka's own tool says of the open transactions, the hanging ones, the checkpoint topic's
+/// producers and the soak pipeline's two transactional ids (saved beside a run's logs).
+pub fn transactions_view(broker: &Broker) -> String {
+    let mut transactions = String::new();
+    for args in [
+        &["list"][..],
+        &[
+            "find-hanging",
+            "--broker-id",
+            "1",
+            "--max-transaction-timeout",
+            "1",
+        ],
+        &[
+            "describe-producers",
+            "--topic",
+            "outboxd.checkpoints",
+            "--partition",
+            "0",
+        ],
+        &["describe", "--transactional-id", "outboxd.soak.records"],
+        &["describe", "--transactional-id", "outboxd.soak.checkpoint"],
+    ] {
+        let out = broker.tool_output(TOOL, args);
+        transactions.push_str(&format!(
+            "$ kafka-transactions {}\n{}{}\n",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    transactions
+}
+
 #[test]
 fn find_hanging_rows_and_named_offsets_are_read() {
     let table = "Topic               Partition ProducerId ProducerEpoch CoordinatorEpoch StartOffset LastTimestamp Duration(min)\n\

@@ -20,8 +20,12 @@ pub enum Kind {
     BrokerKill,
     /// SIGSTOP of the broker for the hold.
     BrokerFreeze,
-    /// The database stopped (SIGTERM / `pg_ctl stop -m fast`) and started again.
+    /// The database stopped (SIGTERM / `pg_ctl stop -m fast`) and started again (MariaDB: the
+    /// primary the load writes to; the replicas reconnect).
     DbRestart,
+    /// MariaDB: the replica outboxd reads from stopped for the hold (outboxd moves to the other
+    /// one by GTID), then started again.
+    ReplicaFailover,
     /// The link between outboxd and every server down for the hold.
     Partition,
     /// A share of packets dropped each way for the hold.
@@ -45,6 +49,7 @@ impl Kind {
             Kind::BrokerKill => "kill -9 broker + restart",
             Kind::BrokerFreeze => "broker frozen",
             Kind::DbRestart => "database restart",
+            Kind::ReplicaFailover => "replica failover",
             Kind::Partition => "network partition",
             Kind::Loss => "packet loss",
             Kind::Slow => "slow network",
@@ -54,13 +59,14 @@ impl Kind {
     }
 
     /// Every kind, for `--faults` names.
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::Kill9,
         Kind::Pause,
         Kind::LeaderKill,
         Kind::BrokerKill,
         Kind::BrokerFreeze,
         Kind::DbRestart,
+        Kind::ReplicaFailover,
         Kind::Partition,
         Kind::Loss,
         Kind::Slow,
@@ -77,6 +83,7 @@ impl Kind {
             Kind::BrokerKill => "broker-kill",
             Kind::BrokerFreeze => "broker-freeze",
             Kind::DbRestart => "db-restart",
+            Kind::ReplicaFailover => "replica-failover",
             Kind::Partition => "partition",
             Kind::Loss => "loss",
             Kind::Slow => "slow",
@@ -93,6 +100,7 @@ impl Kind {
             Kind::BrokerKill => (1, 8),
             Kind::BrokerFreeze => (2, 12),
             Kind::DbRestart => (0, 4),
+            Kind::ReplicaFailover => (1, 10),
             Kind::Partition => (2, 15),
             Kind::Loss => (4, 15),
             Kind::Slow => (4, 15),
@@ -142,6 +150,20 @@ impl Schedule {
             target: self.rng.usize(..16),
         }
     }
+}
+
+/// How far into `seed`'s schedule (quiet and holds added up, recoveries not counted) every kind
+/// of `kinds` has been drawn once: a short run's seed must reach all of them.
+pub fn all_drawn_after(seed: u64, kinds: &[Kind]) -> Duration {
+    let mut schedule = Schedule::new(seed, kinds);
+    let mut left: std::collections::BTreeSet<Kind> = kinds.iter().copied().collect();
+    let mut elapsed = Duration::ZERO;
+    while !left.is_empty() {
+        let step = schedule.next_step();
+        elapsed += step.gap + step.hold;
+        left.remove(&step.kind);
+    }
+    elapsed
 }
 
 #[test]

@@ -43,6 +43,7 @@ fn colour(kind: Kind) -> RGBColor {
         Kind::BrokerKill => RGBColor(120, 60, 200),
         Kind::BrokerFreeze => RGBColor(180, 130, 230),
         Kind::DbRestart => RGBColor(40, 150, 60),
+        Kind::ReplicaFailover => RGBColor(120, 200, 110),
         Kind::Partition => RGBColor(30, 90, 200),
         Kind::Loss => RGBColor(90, 170, 230),
         Kind::Slow => RGBColor(150, 210, 240),

@@ -1,7 +1,13 @@
 //! The checker's reader: one real consumer that reads the topic from its first offset for the whole
 //! run (read_committed in exactly-once mode) and, once told to stop, reads on to each partition's
-//! end. It keeps what identifies a record, not its payload: the row id, where it sits, when the
-//! broker appended it (the topic uses LogAppendTime) and when it arrived here.
+//! end: a marker record the checker itself appends to every partition once outboxd stopped (so a
+//! position that only looks like the end, below an open transaction or after an offset reset,
+//! cannot pass for it). It keeps what identifies a record, not its payload: the row id, where it
+//! sits, when the broker appended it (the topic uses LogAppendTime) and when it arrived here.
+//!
+//! On Redis the same, with `XREAD` from the stream's first entry: the stream is partition 0, an
+//! entry's place in it its offset, and the milliseconds of its id (Redis's clock, `XADD *`) its
+//! append time. Redis has no uncommitted entries: `MULTI`/`EXEC` applies a batch at once.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,6 +19,7 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use super::load::{key_of, producer_of, seq_of};
+use crate::rig::redis::Redis;
 
 pub struct Delivery {
     pub id: u128,
@@ -34,50 +41,62 @@ pub struct Seen {
     /// Records this reader was handed again at an offset it had read (the consumer's own
     /// re-fetch, not a second copy in the topic): left out of `deliveries`.
     pub re_read: u64,
-    /// Whether the reader's position reached every partition's end after the stop (a
-    /// read_committed position may stop short of a final transaction marker; the reader also
-    /// ends after 5 s without a record).
+    /// Whether the reader reached the end after the stop: every partition's end marker (Kafka),
+    /// an empty read (Redis). It gives up 120 s after the stop.
     pub drained: bool,
+    /// How often the reader made its consumer again because it received nothing while the topic
+    /// held more.
+    pub rebuilt: u64,
 }
 
 pub struct Tail {
     pub seen: Arc<Mutex<Seen>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Kafka: where to append the end markers (bootstrap, topic, partitions).
+    markers: Option<(String, String, i32)>,
 }
 
+impl Drop for Tail {
+    /// Ends the reader after a panic too (it stops within 120 s).
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The header of the checker's end markers.
+const END_MARKER: &str = "soak-end";
+
 impl Tail {
-    pub fn start(bootstrap: &str, topic: &str, partitions: i32, read_committed: bool) -> Tail {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .set("group.id", "outboxd-soak-checker")
-            .set("enable.auto.commit", "false")
-            .set(
-                "isolation.level",
-                if read_committed {
-                    "read_committed"
-                } else {
-                    "read_uncommitted"
-                },
-            )
-            .set("fetch.max.bytes", "52428800")
-            .set("receive.message.max.bytes", "104857600")
-            .create()
-            .unwrap();
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..partitions {
-            tpl.add_partition_offset(topic, p, Offset::Beginning)
-                .unwrap();
-        }
-        consumer.assign(&tpl).unwrap();
+    pub fn kafka(bootstrap: &str, topic: &str, partitions: i32, read_committed: bool) -> Tail {
+        let reader = KafkaReader {
+            bootstrap: bootstrap.to_string(),
+            topic: topic.to_string(),
+            partitions,
+            read_committed,
+        };
         let seen = Arc::new(Mutex::new(Seen::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (s, t, topic) = (seen.clone(), stop.clone(), topic.to_string());
-        let thread = std::thread::spawn(move || read(&consumer, &topic, partitions, &s, &t));
+        let (s, t) = (seen.clone(), stop.clone());
+        let thread = std::thread::spawn(move || reader.read(&s, &t));
         Tail {
             seen,
             stop,
             thread: Some(thread),
+            markers: Some((bootstrap.to_string(), topic.to_string(), partitions)),
+        }
+    }
+
+    pub fn redis(server: &Redis, stream: &str) -> Tail {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, t, url, stream) = (seen.clone(), stop.clone(), server.url(), stream.to_string());
+        let thread = std::thread::spawn(move || read_redis(&url, &stream, &s, &t));
+        Tail {
+            seen,
+            stop,
+            thread: Some(thread),
+            markers: None,
         }
     }
 
@@ -87,80 +106,250 @@ impl Tail {
         ids.iter().all(|id| seen.first.contains_key(id))
     }
 
-    /// Reads on to the end of every partition (bounded), then stops; returns what was seen.
+    /// Reads on to the end of every partition (bounded), then stops; returns what was seen. Call
+    /// it once nothing writes any more.
     pub fn finish(mut self) -> Seen {
+        if let Some((bootstrap, topic, partitions)) = &self.markers {
+            append_end_markers(bootstrap, topic, *partitions);
+        }
         self.stop.store(true, Ordering::Relaxed);
         self.thread.take().unwrap().join().unwrap();
         std::mem::take(&mut *self.seen.lock().unwrap())
     }
 }
 
-fn read(
-    consumer: &BaseConsumer,
-    topic: &str,
+/// What the Kafka reader needs to make its consumer (again).
+struct KafkaReader {
+    bootstrap: String,
+    topic: String,
     partitions: i32,
-    seen: &Mutex<Seen>,
-    stop: &AtomicBool,
-) {
-    let mut ends: Option<(Vec<i64>, Instant)> = None;
-    let mut offsets: std::collections::HashSet<(i32, i64)> = std::collections::HashSet::new();
-    let mut last = Instant::now();
-    loop {
-        if stop.load(Ordering::Relaxed) && ends.is_none() {
-            let highs = (0..partitions)
-                .map(|p| {
-                    consumer
-                        .fetch_watermarks(topic, p, Duration::from_secs(10))
-                        .map_or(i64::MAX, |(_, high)| high)
-                })
-                .collect();
-            ends = Some((highs, Instant::now()));
+    read_committed: bool,
+}
+
+/// How long the reader may receive nothing while the topic holds records past its position
+/// before it makes its consumer again.
+const STALLED: Duration = Duration::from_secs(20);
+
+impl KafkaReader {
+    /// A consumer assigned every partition at `next` (the offset after the last one read; the
+    /// first offset for a partition not read yet).
+    fn consumer(&self, next: &HashMap<i32, i64>) -> BaseConsumer {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("group.id", "outboxd-soak-checker")
+            .set("enable.auto.commit", "false")
+            .set(
+                "isolation.level",
+                if self.read_committed {
+                    "read_committed"
+                } else {
+                    "read_uncommitted"
+                },
+            )
+            .set("fetch.max.bytes", "52428800")
+            .set("receive.message.max.bytes", "104857600")
+            // An offset out of range is an error (no marker is then reached), not a silent jump.
+            .set("auto.offset.reset", "error")
+            .create()
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..self.partitions {
+            let offset = next
+                .get(&p)
+                .map_or(Offset::Beginning, |&o| Offset::Offset(o));
+            tpl.add_partition_offset(&self.topic, p, offset).unwrap();
         }
-        if let Some((highs, since)) = &ends {
-            let position = consumer.position().unwrap();
-            let at_end = (0..partitions).all(|p| {
-                match position.find_partition(topic, p).map(|e| e.offset()) {
-                    Some(Offset::Offset(o)) => o >= highs[p as usize],
-                    _ => highs[p as usize] == 0,
-                }
-            });
-            let quiet =
-                last.elapsed() > Duration::from_secs(5) && since.elapsed() > Duration::from_secs(5);
-            if at_end || quiet || since.elapsed() > Duration::from_secs(120) {
-                seen.lock().unwrap().drained = at_end;
-                return;
+        consumer.assign(&tpl).unwrap();
+        consumer
+    }
+
+    /// Whether the topic holds records (committed ones, read_committed) past `next` in some
+    /// partition: a reader that receives nothing then is stuck, not caught up.
+    fn behind(&self, consumer: &BaseConsumer, next: &HashMap<i32, i64>) -> bool {
+        (0..self.partitions).any(|p| {
+            consumer
+                .fetch_watermarks(&self.topic, p, Duration::from_secs(5))
+                .is_ok_and(|(_, high)| high > next.get(&p).copied().unwrap_or(0))
+        })
+    }
+
+    /// Reads until told to stop and then until every partition's end marker (bounded). A
+    /// consumer that receives nothing for [`STALLED`] while the topic holds more is made again
+    /// at the offsets reached (after the broker fenced itself and re-elected its own partitions,
+    /// one stayed silent for minutes); `reader_rebuilt` counts it.
+    fn read(&self, seen: &Mutex<Seen>, stop: &AtomicBool) {
+        let mut next: HashMap<i32, i64> = HashMap::new();
+        let mut consumer = self.consumer(&next);
+        let mut offsets: std::collections::HashSet<(i32, i64)> = std::collections::HashSet::new();
+        let mut ended: std::collections::HashSet<i32> = std::collections::HashSet::new();
+        let mut stopped: Option<Instant> = None;
+        let mut last = Instant::now();
+        loop {
+            if stop.load(Ordering::Relaxed) && stopped.is_none() {
+                stopped = Some(Instant::now());
             }
-        }
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => {
+            if let Some(since) = stopped {
+                let at_end = ended.len() == self.partitions as usize;
+                if at_end || since.elapsed() > Duration::from_secs(120) {
+                    seen.lock().unwrap().drained = at_end;
+                    return;
+                }
+            }
+            if last.elapsed() > STALLED {
                 last = Instant::now();
-                let id = m
-                    .headers()
-                    .and_then(|h| h.iter().find(|h| h.key == "id").and_then(|h| h.value))
-                    .and_then(|v| std::str::from_utf8(v).ok())
-                    .and_then(|s| u128::from_str_radix(&s.replace('-', ""), 16).ok());
-                let mut seen = seen.lock().unwrap();
-                if !offsets.insert((m.partition(), m.offset())) {
-                    seen.re_read += 1;
+                // Past aborted records and transaction markers too, which no message shows.
+                if let Ok(position) = consumer.position() {
+                    for e in position.elements() {
+                        if let Offset::Offset(o) = e.offset() {
+                            let at = next.entry(e.partition()).or_insert(o);
+                            *at = (*at).max(o);
+                        }
+                    }
+                }
+                if self.behind(&consumer, &next) {
+                    eprintln!("soak checker: the reader received nothing for {STALLED:?} while the topic holds more: making its consumer again");
+                    seen.lock().unwrap().rebuilt += 1;
+                    consumer = self.consumer(&next);
+                }
+            }
+            let m = match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => m,
+                Some(Err(e)) if crate::rig::kafka::passing(&e) => continue,
+                Some(Err(e)) => {
+                    eprintln!("soak checker: consumer error (reading on): {e}");
                     continue;
                 }
-                let Some(id) = id else {
-                    seen.malformed += 1;
-                    continue;
-                };
-                let key_ok = m.key() == Some(key_of(producer_of(id), seq_of(id)).as_bytes());
-                seen.first.entry(id).or_insert_with(Instant::now);
-                seen.deliveries.push(Delivery {
-                    id,
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    appended_ms: m.timestamp().to_millis().unwrap_or(0),
-                    key_ok,
-                });
+                None => continue,
+            };
+            last = Instant::now();
+            next.insert(m.partition(), m.offset() + 1);
+            let headers = m.headers();
+            if headers.is_some_and(|h| h.iter().any(|h| h.key == END_MARKER)) {
+                ended.insert(m.partition());
+                continue;
             }
-            Some(Err(e)) if crate::rig::kafka::passing(&e) => {}
-            Some(Err(e)) => eprintln!("soak checker: consumer error (reading on): {e}"),
-            None => {}
+            let id = headers
+                .and_then(|h| h.iter().find(|h| h.key == "id").and_then(|h| h.value))
+                .and_then(row_id);
+            let mut seen = seen.lock().unwrap();
+            if !offsets.insert((m.partition(), m.offset())) {
+                seen.re_read += 1;
+                continue;
+            }
+            let Some(id) = id else {
+                seen.malformed += 1;
+                continue;
+            };
+            let key_ok = m.key() == Some(key_of(producer_of(id), seq_of(id)).as_bytes());
+            seen.first.entry(id).or_insert_with(Instant::now);
+            seen.deliveries.push(Delivery {
+                id,
+                partition: m.partition(),
+                offset: m.offset(),
+                appended_ms: m.timestamp().to_millis().unwrap_or(0),
+                key_ok,
+            });
         }
     }
+}
+
+/// A row id as the `id` header or field carries it (a UUID's text, or its hex).
+fn row_id(text: &[u8]) -> Option<u128> {
+    let text = std::str::from_utf8(text).ok()?;
+    u128::from_str_radix(&text.replace('-', ""), 16).ok()
+}
+
+/// Reads `stream` from its first entry until told to stop and an `XREAD` then finds nothing
+/// more (outboxd is stopped by then), reconnecting while the server is down or frozen.
+fn read_redis(url: &str, stream: &str, seen: &Mutex<Seen>, stop: &AtomicBool) {
+    use redis::streams::{StreamReadOptions, StreamReadReply};
+    use redis::Commands;
+    let client = redis::Client::open(url).unwrap();
+    let mut connection: Option<redis::Connection> = None;
+    let mut last_id = "0-0".to_string();
+    let mut offset = 0i64;
+    let mut stopped: Option<Instant> = None;
+    let options = StreamReadOptions::default().count(2000).block(200);
+    loop {
+        if stop.load(Ordering::Relaxed) && stopped.is_none() {
+            stopped = Some(Instant::now());
+        }
+        if stopped.is_some_and(|at| at.elapsed() > Duration::from_secs(120)) {
+            return;
+        }
+        let Some(conn) = connection.as_mut() else {
+            match client.get_connection_with_timeout(Duration::from_secs(2)) {
+                Ok(conn) => {
+                    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                    connection = Some(conn);
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+            continue;
+        };
+        let reply: redis::RedisResult<Option<StreamReadReply>> =
+            conn.xread_options(&[stream], &[&last_id], &options);
+        let entries = match reply {
+            Ok(reply) => reply
+                .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect::<Vec<_>>())
+                .unwrap_or_default(),
+            Err(_) => {
+                connection = None;
+                continue;
+            }
+        };
+        if entries.is_empty() && stopped.is_some() {
+            seen.lock().unwrap().drained = true;
+            return;
+        }
+        let mut seen = seen.lock().unwrap();
+        for entry in entries {
+            last_id = entry.id.clone();
+            let appended_ms = entry
+                .id
+                .split('-')
+                .next()
+                .and_then(|ms| ms.parse().ok())
+                .unwrap_or(0);
+            let field = |name: &str| entry.get::<Vec<u8>>(name);
+            let Some(id) = field("id").as_deref().and_then(row_id) else {
+                seen.malformed += 1;
+                continue;
+            };
+            let key_ok =
+                field("key").as_deref() == Some(key_of(producer_of(id), seq_of(id)).as_bytes());
+            seen.first.entry(id).or_insert_with(Instant::now);
+            seen.deliveries.push(Delivery {
+                id,
+                partition: 0,
+                offset,
+                appended_ms,
+                key_ok,
+            });
+            offset += 1;
+        }
+    }
+}
+
+/// Appends one marker record (header [`END_MARKER`], outside any transaction) to each partition:
+/// a reader that reaches all of them has read everything written before.
+fn append_end_markers(bootstrap: &str, topic: &str, partitions: i32) {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("acks", "all")
+        .create()
+        .unwrap();
+    for p in 0..partitions {
+        let record = BaseRecord::<str, str>::to(topic)
+            .partition(p)
+            .payload("")
+            .headers(OwnedHeaders::new().insert(Header {
+                key: END_MARKER,
+                value: Some("1"),
+            }));
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+    }
+    producer.flush(Duration::from_secs(60)).unwrap();
 }

@@ -1,7 +1,9 @@
-//! The world a soak run breaks: a network namespace with outboxd inside, the database and Apache
-//! Kafka outside on the veth's host address, one outboxd (file checkpoint on a small tmpfs) or
-//! two (Kafka checkpoint store: a leader and a standby), and a supervisor that starts an instance
-//! again a second after it exits, as systemd's `Restart=on-failure` would.
+//! The world a soak run breaks: a network namespace with outboxd inside, the database and the
+//! broker (`sink`) outside on the veth's host address (MariaDB: a primary the load writes to and
+//! two GTID replicas outboxd reads, as users run it), one outboxd (file checkpoint on a small
+//! tmpfs; or exactly-once on Redis, checkpoint in Redis) or two (exactly-once on Kafka, Kafka
+//! checkpoint store: a leader and a standby), and a supervisor that starts an instance again a
+//! second after it exits, as systemd's `Restart=on-failure` would.
 //!
 //! The nemesis ([`World::inject`]) and the supervisor ([`World::tick`]) run on the caller's thread,
 //! so a fault and a restart never race; the load and the checker's reader run on their own.
@@ -13,13 +15,11 @@ use nix::sys::signal::{kill, Signal};
 
 use super::operator::Operator;
 use super::plan::{Kind, Step};
+use super::sink::{Sink, SinkServer};
 use crate::rig::disk::SmallDisk;
 use crate::rig::mariadb::{try_sql_at, CDC_PASSWORD};
 use crate::rig::netns::NetNs;
-use crate::rig::{create_topic_with, Broker, MariaDb, Outboxd, Postgres};
-
-pub const TOPIC: &str = "outbox.event.soak";
-pub const PARTITIONS: i32 = 6;
+use crate::rig::{MariaDb, Outboxd, Postgres};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
@@ -61,8 +61,10 @@ struct Instance {
 }
 
 pub struct World {
-    pub broker: Broker,
+    pub sink: SinkServer,
     pub db: Db,
+    /// MariaDB's two replicas outboxd reads (its URL lists both), empty for Postgres.
+    replicas: Vec<MariaDb>,
     /// Declared after the servers: dropped (links and namespace deleted) once they are gone.
     pub ns: NetNs,
     /// The checkpoint directory's tmpfs (file store), filled by [`Kind::DiskFull`]; unmounted
@@ -83,31 +85,75 @@ fn epoch_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// The kinds of fault the world of `source` and `sink` takes: a leader to kill only beside a
+/// standby (Kafka's checkpoint store, which exactly-once on Kafka needs; Redis's has no lead), a
+/// disk to fill only under the file checkpoint, a replica to fail over from only on MariaDB.
+pub fn kinds(source: Source, sink: Sink, exactly_once: bool) -> Vec<Kind> {
+    let mut kinds = vec![
+        Kind::Kill9,
+        Kind::Pause,
+        Kind::BrokerKill,
+        Kind::BrokerFreeze,
+        Kind::DbRestart,
+        Kind::Partition,
+        Kind::Loss,
+        Kind::Slow,
+        Kind::Rewind,
+    ];
+    if exactly_once && sink == Sink::Kafka {
+        kinds.push(Kind::LeaderKill);
+    }
+    if !exactly_once {
+        kinds.push(Kind::DiskFull);
+    }
+    if source == Source::MariaDb {
+        kinds.push(Kind::ReplicaFailover);
+    }
+    kinds
+}
+
 impl World {
-    pub fn setup(source: Source, exactly_once: bool) -> World {
+    pub fn setup(source: Source, sink: Sink, exactly_once: bool) -> World {
         let ns = NetNs::create();
         let host = ns.host_ip().to_string();
-        let broker = Broker::start_on(&host, "");
-        create_topic_with(
-            &broker.bootstrap(),
-            TOPIC,
-            PARTITIONS,
-            &[("message.timestamp.type", "LogAppendTime")],
-        );
+        let server = SinkServer::start_on(sink, &host);
+        let mut replicas = Vec::new();
         let (db, source_section) = match source {
             Source::MariaDb => {
-                let db = MariaDb::start(&[&format!("bind-address=127.0.0.1,{host}")]);
+                let bind = format!("bind-address=127.0.0.1,{host}");
+                let db = MariaDb::start(&[&bind]);
+                for server_id in [2, 3] {
+                    let replica =
+                        MariaDb::start_replica(&db, server_id, &["log-slave-updates=ON", &bind]);
+                    // Not replicated (sql_log_bin = 0): a user of each replica's own.
+                    replica.sql_socket(&format!(
+                        "SET SESSION sql_log_bin = 0; \
+                         CREATE USER 'cdc'@'{ip}' IDENTIFIED BY '{CDC_PASSWORD}'; \
+                         GRANT REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR, SELECT ON *.* TO 'cdc'@'{ip}';",
+                        ip = ns.ns_ip()
+                    ));
+                    replicas.push(replica);
+                }
+                // Replicated: the replicas start from the primary's position before it.
                 db.sql_socket(crate::rig::scenario::SCHEMA);
-                db.sql_socket(&format!(
-                    "SET SESSION sql_log_bin = 0; \
-                     CREATE USER 'cdc'@'{ip}' IDENTIFIED BY '{CDC_PASSWORD}'; \
-                     GRANT REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR, SELECT ON *.* TO 'cdc'@'{ip}';",
-                    ip = ns.ns_ip()
-                ));
+                for replica in &replicas {
+                    replica.catch_up(&db);
+                    assert!(
+                        !replica
+                            .sql_socket("SHOW TABLES FROM app LIKE 'outbox';")
+                            .trim()
+                            .is_empty(),
+                        "a replica without app.outbox"
+                    );
+                }
+                let hosts: Vec<String> = replicas
+                    .iter()
+                    .map(|r| format!("{host}:{}", r.port))
+                    .collect();
                 let section = format!(
-                    "[source]\nkind = \"mysql\"\nurl = \"mysql://cdc@{host}:{}/app\"\ntables = [\"app.outbox\"]\n\
+                    "[source]\nkind = \"mysql\"\nurl = \"mysql://cdc@{}/app\"\ntables = [\"app.outbox\"]\n\
                      server_id = 99\n",
-                    db.port
+                    hosts.join(",")
                 );
                 (Db::MariaDb(db), section)
             }
@@ -134,14 +180,14 @@ impl World {
             }
         };
         let body = format!(
-            "{source_section}[kafka]\nbrokers = \"{}\"\nexactly_once = {exactly_once}\n[http]\nlisten = \"\"\n",
-            broker.bootstrap()
+            "{source_section}{}[http]\nlisten = \"\"\n",
+            server.section(&host, exactly_once)
         );
-        // Exactly-once needs the Kafka checkpoint store, which also lets a standby stand by.
-        let (count, checkpoint) = if exactly_once {
-            (2, "store = \"kafka\"\ntakeover_timeout_ms = 3000\n")
-        } else {
-            (1, "")
+        // Exactly-once needs the sink's own checkpoint store; Kafka's also lets a standby stand by.
+        let (count, checkpoint) = match (exactly_once, sink) {
+            (true, Sink::Kafka) => (2, "store = \"kafka\"\ntakeover_timeout_ms = 3000\n"),
+            (true, Sink::Redis) => (1, "store = \"redis\"\n"),
+            (false, _) => (1, ""),
         };
         let instances: Vec<Instance> = (0..count)
             .map(|_| {
@@ -156,8 +202,9 @@ impl World {
         let disk = (!exactly_once)
             .then(|| SmallDisk::mount(&instances[0].outboxd.dir_path().join("checkpoints"), "1m"));
         World {
-            broker,
+            sink: server,
             db,
+            replicas,
             ns,
             instances,
             disk,
@@ -166,28 +213,6 @@ impl World {
             starts: 0,
             operator: Operator::default(),
         }
-    }
-
-    /// The kinds of fault this world can take.
-    pub fn kinds(&self) -> Vec<Kind> {
-        let mut kinds = vec![
-            Kind::Kill9,
-            Kind::Pause,
-            Kind::BrokerKill,
-            Kind::BrokerFreeze,
-            Kind::DbRestart,
-            Kind::Partition,
-            Kind::Loss,
-            Kind::Slow,
-            Kind::Rewind,
-        ];
-        if self.instances.len() > 1 {
-            kinds.push(Kind::LeaderKill);
-        }
-        if self.disk.is_some() {
-            kinds.push(Kind::DiskFull);
-        }
-        kinds
     }
 
     /// Starts every instance and waits until one streams.
@@ -267,10 +292,12 @@ impl World {
                 self.spawn(i);
             }
         }
-        self.operator.look(
-            &self.broker,
-            self.instances.iter().map(|instance| instance.outboxd.log()),
-        );
+        if let Some(broker) = self.sink.kafka() {
+            self.operator.look(
+                broker,
+                self.instances.iter().map(|instance| instance.outboxd.log()),
+            );
+        }
     }
 
     /// Supervises for `how_long`.
@@ -401,18 +428,22 @@ impl World {
                 None => "no instance was running".to_string(),
             },
             Kind::BrokerKill => {
-                self.broker.kill9();
+                self.sink.kill9();
                 self.idle(hold);
-                self.broker.resume();
+                self.sink.restart();
                 format!("down {hold:?}")
             }
             Kind::BrokerFreeze => {
-                self.broker.freeze();
+                self.sink.freeze();
                 self.idle(hold);
-                self.broker.thaw();
+                self.sink.thaw();
                 format!("{hold:?}")
             }
             Kind::DbRestart => {
+                // On MariaDB every server: outboxd has no source to move to for the hold.
+                for replica in &mut self.replicas {
+                    replica.stop();
+                }
                 match &mut self.db {
                     Db::MariaDb(db) => db.stop(),
                     Db::Postgres(pg) => pg.stop_fast(),
@@ -422,8 +453,12 @@ impl World {
                     Db::MariaDb(db) => db.boot(),
                     Db::Postgres(pg) => pg.start_again(),
                 }
+                for replica in &mut self.replicas {
+                    replica.boot();
+                }
                 format!("down {hold:?}")
             }
+            Kind::ReplicaFailover => self.replica_failover(step, hold),
             Kind::Partition => {
                 self.ns.partition(true);
                 self.idle(hold);
@@ -466,6 +501,40 @@ impl World {
             restarted_ms,
             detail,
         }
+    }
+
+    /// [`Kind::ReplicaFailover`]: stops the replica outboxd streams from (else the one `step`
+    /// aims at), holds, starts it again; says whether outboxd had moved to the other by then.
+    fn replica_failover(&mut self, step: &Step, hold: Duration) -> String {
+        let reading = self.replica_read();
+        let r = reading.unwrap_or(step.target % self.replicas.len());
+        self.replicas[r].stop();
+        self.idle(hold);
+        let moved = self.replica_read().filter(|&now| now != r);
+        self.replicas[r].boot();
+        let which = if reading.is_some() {
+            "the one outboxd read"
+        } else {
+            "outboxd streamed from neither"
+        };
+        let outcome = match moved {
+            Some(other) => format!("outboxd moved to R{}", other + 1),
+            None => "outboxd had not moved by then".to_string(),
+        };
+        format!("replica R{} ({which}) down {hold:?}; {outcome}", r + 1)
+    }
+
+    /// The replica the streaming instance opened its last binlog stream on (its log names the
+    /// server by address; a dump thread on the server may outlive the connection it served).
+    fn replica_read(&self) -> Option<usize> {
+        let log = self.instances[self.leader()?].outboxd.log();
+        let opened = log
+            .lines()
+            .rev()
+            .find(|l| l.contains("binlog stream opened"))?;
+        self.replicas
+            .iter()
+            .position(|r| opened.contains(&format!(":{}/", r.port)))
     }
 
     /// Supervises until `done` holds or `limit` passes; whether it held.
@@ -545,46 +614,26 @@ impl World {
     /// what Kafka's own tool says of the open transactions (`kafka-transactions.txt`).
     pub fn save_logs(&self, dir: &std::path::Path) {
         std::fs::create_dir_all(dir).unwrap();
-        let mut transactions = String::new();
-        for args in [
-            &["list"][..],
-            &[
-                "find-hanging",
-                "--broker-id",
-                "1",
-                "--max-transaction-timeout",
-                "1",
-            ],
-            &[
-                "describe-producers",
-                "--topic",
-                "outboxd.checkpoints",
-                "--partition",
-                "0",
-            ],
-            &["describe", "--transactional-id", "outboxd.soak.records"],
-            &["describe", "--transactional-id", "outboxd.soak.checkpoint"],
-        ] {
-            let out = self
-                .broker
-                .tool_output("org.apache.kafka.tools.TransactionsCommand", args);
-            transactions.push_str(&format!(
-                "$ kafka-transactions {}\n{}{}\n",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
+        if let Some(broker) = self.sink.kafka() {
+            std::fs::write(
+                dir.join("kafka-transactions.txt"),
+                super::operator::transactions_view(broker),
+            )
+            .unwrap();
+            std::fs::write(dir.join("operator.txt"), &self.operator.transcript).unwrap();
         }
-        std::fs::write(dir.join("kafka-transactions.txt"), transactions).unwrap();
-        std::fs::write(dir.join("operator.txt"), &self.operator.transcript).unwrap();
-        for (n, log) in self.broker.logs().iter().enumerate() {
-            let _ = std::fs::copy(log, dir.join(format!("broker-{n}.log")));
-        }
+        self.sink.save_logs(dir);
         let server_log = match &self.db {
             Db::MariaDb(db) => db.dir().join("error.log"),
             Db::Postgres(pg) => pg.dir().join("postgres.log"),
         };
         let _ = std::fs::copy(server_log, dir.join("database.log"));
+        for (r, replica) in self.replicas.iter().enumerate() {
+            let _ = std::fs::copy(
+                replica.dir().join("error.log"),
+                dir.join(format!("database-r{}.log", r + 1)),
+            );
+        }
         for (i, instance) in self.instances.iter().enumerate() {
             for entry in std::fs::read_dir(instance.outboxd.dir_path())
                 .unwrap()
@@ -617,7 +666,12 @@ impl World {
 }
 
 impl Drop for World {
+    /// After a panic too: every instance is killed before the fields drop, since one still
+    /// running would keep the checkpoint's tmpfs busy and its unmount would fail.
     fn drop(&mut self) {
+        for instance in &mut self.instances {
+            instance.outboxd.kill_if_running();
+        }
         self.ns.heal();
     }
 }
