@@ -15,13 +15,19 @@ struct Topology {
 }
 
 /// A primary and two replicas that log what they replicate, the outbox schema created on the primary.
-fn topology() -> Topology {
+fn servers() -> (MariaDb, MariaDb, MariaDb) {
     let primary = MariaDb::start(&[]);
     let r1 = MariaDb::start_replica(&primary, 2, &["log-slave-updates=ON"]);
     let r2 = MariaDb::start_replica(&primary, 3, &["log-slave-updates=ON"]);
     primary.sql_socket(SCHEMA);
     r1.catch_up(&primary);
     r2.catch_up(&primary);
+    (primary, r1, r2)
+}
+
+/// [`servers`] and a broker with the event topics.
+fn topology() -> Topology {
+    let (primary, r1, r2) = servers();
     let broker = Broker::start();
     for topic in ["outbox.event.order", "outbox.event.customer"] {
         create_topic(&broker.bootstrap(), topic, 3);
@@ -220,12 +226,7 @@ fn a_replica_behind_the_checkpoint_is_waited_for_and_nothing_is_lost() {
 #[test]
 fn a_sink_outage_does_not_move_outboxd_to_another_replica() {
     use crate::rig::redis::{config_with_redis, Redis};
-    let primary = MariaDb::start(&[]);
-    let r1 = MariaDb::start_replica(&primary, 2, &["log-slave-updates=ON"]);
-    let r2 = MariaDb::start_replica(&primary, 3, &["log-slave-updates=ON"]);
-    primary.sql_socket(SCHEMA);
-    r1.catch_up(&primary);
-    r2.catch_up(&primary);
+    let (primary, r1, r2) = servers();
     let mut redis = Redis::start();
     let mut outboxd = Outboxd::new(
         "sinkblip",
