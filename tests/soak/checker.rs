@@ -9,8 +9,8 @@
 //!   *replayed* when a checkpoint rewind (an operator's deliberate replay) explains it: it arrived
 //!   after the rewind's restart, the row's previous copy before, and ahead of the first new row
 //!   of its partition after that restart, and the partition's copies so explained are together
-//!   exactly the last rows it received before the restart, none long before the save (a replay
-//!   from further back, or of rows picked here and there, is no rewind's). Exactly-once allows
+//!   one unbroken run of the rows it received before the restart, none long before the save (a
+//!   replay from further back, or of rows picked here and there, is no rewind's). Exactly-once allows
 //!   only replayed ones;
 //! - order violation: a row first seen after a later row of the same key (per partition, offset
 //!   order; replays of rows already seen do not count);
@@ -308,20 +308,22 @@ fn duplicates(seen: &Seen, faults: &[Injected]) -> Duplicates {
 }
 
 /// A rewind replays everything after the saved position once: in a partition, its copies are
-/// exactly the last rows first delivered there before the restart (in any order: on Postgres a
-/// session may start at the slot, ahead of the saved position, and the next one after a database
-/// restart from the saved position), none of them first delivered long before the save (the live
-/// checkpoint trails deliveries by far less than [`CHECKPOINT_LAG_MS`]). Copies that are not are
-/// no replay.
+/// one unbroken run of the rows first delivered there before the restart (in any order: on
+/// Postgres a session may start at the slot, ahead of the saved position, and the next one after a
+/// database restart from the saved position), usually the last ones, or the first part of them when
+/// the next rewind stopped the replay early; none of them first delivered long before the save
+/// (the live checkpoint trails deliveries by far less than [`CHECKPOINT_LAG_MS`]). Copies that are
+/// not are no replay.
 fn is_a_replayed_tail(copies: &[Copy], before: &[(u128, i64)], saved_ms: i64) -> bool {
-    let Some(tail) = before.len().checked_sub(copies.len()).map(|k| &before[k..]) else {
+    let replayed: HashSet<u128> = copies.iter().map(|c| c.id).collect();
+    let Some(start) = before.iter().position(|(id, _)| replayed.contains(id)) else {
         return false;
     };
-    let replayed: HashSet<u128> = copies.iter().map(|c| c.id).collect();
-    tail.iter().all(|(id, _)| replayed.contains(id))
-        && tail
-            .first()
-            .is_none_or(|&(_, at)| at >= saved_ms.saturating_sub(CHECKPOINT_LAG_MS))
+    let Some(run) = before.get(start..start + copies.len()) else {
+        return false;
+    };
+    run.iter().all(|(id, _)| replayed.contains(id))
+        && run[0].1 >= saved_ms.saturating_sub(CHECKPOINT_LAG_MS)
 }
 
 /// How far the saved checkpoint may trail the rows delivered when it was saved.
@@ -512,25 +514,32 @@ fn only_a_rewinds_replay_is_excused() {
             at(0, 3, 7, 2_300), // after the first new row
             at(1, 10, 0, 500),
             at(1, 11, 1, 600),
-            at(1, 10, 2, 2_100), // not partition 1's last row before the restart (11 is)
+            at(1, 12, 2, 700),
+            at(1, 10, 3, 2_100), // 10 and 12 without 11: no unbroken run, no replay
+            at(1, 12, 4, 2_120),
             at(2, 20, 0, -200_000),
             at(2, 20, 1, 2_100), // the last row, but delivered long before the save
+            at(3, 30, 0, 1_200),
+            at(3, 31, 1, 1_300),
+            at(3, 32, 2, 1_400),
+            at(3, 30, 3, 2_100), // a replay stopped early: 30 and 31, the start of the run
+            at(3, 31, 4, 2_150),
         ],
         ..Seen::default()
     };
     let counts = duplicates(&seen, std::slice::from_ref(&rewind));
-    assert_eq!(counts.extra, 6);
-    assert_eq!(counts.replayed, 2);
-    // The other four make one incident (appended within 2 s of each other), the rewind nearby.
+    assert_eq!(counts.extra, 9);
+    assert_eq!(counts.replayed, 4);
+    // The other five make one incident (appended within 2 s of each other), the rewind nearby.
     let shown = incidents(&counts.others, &[rewind]);
     assert_eq!(shown.len(), 1, "{shown:?}");
-    assert_eq!(shown[0]["copies"], 4);
+    assert_eq!(shown[0]["copies"], 5);
     assert_eq!(shown[0]["offsets_by_partition"][0]["copies"], json!([3, 7]));
     assert_eq!(
         shown[0]["offsets_by_partition"][0]["earlier_copies"],
         json!([1, 5])
     );
-    assert_eq!(shown[0]["offsets_by_partition"][1]["copies"], json!([2, 2]));
+    assert_eq!(shown[0]["offsets_by_partition"][1]["copies"], json!([3, 4]));
     assert_eq!(
         shown[0]["faults_since_a_minute_before"][0]["kind"],
         "checkpoint rewound"
