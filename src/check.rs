@@ -10,6 +10,10 @@ pub use crate::preflight::{Item, Status};
 
 pub struct Report {
     pub items: Vec<Item>,
+    /// Subjects of the hosts of a multi-host `source.url` that FAIL while another host passes:
+    /// `run` starts without them (its sessions pass a refusing host over, see
+    /// `pipeline::hosts`), so that one bad replica cannot stop the pipeline's restart.
+    spared: Vec<String>,
 }
 
 impl Report {
@@ -26,7 +30,7 @@ impl Report {
     pub fn blocking(&self) -> Vec<&Item> {
         self.items
             .iter()
-            .filter(|i| i.status == Status::Fail && i.subject != "prune")
+            .filter(|i| i.status == Status::Fail && !self.starts_anyway(i))
             .collect()
     }
 
@@ -34,8 +38,12 @@ impl Report {
     pub fn advisory(&self) -> Vec<&Item> {
         self.items
             .iter()
-            .filter(|i| i.status == Status::Fail && i.subject == "prune")
+            .filter(|i| i.status == Status::Fail && self.starts_anyway(i))
             .collect()
+    }
+
+    fn starts_anyway(&self, item: &Item) -> bool {
+        item.subject == "prune" || self.spared.contains(&item.subject)
     }
 }
 
@@ -97,12 +105,19 @@ pub async fn run(config: &Config) -> Report {
         other => other,
     });
     let wanted = config.route.columns();
+    let mut spared = Vec::new();
     match &config.source.db {
         SourceDb::Mysql(_) => {
-            for url in config.source.urls() {
-                let one = config.source.with_url(url);
-                items.extend(crate::source::mysql::preflight(&one, position, &wanted).await)
-            }
+            let hosts = mysql_hosts(config, position, &wanted).await;
+            spared = spare_hosts(&hosts);
+            items.extend(hosts.into_iter().flatten());
+            items.extend(spared.iter().map(|host| {
+                Item::warn(
+                    host,
+                    "`run` starts anyway while another host passes; a session that reaches this host is refused by it and moves on",
+                    "fix this host's FAIL lines; until then the pipeline has one failover host less",
+                )
+            }));
         }
         SourceDb::Postgres(own) => items.extend(
             crate::source::postgres::preflight(&config.source, own, position, &wanted).await,
@@ -120,5 +135,111 @@ pub async fn run(config: &Config) -> Report {
         checkpoint_in_redis: config.checkpoint.store == crate::config::StoreKind::Redis,
     };
     items.extend(config.sink().preflight(wanted).await);
-    Report { items }
+    Report { items, spared }
+}
+
+/// The preflight of each host of `source.url`; with several, each host's lines name it.
+async fn mysql_hosts(
+    config: &Config,
+    position: Option<&crate::source::Position>,
+    wanted: &[String],
+) -> Vec<Vec<Item>> {
+    let urls = config.source.urls();
+    let several = urls.len() > 1;
+    let mut hosts = Vec::with_capacity(urls.len());
+    for url in urls {
+        let one = config.source.with_url(url.clone());
+        let mut found = crate::source::mysql::preflight(&one, position, wanted).await;
+        if several {
+            let subject = format!("mysql {}", host_of(&url));
+            found.iter_mut().for_each(|i| i.subject = subject.clone());
+        }
+        hosts.push(found);
+    }
+    hosts
+}
+
+/// Of several hosts, those that FAIL while another passes cleanly (no FAIL, and it answered):
+/// `run` starts without them, and `check` says so beside their FAIL lines. Only a host whose every
+/// FAIL a session also refuses is spared (settings, grants, TLS, the checkpoint's binlog): a
+/// missing outbox table or routed column has no such refusal (a session would read the host and
+/// lose or dead-letter its rows), so it still stops `run`.
+fn spare_hosts(hosts: &[Vec<Item>]) -> Vec<String> {
+    let clean = |host: &Vec<Item>| {
+        host.iter()
+            .all(|i| !matches!(i.status, Status::Fail | Status::Unreachable))
+    };
+    let fails = |host: &Vec<Item>| host.iter().any(|i| i.status == Status::Fail);
+    // The lines of `preflight::routed_columns_item`, which no session checks.
+    let sessions_refuse = |host: &Vec<Item>| {
+        host.iter()
+            .filter(|i| i.status == Status::Fail)
+            .all(|i| !i.detail.starts_with("outbox table "))
+    };
+    if hosts.len() < 2 || !hosts.iter().any(clean) {
+        return Vec::new();
+    }
+    hosts
+        .iter()
+        .filter(|h| fails(h) && sessions_refuse(h))
+        .filter_map(|h| h.first().map(|i| i.subject.clone()))
+        .collect()
+}
+
+/// `HOST:PORT` of one source URL (no user, password or database).
+fn host_of(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(u) => match (u.host_str(), u.port()) {
+            (Some(h), Some(p)) => format!("{h}:{p}"),
+            (Some(h), None) => h.to_string(),
+            _ => crate::source::config::redact_url(url),
+        },
+        Err(_) => crate::source::config::redact_url(url),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(subject: &str, fail: bool) -> Vec<Item> {
+        let mut items = vec![Item::pass(subject, "connected")];
+        if fail {
+            items.push(Item::fail(subject, "log_slave_updates = OFF", "set it"));
+        }
+        items
+    }
+
+    #[test]
+    fn run_starts_without_a_failing_host_only_while_another_host_passes() {
+        let one_bad = [host("mysql a:1", true), host("mysql b:2", false)];
+        assert_eq!(spare_hosts(&one_bad), vec!["mysql a:1".to_string()]);
+        let report = Report {
+            items: one_bad.concat(),
+            spared: spare_hosts(&one_bad),
+        };
+        assert!(report.blocking().is_empty());
+        assert_eq!(report.advisory().len(), 1);
+        assert!(report.failed(), "`check` still fails");
+        let all_bad = [host("mysql a:1", true), host("mysql b:2", true)];
+        assert!(spare_hosts(&all_bad).is_empty());
+        assert!(spare_hosts(&[host("mysql", true)]).is_empty());
+        assert_eq!(
+            host_of("mysql://cdc:pw@db.example:3307/app"),
+            "db.example:3307"
+        );
+        // A host that did not answer is no proof that the pipeline can run.
+        let unanswered = vec![Item::unreachable("mysql b:2", "no answer", "start it")];
+        assert!(spare_hosts(&[host("mysql a:1", true), unanswered]).is_empty());
+        // A missing outbox table or column is read, not refused, by a session: never spared.
+        let mut no_table = host("mysql a:1", false);
+        no_table.push(crate::preflight::routed_columns_item(
+            "mysql a:1",
+            "app.outbox",
+            &[],
+            &[],
+            "mysql",
+        ));
+        assert!(spare_hosts(&[no_table, host("mysql b:2", false)]).is_empty());
+    }
 }

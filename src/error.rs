@@ -50,6 +50,9 @@ pub struct Error {
     transient: bool,
     /// Another instance of the pipeline took over (its fencing refused this one's write).
     superseded: bool,
+    /// The source host refuses to serve outboxd (a setting, a grant, the checkpoint's binlog gone
+    /// there): another host of a multi-host `source.url` may serve it.
+    host_refusal: bool,
     cause: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
@@ -63,6 +66,7 @@ impl Error {
             remedy: None,
             transient: false,
             superseded: false,
+            host_refusal: false,
             cause: None,
         }
     }
@@ -113,6 +117,16 @@ impl Error {
 
     pub fn is_superseded(&self) -> bool {
         self.superseded
+    }
+
+    /// Marks the error as this source host's refusal (see `pipeline::hosts`).
+    pub fn refused_by_host(mut self) -> Self {
+        self.host_refusal = true;
+        self
+    }
+
+    pub fn is_host_refusal(&self) -> bool {
+        self.host_refusal
     }
 
     pub fn kind(&self) -> Kind {

@@ -254,3 +254,99 @@ fn a_sink_outage_does_not_move_outboxd_to_another_replica() {
     );
     outboxd.stop();
 }
+
+/// A host of the list that cannot serve outboxd (here a replica that does not log what it
+/// replicates, so reading it would lose every row) is passed over, at start and by each session,
+/// and never read; only every host refusing stops outboxd, naming each one's reason. Before, `run`
+/// refused to start while any host failed its checks, and a session's refusal ended the process,
+/// whose restart began at the same first host: one bad replica stopped the pipeline for good.
+#[test]
+fn a_host_that_cannot_serve_outboxd_is_passed_over_and_only_every_host_refusing_stops_it() {
+    let (primary, r1, _r2) = servers();
+    let blind = MariaDb::start_replica(&primary, 4, &[]);
+    // It replicates from the primary's position now, after the schema: give it its own copy.
+    blind.sql_socket(&format!("SET SESSION sql_log_bin = 0;{SCHEMA}"));
+    blind.catch_up(&primary);
+    let broker = Broker::start();
+    for topic in ["outbox.event.order", "outbox.event.customer"] {
+        create_topic(&broker.bootstrap(), topic, 3);
+    }
+    let mut outboxd = Outboxd::new(
+        "passover",
+        &config_body(&url(&[&blind, &r1]), &broker.bootstrap(), "", ""),
+    );
+    let check = outboxd.command(&["check"]).output().unwrap();
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        !check.status.success(),
+        "check must FAIL the blind host:\n{said}"
+    );
+    let blind_host = format!("mysql 127.0.0.1:{}", blind.port);
+    for line in ["log_slave_updates = OFF", "`run` starts anyway"] {
+        assert!(
+            said.lines()
+                .any(|l| l.contains(&blind_host) && l.contains(line)),
+            "{line}:\n{said}"
+        );
+    }
+    outboxd.start();
+    insert_rows(&primary, 0, 50, 5);
+    r1.catch_up(&primary);
+    let records = consume_events(&broker.bootstrap(), 50);
+    assert_eq!(check_records(&records, 0..50), 0, "{}", outboxd.log());
+    let log = outboxd.log();
+    assert!(
+        log.contains("refuses to serve outboxd") && log.contains("log_slave_updates = OFF"),
+        "{log}"
+    );
+    outboxd.stop();
+
+    // Every host refusing (the blind one twice; `--skip-checks` lets the sessions meet it).
+    outboxd.rewrite_config(&config_body(
+        &url(&[&blind, &blind]),
+        &broker.bootstrap(),
+        "",
+        "",
+    ));
+    let run = outboxd.command(&["run", "--skip-checks"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("every host in source.url refused")
+            && stderr.matches("log_slave_updates = OFF").count() >= 2,
+        "{stderr}"
+    );
+    assert!(!stderr.contains(rig::mariadb::CDC_PASSWORD), "{stderr}");
+}
+
+/// A replica that stopped replicating still answers and heartbeats, so its stream looked healthy
+/// while no new row would ever come: outboxd stayed on it for good. Now a replica not replicating
+/// for 12 heartbeat periods (12 s here) ends the session, and the next host serves the rows.
+#[test]
+fn a_replica_that_stopped_replicating_is_left_for_one_that_has_the_new_rows() {
+    let t = topology();
+    // Reading a replica's status needs SLAVE MONITOR (README "Requirements"); without it the
+    // stall goes unnoticed and `check` WARNs.
+    for r in [&t.r1, &t.r2] {
+        r.sql_socket(
+            "SET SESSION sql_log_bin = 0; GRANT SLAVE MONITOR ON *.* TO 'cdc'@'127.0.0.1';",
+        );
+    }
+    let mut outboxd = Outboxd::new(
+        "stalled",
+        &config_body(&url(&[&t.r1, &t.r2]), &t.broker.bootstrap(), "", ""),
+    );
+    outboxd.start();
+    insert_rows(&t.primary, 0, 20, 5);
+    assert_eq!(consume_events(&t.broker.bootstrap(), 20).len(), 20);
+    t.r1.sql_socket("STOP SLAVE;");
+    insert_rows(&t.primary, 20, 60, 5);
+    t.r2.catch_up(&t.primary);
+    let records = consume_events(&t.broker.bootstrap(), 60);
+    check_records(&records, 0..60);
+    let log = outboxd.log();
+    assert!(log.contains("has not been replicating"), "{log}");
+    assert!(log.contains("moving to the next source host"), "{log}");
+    t.r1.sql_socket("START SLAVE;");
+    outboxd.stop();
+}

@@ -15,6 +15,7 @@
 //! final checkpoint exactly at the last acknowledged boundary.
 
 mod failure;
+mod hosts;
 pub mod progress;
 mod reader;
 mod records;
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::sync::watch;
 
+use self::hosts::Hosts;
 use self::session::{Session, SessionEnd};
 use crate::checkpoint::{Access, KafkaStore, Lease, Store};
 use crate::config::{Config, SourceDb, SourceKind};
@@ -352,18 +354,18 @@ async fn drive(
     };
     let metrics = &shared.metrics;
     let mut backoff = new_backoff();
-    // Several hosts (replicas of one topology): one per session, the next after the source failed.
-    let urls = config.source.urls();
-    let mut host = 0;
+    let mut hosts = Hosts::new(config.source.urls());
     loop {
         let started = Instant::now();
+        let forwarded = metrics.forwarded_total();
         let mut session_config;
-        let config = if urls.len() > 1 {
-            session_config = config.clone();
-            session_config.source.url = urls[host].clone();
-            &session_config
-        } else {
-            config
+        let config = match hosts.url() {
+            Some(url) => {
+                session_config = config.clone();
+                session_config.source.url = url.to_string();
+                &session_config
+            }
+            None => config,
         };
         let ended = match Session::open(config, &shared, shutdown.clone()).await {
             Ok(mut session) => {
@@ -372,27 +374,22 @@ async fn drive(
             }
             Err(e) => Err(e),
         };
-        match ended {
+        let e = match ended {
             Ok(SessionEnd::Shutdown) => return Ok(()),
-            Err(e) if e.is_transient() => {
-                if started.elapsed() > Duration::from_secs(60) {
-                    backoff = new_backoff();
-                }
-                let delay = backoff.next().unwrap_or(Duration::from_secs(30));
-                metrics.reconnect();
-                // Only the source's own failure is a reason to leave its host: after a sink's or
-                // checkpoint's, the next replica may lag behind the checkpoint and be waited for.
-                if urls.len() > 1 && e.kind() == crate::error::Kind::Source {
-                    host = (host + 1) % urls.len();
-                    tracing::warn!(next = %crate::config::redact_url(&urls[host]), "moving to the next source host");
-                }
-                tracing::warn!(error = %e, retry_in = ?delay, "session ended; reconnecting from the last checkpoint");
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
-                }
-            }
-            Err(e) => return Err(e),
+            Err(e) => e,
+        };
+        let lasted = started.elapsed() > Duration::from_secs(60);
+        if lasted {
+            backoff = new_backoff();
+        }
+        let shown = e.to_string();
+        hosts.after(e, lasted || metrics.forwarded_total() > forwarded)?;
+        let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+        metrics.reconnect();
+        tracing::warn!(error = %shown, retry_in = ?delay, "session ended; reconnecting from the last checkpoint");
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
         }
     }
 }

@@ -29,6 +29,7 @@ mod position;
 mod preflight;
 mod previous_dump;
 pub mod prune;
+mod replica;
 mod row_image;
 pub mod snapshot;
 
@@ -47,7 +48,8 @@ use self::connect::{map_err, open};
 pub use self::decoder::{Decoder, Step};
 pub use self::position::{BinlogPosition, MariaGtidState, MysqlGtidSet};
 pub use self::preflight::preflight;
-use crate::error::{Error, Result};
+use self::replica::Stall;
+use crate::error::{Error, Kind, Result};
 use crate::metrics::Metrics;
 use crate::source::config::{redact_url, MysqlOptions, SourceConfig, SourceKind};
 use crate::source::{Change, Ignored, Position, SourceIdentity};
@@ -136,6 +138,10 @@ pub struct MysqlSource {
     /// Whether the checkpoint came from this very server (or names none). Then a server "behind" it
     /// lost a binlog tail it had written (a crash with `sync_binlog=0`), which waiting cannot cure.
     own_checkpoint: bool,
+    /// The replication status of a replica whose status is readable, read once per period.
+    stall: Option<Stall>,
+    /// The server, for messages (redacted).
+    server: String,
 }
 
 impl MysqlSource {
@@ -148,11 +154,34 @@ impl MysqlSource {
         resume: Option<(&SourceIdentity, &Position)>,
         metrics: Arc<Metrics>,
     ) -> Result<MysqlSource> {
+        // Whatever stops a connect for good is about this host (its login, TLS, settings, grants,
+        // the checkpoint's place on it): another host of the list may serve.
+        Self::open_stream(config, own, pipeline, resume, metrics)
+            .await
+            .map_err(|e| match e.kind() == Kind::Source && !e.is_transient() {
+                true => e.refused_by_host(),
+                false => e,
+            })
+    }
+
+    async fn open_stream(
+        config: &SourceConfig,
+        own: &MysqlOptions,
+        pipeline: &str,
+        resume: Option<(&SourceIdentity, &Position)>,
+        metrics: Arc<Metrics>,
+    ) -> Result<MysqlSource> {
         let mut control = open(config).await?;
         let server = ServerInfo::read(&mut control)
             .await
             .map_err(|e| map_err(e, config))?;
         server.require_row_binlog()?;
+        let watched = replica::require_replicated_rows(
+            &mut control,
+            &redact_url(&config.url),
+            server.is_mariadb,
+        )
+        .await?;
         let identity = server.identity();
         // "Behind its own checkpoint" is told from "a replica lagging behind another server" by the
         // identity in the checkpoint. A FILE:POS position always belongs to this server (see
@@ -272,6 +301,8 @@ impl MysqlSource {
             start,
             metrics,
             own_checkpoint,
+            stall: watched.then(|| Stall::new(heartbeat)),
+            server: redact_url(&config.url),
         })
     }
 
@@ -298,6 +329,10 @@ impl MysqlSource {
             // nothing else would make this loop give the worker back: a large transaction on other
             // tables would hold every task (HTTP, signals, lease renewal) until its end.
             tokio::task::coop::consume_budget().await;
+            if let Some(stall) = &mut self.stall {
+                let limit = control_timeout(self.read_timeout);
+                stall.probe(&mut self.control, &self.server, limit).await?;
+            }
             let silent_since = tokio::time::Instant::now();
             let next = loop {
                 match tokio::time::timeout(self.read_timeout, self.stream.next()).await {
@@ -321,6 +356,11 @@ impl MysqlSource {
                 Some(Ok(event)) => event,
             };
             self.metrics.source_event();
+            if event.header().event_type_raw() != event_types::HEARTBEAT {
+                if let Some(stall) = &mut self.stall {
+                    stall.event();
+                }
+            }
             crate::fault::panic_point(crate::fault::LIVE_DECODE);
             match self.decoder.on_event(&event, &mut self.buffer)? {
                 Step::Continue => {}
@@ -586,7 +626,9 @@ fn check_identity(
         );
         return Ok(());
     }
-    Err(Error::checkpoint(format!(
+    // A source error: of a multi-host `source.url`, this host cannot serve the checkpoint (the
+    // next one may: see `pipeline::hosts`).
+    Err(Error::source(format!(
         "the checkpoint was written against server_id {:?} (uuid {:?}), but this server is server_id {:?} (uuid {:?}), and its position {start} is a file offset that only means something on the server that wrote it",
         stored.server_id, stored.server_uuid, current.server_id, current.server_uuid
     ))
@@ -650,6 +692,7 @@ fn map_stream_err(e: mysql_async::Error, at: &BinlogPosition, own_checkpoint: bo
                 se.message
             ))
             .remedy("those transactions were rolled back by the server's crash recovery, and new ones may reuse their GTIDs/positions. Resume where the binlog continues after the restart: `outboxd checkpoint set FILE:4` with the first binlog file the server opened after the crash (SHOW BINARY LOGS)")
+            .refused_by_host()
         }
         // A replica that lags behind the server outboxd read before: waiting (or the next host)
         // is the cure; moving the checkpoint would skip rows.
@@ -665,7 +708,8 @@ fn map_stream_err(e: mysql_async::Error, at: &BinlogPosition, own_checkpoint: bo
             "the server cannot send the binlog from {at}: {}",
             se.message
         ))
-        .remedy("the binlog the checkpoint needs was purged or never existed here: restore it (outboxd replay from a binlog backup) or move the checkpoint deliberately with `outboxd checkpoint set`; outboxd never restarts from zero by itself"),
+        .remedy("the binlog the checkpoint needs was purged or never existed here: restore it (outboxd replay from a binlog backup) or move the checkpoint deliberately with `outboxd checkpoint set`; outboxd never restarts from zero by itself")
+        .refused_by_host(),
         mysql_async::Error::Server(se) => Error::source(format!(
             "binlog stream error {} at {at}: {}",
             se.code, se.message

@@ -7,6 +7,7 @@ use crate::source::config::TlsMode;
 use crate::source::tls::TlsSettings;
 
 use super::connect::{map_err, open_raw, ConnectFailure};
+use super::replica::{logs_replicated_rows, without_updates, Replication};
 use super::ServerInfo;
 use crate::preflight::{routed_columns_item, Item};
 use crate::source::config::{redact_url, SourceConfig};
@@ -125,48 +126,21 @@ async fn check_server(
 
 /// A replica only writes replicated transactions to its own binlog with log_slave_updates.
 async fn check_replica(conn: &mut Conn, info: &ServerInfo, items: &mut Vec<Item>) {
-    // SHOW REPLICA STATUS needs SLAVE MONITOR (MariaDB) / REPLICATION CLIENT (MySQL); without it, fall
-    // back to signs anyone can read, so a missing privilege never passes a replica off as a primary.
-    let status: Result<Option<mysql_async::Row>, _> =
-        match conn.query_first("SHOW REPLICA STATUS").await {
-            Ok(row) => Ok(row),
-            Err(_) => conn.query_first("SHOW SLAVE STATUS").await,
-        };
-    let (is_replica, status) = match status {
-        Ok(Some(row)) => (true, Some(row)),
-        Ok(None) => (false, None),
-        Err(_) => (replica_signs(conn).await, None),
-    };
+    let Replication { is_replica, status } = Replication::read(conn).await;
     if !is_replica {
         items.push(Item::pass(SUBJECT, "not a replica"));
         return;
     }
-    let updates: Option<u8> = match conn.query_first("SELECT @@log_replica_updates").await {
-        Ok(v) => v,
-        Err(_) => conn
-            .query_first("SELECT @@log_slave_updates")
-            .await
-            .ok()
-            .flatten(),
-    };
-    if updates == Some(1) {
+    if logs_replicated_rows(conn).await == Some(true) {
         items.push(Item::pass(SUBJECT, "replica with log_slave_updates = ON"));
     } else {
-        let var = if info.is_mariadb {
-            "log_slave_updates"
-        } else {
-            "log_replica_updates"
-        };
-        items.push(Item::fail(
-            SUBJECT,
-            format!("this server is a replica with {var} = OFF: replicated outbox rows never reach its binlog, so outboxd would see none of them"),
-            format!("set {var}=ON in the replica's config file and restart it (the variable is read-only at runtime)"),
-        ));
+        let (problem, remedy) = without_updates(info.is_mariadb);
+        items.push(Item::fail(SUBJECT, problem, remedy));
     }
     let Some(status) = status else {
         items.push(Item::warn(
             SUBJECT,
-            "cannot read the replica's status (replication state and lag unknown)",
+            "cannot read the replica's status: replication state and lag unknown, and a replica that stops replicating is not noticed (outboxd would wait on it for new rows instead of moving to the next host)",
             "GRANT SLAVE MONITOR (MariaDB) / REPLICATION CLIENT (MySQL) to the outboxd user",
         ));
         return;
@@ -197,33 +171,6 @@ async fn check_replica(conn: &mut Conn, info: &ServerInfo, items: &mut Vec<Item>
             format!("replication running, {lag} s behind"),
         ));
     }
-}
-
-/// Replica signs readable without monitoring privileges: running replication threads, a MariaDB
-/// replica GTID position, or MySQL's replication configuration table.
-async fn replica_signs(conn: &mut Conn) -> bool {
-    let running: Option<(String, String)> = conn
-        .query_first("SHOW GLOBAL STATUS LIKE 'Slaves_running'")
-        .await
-        .ok()
-        .flatten();
-    if running.is_some_and(|(_, v)| v != "0") {
-        return true;
-    }
-    let slave_pos: Option<String> = conn
-        .query_first("SELECT @@gtid_slave_pos")
-        .await
-        .ok()
-        .flatten();
-    if slave_pos.is_some_and(|p| !p.is_empty()) {
-        return true;
-    }
-    let configured: Option<u64> = conn
-        .query_first("SELECT COUNT(*) FROM performance_schema.replication_connection_configuration")
-        .await
-        .ok()
-        .flatten();
-    configured.is_some_and(|n| n > 0)
 }
 
 async fn check_grants(conn: &mut Conn, items: &mut Vec<Item>) {
