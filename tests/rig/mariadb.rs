@@ -133,19 +133,27 @@ impl MariaDb {
     /// Stops the server cleanly (SIGTERM) and waits for it to exit; SIGKILL after two minutes (a
     /// shutdown that hangs must not stall a long run).
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            let limit = std::time::Instant::now() + Duration::from_secs(120);
-            while std::time::Instant::now() < limit {
-                if child.try_wait().ok().flatten().is_some() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
+        self.stop_forced();
+    }
+
+    /// [`MariaDb::stop`], saying whether the server ignored SIGTERM for 120 s and was killed
+    /// (a crash, not a clean restart: the fault schedule reports it).
+    pub fn stop_forced(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return false;
+        };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let limit = std::time::Instant::now() + Duration::from_secs(120);
+        while std::time::Instant::now() < limit {
+            if child.try_wait().ok().flatten().is_some() {
+                return false;
             }
-            let _ = child.kill();
-            let _ = child.wait();
+            std::thread::sleep(Duration::from_millis(50));
         }
+        let _ = child.kill();
+        let _ = child.wait();
+        true
     }
 
     /// A GTID replica of `primary` (`server-id` = `server_id`), replicating from the primary's

@@ -163,10 +163,11 @@ impl KafkaReader {
         consumer
     }
 
-    /// Whether the topic holds records (committed ones, read_committed) past `next` in some
-    /// partition: a reader that receives nothing then is stuck, not caught up.
-    fn behind(&self, consumer: &BaseConsumer, next: &HashMap<i32, i64>) -> bool {
-        (0..self.partitions).any(|p| {
+    /// Whether the topic holds records (committed ones, read_committed) past `next` in one of
+    /// `quiet` (partitions that delivered nothing for [`STALLED`]): a reader that receives
+    /// nothing from such a partition is stuck there, not caught up.
+    fn behind(&self, consumer: &BaseConsumer, next: &HashMap<i32, i64>, quiet: &[i32]) -> bool {
+        quiet.iter().any(|&p| {
             consumer
                 .fetch_watermarks(&self.topic, p, Duration::from_secs(5))
                 .is_ok_and(|(_, high)| high > next.get(&p).copied().unwrap_or(0))
@@ -174,7 +175,8 @@ impl KafkaReader {
     }
 
     /// Reads until told to stop and then until every partition's end marker (bounded). A
-    /// consumer that receives nothing for [`STALLED`] while the topic holds more is made again
+    /// consumer that receives nothing from a partition for [`STALLED`] while that partition holds
+    /// more (an open transaction's records count: a rebuild too many costs nothing) is made again
     /// at the offsets reached (after the broker fenced itself and re-elected its own partitions,
     /// one stayed silent for minutes); `reader_rebuilt` counts it.
     fn read(&self, seen: &Mutex<Seen>, stop: &AtomicBool) {
@@ -183,7 +185,10 @@ impl KafkaReader {
         let mut offsets: std::collections::HashSet<(i32, i64)> = std::collections::HashSet::new();
         let mut ended: std::collections::HashSet<i32> = std::collections::HashSet::new();
         let mut stopped: Option<Instant> = None;
-        let mut last = Instant::now();
+        // When each partition last delivered since the consumer was made (none: quiet), and when
+        // the reader last looked for quiet partitions.
+        let mut last: HashMap<i32, Instant> = HashMap::new();
+        let mut looked = Instant::now();
         loop {
             if stop.load(Ordering::Relaxed) && stopped.is_none() {
                 stopped = Some(Instant::now());
@@ -195,8 +200,8 @@ impl KafkaReader {
                     return;
                 }
             }
-            if last.elapsed() > STALLED {
-                last = Instant::now();
+            if looked.elapsed() > STALLED {
+                looked = Instant::now();
                 // Past aborted records and transaction markers too, which no message shows.
                 if let Ok(position) = consumer.position() {
                     for e in position.elements() {
@@ -206,10 +211,14 @@ impl KafkaReader {
                         }
                     }
                 }
-                if self.behind(&consumer, &next) {
-                    eprintln!("soak checker: the reader received nothing for {STALLED:?} while the topic holds more: making its consumer again");
+                let quiet: Vec<i32> = (0..self.partitions)
+                    .filter(|p| last.get(p).is_none_or(|at| at.elapsed() > STALLED))
+                    .collect();
+                if self.behind(&consumer, &next, &quiet) {
+                    eprintln!("soak checker: the reader received nothing for {STALLED:?} from a partition that holds more: making its consumer again");
                     seen.lock().unwrap().rebuilt += 1;
                     consumer = self.consumer(&next);
+                    last.clear();
                 }
             }
             let m = match consumer.poll(Duration::from_millis(100)) {
@@ -221,7 +230,7 @@ impl KafkaReader {
                 }
                 None => continue,
             };
-            last = Instant::now();
+            last.insert(m.partition(), Instant::now());
             next.insert(m.partition(), m.offset() + 1);
             let headers = m.headers();
             if headers.is_some_and(|h| h.iter().any(|h| h.key == END_MARKER)) {
@@ -341,6 +350,8 @@ fn append_end_markers(bootstrap: &str, topic: &str, partitions: i32) {
         .set("acks", "all")
         .create()
         .unwrap();
+    // A failure here is no panic: the reader then misses a marker, and the run fails saying its
+    // reader did not reach the end, with its verdict and report intact.
     for p in 0..partitions {
         let record = BaseRecord::<str, str>::to(topic)
             .partition(p)
@@ -349,7 +360,11 @@ fn append_end_markers(bootstrap: &str, topic: &str, partitions: i32) {
                 key: END_MARKER,
                 value: Some("1"),
             }));
-        producer.send(record).map_err(|(e, _)| e).unwrap();
+        if let Err((e, _)) = producer.send(record) {
+            eprintln!("soak checker: could not append the end marker to partition {p}: {e}");
+        }
     }
-    producer.flush(Duration::from_secs(60)).unwrap();
+    if let Err(e) = producer.flush(Duration::from_secs(60)) {
+        eprintln!("soak checker: the end markers were not all acknowledged: {e}");
+    }
 }

@@ -441,11 +441,18 @@ impl World {
             }
             Kind::DbRestart => {
                 // On MariaDB every server: outboxd has no source to move to for the hold.
-                for replica in &mut self.replicas {
-                    replica.stop();
+                let mut killed = Vec::new();
+                for (n, replica) in self.replicas.iter_mut().enumerate() {
+                    if replica.stop_forced() {
+                        killed.push(format!("R{}", n + 1));
+                    }
                 }
                 match &mut self.db {
-                    Db::MariaDb(db) => db.stop(),
+                    Db::MariaDb(db) => {
+                        if db.stop_forced() {
+                            killed.push("the primary".to_string());
+                        }
+                    }
                     Db::Postgres(pg) => pg.stop_fast(),
                 }
                 self.idle(hold);
@@ -456,7 +463,13 @@ impl World {
                 for replica in &mut self.replicas {
                     replica.boot();
                 }
-                format!("down {hold:?}")
+                match killed.is_empty() {
+                    true => format!("down {hold:?}"),
+                    false => format!(
+                        "down {hold:?}; {} ignored SIGTERM for 120 s and was killed",
+                        killed.join(", ")
+                    ),
+                }
             }
             Kind::ReplicaFailover => self.replica_failover(step, hold),
             Kind::Partition => {
