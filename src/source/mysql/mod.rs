@@ -154,14 +154,9 @@ impl MysqlSource {
         resume: Option<(&SourceIdentity, &Position)>,
         metrics: Arc<Metrics>,
     ) -> Result<MysqlSource> {
-        // Whatever stops a connect for good is about this host (its login, TLS, settings, grants,
-        // the checkpoint's place on it): another host of the list may serve.
         Self::open_stream(config, own, pipeline, resume, metrics)
             .await
-            .map_err(|e| match e.kind() == Kind::Source && !e.is_transient() {
-                true => e.refused_by_host(),
-                false => e,
-            })
+            .map_err(as_refusal)
     }
 
     async fn open_stream(
@@ -175,13 +170,7 @@ impl MysqlSource {
         let server = ServerInfo::read(&mut control)
             .await
             .map_err(|e| map_err(e, config))?;
-        server.require_row_binlog()?;
-        let watched = replica::require_replicated_rows(
-            &mut control,
-            &redact_url(&config.url),
-            server.is_mariadb,
-        )
-        .await?;
+        let watched = require_serves(&mut control, &server, config).await?;
         let identity = server.identity();
         // "Behind its own checkpoint" is told from "a replica lagging behind another server" by the
         // identity in the checkpoint. A FILE:POS position always belongs to this server (see
@@ -584,6 +573,41 @@ impl ServerInfo {
     }
 }
 
+/// Whatever stops a connect for good is about this host (its login, TLS, settings, grants): another
+/// host of the list may serve (see `pipeline::hosts`).
+fn as_refusal(e: Error) -> Error {
+    match e.kind() == Kind::Source && !e.is_transient() {
+        true => e.refused_by_host(),
+        false => e,
+    }
+}
+
+/// What every session (stream or snapshot) asks of the server before it reads: row-based binlog,
+/// uncompressed (MariaDB), and on a replica the replicated rows logged. Whether the replica's
+/// status can be watched ([`Stall`]).
+async fn require_serves(
+    control: &mut Conn,
+    server: &ServerInfo,
+    config: &SourceConfig,
+) -> Result<bool> {
+    server.require_row_binlog()?;
+    let shown = redact_url(&config.url);
+    if server.is_mariadb {
+        let compress: Option<u8> = control
+            .query_first("SELECT @@log_bin_compress")
+            .await
+            .ok()
+            .flatten();
+        if compress == Some(1) {
+            return Err(Error::source(format!(
+                "{shown}: log_bin_compress = ON: compressed row events cannot be decoded"
+            ))
+            .remedy("SET GLOBAL log_bin_compress = OFF; and in the server's config file"));
+        }
+    }
+    replica::require_replicated_rows(control, &shown, server.is_mariadb).await
+}
+
 /// A server setting as [`ServerInfo::binlog_settings`] judged it.
 pub(super) struct Setting {
     pub ok: bool,
@@ -692,7 +716,6 @@ fn map_stream_err(e: mysql_async::Error, at: &BinlogPosition, own_checkpoint: bo
                 se.message
             ))
             .remedy("those transactions were rolled back by the server's crash recovery, and new ones may reuse their GTIDs/positions. Resume where the binlog continues after the restart: `outboxd checkpoint set FILE:4` with the first binlog file the server opened after the crash (SHOW BINARY LOGS)")
-            .refused_by_host()
         }
         // A replica that lags behind the server outboxd read before: waiting (or the next host)
         // is the cure; moving the checkpoint would skip rows.

@@ -98,6 +98,9 @@ pub(super) async fn require_replicated_rows(
 /// How many heartbeat periods a replica may go without replicating before the session ends.
 pub(super) const STALL_PERIODS: u32 = 12;
 
+/// How many times that an IO thread may reconnect to its source before it counts as stopped.
+const CONNECTING_PATIENCE: u32 = 10;
+
 /// A replica that stopped replicating (an error in its SQL thread, `STOP REPLICA`) still
 /// heartbeats, so the stream looks healthy while no new row will ever come. Its status is read once
 /// per heartbeat period (bounded by the control connection's timeout); once it has sent everything
@@ -111,6 +114,8 @@ pub(super) struct Stall {
     patience: std::time::Duration,
     next_probe: tokio::time::Instant,
     since: Option<tokio::time::Instant>,
+    /// Since when the IO thread has been reconnecting to its source.
+    connecting: Option<tokio::time::Instant>,
 }
 
 impl Stall {
@@ -121,6 +126,7 @@ impl Stall {
             patience: every * STALL_PERIODS,
             next_probe: tokio::time::Instant::now() + every,
             since: None,
+            connecting: None,
         }
     }
 
@@ -170,8 +176,7 @@ impl Stall {
         };
         let io = field(&["Replica_IO_Running", "Slave_IO_Running"]);
         let sql = field(&["Replica_SQL_Running", "Slave_SQL_Running"]);
-        // "Connecting": the replica waits for its source, as every replica of it does.
-        let running = (io == "Yes" || io == "Connecting") && sql == "Yes";
+        let running = self.io_running(now, &io) && sql == "Yes";
         let why = || {
             let errors: Vec<String> = [field(&["Last_IO_Error"]), field(&["Last_SQL_Error"])]
                 .into_iter()
@@ -187,6 +192,18 @@ impl Stall {
             )
         };
         self.judge(now, running, server, why)
+    }
+
+    /// Whether the IO thread counts as running. "Connecting": the replica waits for its source,
+    /// as every replica of it does; for a while (a primary's restart), not for days (its
+    /// credentials or its route are wrong).
+    fn io_running(&mut self, now: tokio::time::Instant, io: &str) -> bool {
+        if io != "Connecting" {
+            self.connecting = None;
+            return io == "Yes";
+        }
+        let since = *self.connecting.get_or_insert(now);
+        now - since < self.patience * CONNECTING_PATIENCE
     }
 
     fn judge(
@@ -265,6 +282,17 @@ mod tests {
             .judge(at(37), false, "r1", || "IO thread: No".into())
             .unwrap_err();
         assert!(e.is_transient());
+        // Reconnecting to its source counts as running, for ten times the patience.
+        let mut stall = Stall::new(Duration::from_secs(1));
+        assert!(stall.io_running(at(0), "Connecting"));
+        assert!(stall.io_running(at(119), "Connecting"));
+        assert!(!stall.io_running(at(120), "Connecting"));
+        assert!(stall.io_running(at(121), "Yes"));
+        assert!(
+            stall.io_running(at(122), "Connecting"),
+            "a new reconnect, a new grace"
+        );
+        assert!(!stall.io_running(at(123), "No"));
         assert!(
             e.message()
                 .contains("r1 has not been replicating for 12s (IO thread: No)"),

@@ -22,7 +22,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Value as MyValue};
 
 use super::connect::{map_err, open};
-use super::{current_end, BinlogPosition, MariaGtidState, ServerInfo};
+use super::{as_refusal, current_end, require_serves, BinlogPosition, MariaGtidState, ServerInfo};
 use crate::error::{Error, Result};
 use crate::source::config::SourceConfig;
 use crate::source::snapshot::{check_key_width, Begun, KeyValue, KeyedRow, TableReader};
@@ -48,10 +48,15 @@ pub struct Reader {
 /// Opens the snapshot transaction; with `exact`, paired with the binlog position streaming starts
 /// at (see the module docs), otherwise `then` is just the current end.
 pub async fn begin(config: &SourceConfig, exact: bool) -> Result<Begun> {
+    // Refused as a stream would be: its start position comes from this host.
+    begin_here(config, exact).await.map_err(as_refusal)
+}
+
+async fn begin_here(config: &SourceConfig, exact: bool) -> Result<Begun> {
     let mut conn = open(config).await?;
     let err = |e| map_err(e, config);
     let server = ServerInfo::read(&mut conn).await.map_err(err)?;
-    server.require_row_binlog()?;
+    require_serves(&mut conn, &server, config).await?;
     conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         .await
         .map_err(err)?;
