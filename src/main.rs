@@ -454,7 +454,12 @@ fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), E
         CheckpointAction::Show => {
             let store = Store::open(config, &config.name, Access::Read)?;
             match store.load()? {
-                Some(c) => println!("{}", serde_json::to_string_pretty(&c).expect("json")),
+                Some(c) => {
+                    println!("{}", serde_json::to_string_pretty(&c).expect("json"));
+                    if let Some(found) = store.found() {
+                        eprintln!("({found})");
+                    }
+                }
                 None => println!(
                     "no checkpoint at {} ({})",
                     store.describe(),
@@ -527,6 +532,13 @@ fn checkpoint_command(config: &Config, action: CheckpointAction) -> Result<(), E
         CheckpointAction::Reset => {
             let store = Store::open(config, &config.name, Access::Exclusive)?;
             match store.reset()? {
+                Some(label) if label.is_empty() => println!(
+                    "the lost checkpoint is removed for good; {}",
+                    config
+                        .source
+                        .first_start()
+                        .replacen("a run", "the next run", 1)
+                ),
                 Some(label) => println!(
                     "checkpoint removed (saved as {label:?}); {}",
                     config

@@ -77,6 +77,17 @@ fn grant_checkpoint_store(broker: &Broker, name: &str) {
         "Write",
         &["--transactional-id", &format!("outboxd.{name}.checkpoint")],
     );
+    grant_index_group(broker, name);
+}
+
+/// READ on the group whose offset is the checkpoint's index.
+fn grant_index_group(broker: &Broker, name: &str) {
+    acl(
+        broker,
+        &["--add"],
+        "Read",
+        &["--group", &format!("outboxd.{name}.reader")],
+    );
 }
 
 /// The Kafka checkpoint store's topic, made by the rig (a principal without CREATE cannot).
@@ -173,7 +184,7 @@ fn a_topic_without_a_write_grant_stops_run_naming_the_grant_and_nothing_is_dead_
 fn the_kafka_checkpoint_store_runs_with_exactly_the_grants_the_readme_lists() {
     let (broker, ca, _dir) = sasl_broker();
     checkpoint_topic(&broker);
-    // README "Running more than one instance": no CREATE, no group.
+    // README "Running more than one instance": no CREATE; READ on the index's group only.
     grant_checkpoint_store(&broker, "acl-store");
     grant_write(&broker, DLQ);
     let (db, mut outboxd) = pipeline(
@@ -221,7 +232,7 @@ fn check_names_each_missing_grant_and_run_refuses_to_start() {
     checkpoint_topic(&broker);
     // Everything README lists, and DESCRIBE on the customer topic besides (a principal that may
     // see a topic without writing to it: the case check can tell).
-    let grants: [(&str, &[&str]); 6] = [
+    let grants: [(&str, &[&str]); 7] = [
         ("Write", &["--topic", "outbox.event.order"]),
         ("Write", &["--topic", "outbox.event.customer"]),
         ("Write", &["--topic", DLQ]),
@@ -231,6 +242,7 @@ fn check_names_each_missing_grant_and_run_refuses_to_start() {
             "Write",
             &["--transactional-id", "outboxd.acl-check.checkpoint"],
         ),
+        ("Read", &["--group", "outboxd.acl-check.reader"]),
     ];
     for (operation, resource) in grants {
         acl(&broker, &["--add"], operation, resource);
@@ -267,21 +279,30 @@ fn check_names_each_missing_grant_and_run_refuses_to_start() {
     });
     acl(&broker, &["--add"], grants[1].0, grants[1].1);
     // What outboxd certainly uses: a FAIL, and run refuses to start.
-    for (operation, resource, says) in [
+    for (operation, resource, subject, says) in [
         (
             grants[2].0,
             grants[2].1,
+            "kafka",
             "lacks WRITE on the dead-letter topic outboxd.dlq (it may not even describe it)",
         ),
         (
             grants[3].0,
             grants[3].1,
+            "kafka",
             "lacks READ on the checkpoint topic outboxd.checkpoints",
         ),
         (
             grants[4].0,
             grants[4].1,
+            "kafka",
             "lacks WRITE on the checkpoint topic outboxd.checkpoints",
+        ),
+        (
+            grants[6].0,
+            grants[6].1,
+            "checkpoint",
+            "lacks READ on consumer group outboxd.acl-check.reader, where the checkpoint's index is kept",
         ),
     ] {
         acl(&broker, &["--remove", "--force"], operation, resource);
@@ -292,8 +313,8 @@ fn check_names_each_missing_grant_and_run_refuses_to_start() {
             text.contains(says)
         });
         assert!(
-            text.contains(&format!("FAIL  kafka: outboxd's principal {says}"))
-                && text.contains("fix: grant it: kafka-acls.sh --add"),
+            text.contains(&format!("FAIL  {subject}: outboxd's principal {says}"))
+                && text.contains("fix: grant it: kafka-acls.sh"),
             "{text}"
         );
         let (ok, run) = output(&outboxd, &["run"]);

@@ -655,3 +655,77 @@ fn a_rolling_restart_of_a_three_broker_cluster_moves_no_lead_and_loses_nothing()
     standby.stop();
     leader.stop();
 }
+
+/// The live checkpoint's offset is committed with it, as the offset of consumer group
+/// `outboxd.<name>.reader`: reading it takes one lookup and one record, however many records other
+/// pipelines wrote after it (the topic compacts only hourly, and not past an open transaction).
+/// Before the index, `checkpoint show` read back through every one of them.
+#[test]
+fn the_checkpoint_is_read_through_its_index_however_many_records_follow_it() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let (db, broker) = mariadb_and_broker_with(Broker::start(), &EVENT_TOPICS);
+    let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
+    let mut outboxd = Outboxd::with_checkpoint("quiet", &body, "store = \"kafka\"\n");
+    outboxd.start();
+    insert_rows(&db, 0, 10, 1);
+    assert_eq!(consume_events(&broker.bootstrap(), 10).len(), 10);
+    outboxd.stop();
+    // Another pipeline's renewals, 20,000 of them, after this one's checkpoint.
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .set("linger.ms", "20")
+        .create()
+        .unwrap();
+    let body = br#"{"instance":"elsewhere:1","renewed_at_ms":0,"released":false}"#;
+    for _ in 0..20_000 {
+        let mut record = BaseRecord::<str, [u8]>::to(CHECKPOINTS)
+            .key("busy/lead")
+            .payload(&body[..]);
+        while let Err((_, back)) = producer.send(record) {
+            producer.poll(Duration::from_millis(10));
+            record = back;
+        }
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+    let (_, end) = checkpoint_watermarks(&broker, "read_uncommitted");
+    assert!(end > 20_000);
+    let (ok, text) = crate::tls::output(&outboxd, &["checkpoint", "show"]);
+    assert!(ok && text.contains("gtid"), "{text}");
+    assert!(
+        text.contains("found through its index (consumer group outboxd.quiet.reader)"),
+        "{text}"
+    );
+}
+
+/// A broker that loses the checkpoint topic's data (its partition's directory gone, as when the
+/// disk of a one-replica topic fails) brings the topic back empty. That read as a first start: the
+/// MySQL source began at the binlog's end and skipped every row written since the lost checkpoint.
+/// The checkpoint's index lives in `__consumer_offsets`, apart from the topic, and says the
+/// pipeline ran before: `check` FAILs and `run` refuses, naming what was lost and what to do.
+#[test]
+fn a_checkpoint_topic_that_lost_its_data_is_not_read_as_a_first_start() {
+    let (db, mut broker) = mariadb_and_broker_with(Broker::start(), &EVENT_TOPICS);
+    let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
+    let mut outboxd = Outboxd::with_checkpoint("lost", &body, "store = \"kafka\"\n");
+    outboxd.start();
+    insert_rows(&db, 0, 10, 1);
+    assert_eq!(consume_events(&broker.bootstrap(), 10).len(), 10);
+    outboxd.stop();
+    insert_rows(&db, 10, 20, 1);
+    broker.kill9();
+    std::fs::remove_dir_all(broker.data_dir().join(format!("{CHECKPOINTS}-0"))).unwrap();
+    broker.resume();
+    let says = "the checkpoint topic outboxd.checkpoints lost pipeline \"lost\"'s checkpoint";
+    let (ok, text) = crate::tls::output(&outboxd, &["check"]);
+    assert!(!ok && text.contains(says), "{text}");
+    let log = run_to_exit(&outboxd);
+    assert!(
+        log.contains(says) && log.contains("outboxd checkpoint set"),
+        "{log}"
+    );
+    // Starting anew is the operator's decision, and then it is a first start.
+    let (ok, text) = crate::tls::output(&outboxd, &["checkpoint", "reset"]);
+    assert!(ok, "{text}");
+    let (ok, text) = crate::tls::output(&outboxd, &["checkpoint", "show"]);
+    assert!(ok && text.contains("no checkpoint at"), "{text}");
+}

@@ -29,15 +29,20 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{
-    BaseRecord, DefaultProducerContext, FutureProducer, FutureRecord, Producer, ThreadedProducer,
+    BaseRecord, DeliveryResult, FutureProducer, FutureRecord, Producer, ProducerContext,
+    ThreadedProducer,
 };
 use rdkafka::{Offset, TopicPartitionList};
 
+mod indexed;
+
+use self::indexed::Found;
 use super::held::Held;
 use super::store::{Backend, Slot};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::sink::kafka::fenced;
+use crate::sink::kafka::index::{Indexed, RecordIndex};
 
 /// The header naming the instance that wrote a live checkpoint (`host:pid`), for operators
 /// reading the topic after a failover.
@@ -62,7 +67,7 @@ pub struct KafkaStore {
     /// Brokers and the security settings of `kafka.properties` (no producer tuning).
     base: ClientConfig,
     /// The transactional writer, while this instance may write the live checkpoint.
-    writer: Mutex<Option<ThreadedProducer<DefaultProducerContext>>>,
+    writer: Mutex<Option<ThreadedProducer<Delivered>>>,
     /// Opened for reading, and the topic does not exist: there is no checkpoint.
     missing: bool,
     /// Reads wait until transactions open below their high watermark are settled: set while this
@@ -81,6 +86,12 @@ pub struct KafkaStore {
     /// Where committed-only reads last stopped below the written end, and since when: a
     /// transaction open longer than any of outboxd's may be is hanging ([`Held`]).
     held: Held,
+    /// Where the live record is: committed with it, read before scanning (`indexed`).
+    index: RecordIndex,
+    /// The last read found the index naming a record the topic no longer holds.
+    lost: std::sync::atomic::AtomicBool,
+    /// How the last read found the live checkpoint.
+    found: Mutex<Option<Found>>,
 }
 
 /// How long the final "released" record may take on SIGTERM (the pipeline waits 5 s for it).
@@ -103,9 +114,23 @@ impl KafkaStore {
         }
         base.set("bootstrap.servers", &kafka.brokers)
             .set("client.id", format!("outboxd-{name}-checkpoint"));
+        let topic = config.checkpoint.topic.clone();
+        let group: BaseConsumer<QuietContext> = base
+            .clone()
+            .set("group.id", format!("outboxd.{name}.reader"))
+            .create_with_context(QuietContext::default())
+            .map_err(|e| unreachable(&topic, &e))?;
+        let group = group.group_metadata().ok_or_else(|| {
+            Error::checkpoint(
+                "librdkafka gave no consumer group metadata for the checkpoint's index",
+            )
+        })?;
         let mut store = KafkaStore {
             name: name.to_string(),
-            topic: config.checkpoint.topic.clone(),
+            index: RecordIndex::new(&topic, group),
+            lost: std::sync::atomic::AtomicBool::new(false),
+            found: Mutex::new(None),
+            topic,
             takeover: Duration::from_millis(config.checkpoint.takeover_timeout_ms),
             base,
             writer: Mutex::new(None),
@@ -160,6 +185,11 @@ impl KafkaStore {
     }
 
     /// The live checkpoint `body` as a record (for a transaction of the record producer).
+    /// The index the live record's transaction commits its offset to.
+    pub fn index(&self) -> RecordIndex {
+        self.index.clone()
+    }
+
     pub fn live_record(&self, body: Vec<u8>) -> crate::route::Record {
         crate::route::Record {
             topic: self.topic.clone(),
@@ -489,7 +519,7 @@ impl KafkaStore {
         isolation: Isolation,
         from: i64,
         until: i64,
-        mut seen: impl FnMut(&[u8], Option<&[u8]>),
+        mut seen: impl FnMut(i64, &[u8], Option<&[u8]>),
     ) -> Result<()> {
         let consumer = self.consumer(isolation)?;
         let mut assignment = TopicPartitionList::new();
@@ -507,7 +537,11 @@ impl KafkaStore {
             match consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(message)) => {
                     deadline = Instant::now() + TIMEOUT;
-                    seen(message.key().unwrap_or_default(), message.payload());
+                    seen(
+                        message.offset(),
+                        message.key().unwrap_or_default(),
+                        message.payload(),
+                    );
                     // A busy topic may never give an empty fetch (and so no end-of-partition
                     // event): past `until`, everything asked for was read.
                     if message.offset() + 1 >= until {
@@ -607,11 +641,19 @@ impl KafkaStore {
 
     /// The newest committed value of `key` (`None`: never written, or a tombstone).
     fn latest(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        if key == self.live_key() {
+            return self.latest_live();
+        }
         self.latest_as(Isolation::Committed, key)
     }
 
     /// The newest value of `key` as a reader with `isolation` sees it.
     fn latest_as(&self, isolation: Isolation, key: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self.newest(isolation, key)?.and_then(|(_, value)| value))
+    }
+
+    /// The newest record of `key` as a reader with `isolation` sees it: its offset and value.
+    fn newest(&self, isolation: Isolation, key: &str) -> Result<Option<(i64, Option<Vec<u8>>)>> {
         if self.missing {
             return Ok(None);
         }
@@ -622,16 +664,16 @@ impl KafkaStore {
         let mut window = FIRST_WINDOW;
         loop {
             let from = high.saturating_sub(window).max(low);
-            let mut found: Option<Option<Vec<u8>>> = None;
+            let mut found: Option<(i64, Option<Vec<u8>>)> = None;
             if from < until {
-                self.scan(isolation, from, until, |k, v| {
+                self.scan(isolation, from, until, |offset, k, v| {
                     if k == key.as_bytes() {
-                        found = Some(v.map(<[u8]>::to_vec));
+                        found = Some((offset, v.map(<[u8]>::to_vec)));
                     }
                 })?;
             }
-            if let Some(value) = found {
-                return Ok(value);
+            if found.is_some() {
+                return Ok(found);
             }
             if from <= low {
                 return Ok(None);
@@ -669,7 +711,7 @@ impl KafkaStore {
     }
 
     /// A transactional producer with `id`, after `init_transactions` fenced every earlier holder.
-    fn fencing_producer(&self, id: &str) -> Result<ThreadedProducer<DefaultProducerContext>> {
+    fn fencing_producer(&self, id: &str) -> Result<ThreadedProducer<Delivered>> {
         let mut config = self.base.clone();
         config
             .set("transactional.id", id)
@@ -679,8 +721,9 @@ impl KafkaStore {
             )
             .set("enable.idempotence", "true")
             .set("acks", "all");
-        let producer: ThreadedProducer<DefaultProducerContext> =
-            config.create().map_err(|e| unreachable(&self.topic, &e))?;
+        let producer: ThreadedProducer<Delivered> = config
+            .create_with_context(Delivered::default())
+            .map_err(|e| unreachable(&self.topic, &e))?;
         producer.init_transactions(TIMEOUT).map_err(|e| {
             let error = Error::checkpoint(format!(
                 "cannot become the checkpoint writer of pipeline {:?} (transactional id {id}): {e}",
@@ -742,14 +785,19 @@ impl KafkaStore {
                 .min(TIMEOUT)
                 / 2
         };
-        // The record is in an open transaction that a retried commit may still complete.
+        let live = key == self.live_key();
+        // The record is in an open transaction that a retried commit may still complete;
+        // `indexed`: the index's entry joined it too (or a record of another key needs none).
         let mut open = false;
+        let mut indexed = false;
         let mut retried = 0u32;
         let e = loop {
             let result = (|| {
                 if !open {
                     producer.begin_transaction()?;
                     open = true;
+                    indexed = !live;
+                    *producer.context().offset.lock().expect("offset lock") = None;
                     let record = BaseRecord::<str, [u8]>::to(&self.topic).key(key).headers(
                         OwnedHeaders::new().insert(Header {
                             key: INSTANCE_HEADER,
@@ -761,6 +809,10 @@ impl KafkaStore {
                         None => record,
                     };
                     producer.send(record).map_err(|(e, _)| e)?;
+                }
+                if !indexed {
+                    self.index_live(producer, value.is_none(), left())?;
+                    indexed = true;
                 }
                 producer.commit_transaction(left())
             })();
@@ -802,6 +854,9 @@ impl KafkaStore {
             let _ = producer.abort_transaction(Duration::from_secs(2));
         }
         writer.take();
+        if group_lookup_error(&e) {
+            return Err(self.group_grant_missing());
+        }
         Err(if fenced {
             Error::checkpoint(format!(
                 "another instance of pipeline {:?} took over the checkpoint (this one was fenced: {e})",
@@ -817,6 +872,30 @@ impl KafkaStore {
             .remedy("outboxd takes the lead again if it still holds it and resumes from the last committed checkpoint; check the brokers")
             .superseded()
         })
+    }
+
+    /// Adds the live record's index entry to the open transaction (flushed first, to learn where
+    /// the record landed).
+    fn index_live(
+        &self,
+        producer: &ThreadedProducer<Delivered>,
+        removed: bool,
+        timeout: Duration,
+    ) -> rdkafka::error::KafkaResult<()> {
+        producer.flush(timeout)?;
+        let offset = producer
+            .context()
+            .offset
+            .lock()
+            .expect("offset lock")
+            .take();
+        match offset {
+            Some(offset) => self
+                .index
+                .send(producer, Indexed { offset, removed }, timeout),
+            // Not acknowledged: the commit fails on the same refusal.
+            None => Ok(()),
+        }
     }
 
     /// Renews the lead (see `lease`): fails, superseded, once another instance took over.
@@ -925,7 +1004,7 @@ impl Backend for std::sync::Arc<KafkaStore> {
         let prefix = format!("{}/saved/", self.name);
         let (low, high) = self.watermarks()?;
         let mut labels = std::collections::BTreeMap::new();
-        self.scan(Isolation::Committed, low, high, |key, value| {
+        self.scan(Isolation::Committed, low, high, |_, key, value| {
             if let Some(label) = std::str::from_utf8(key)
                 .ok()
                 .and_then(|k| k.strip_prefix(&prefix))
@@ -1109,6 +1188,24 @@ impl rdkafka::ClientContext for QuietContext {
 
 impl rdkafka::consumer::ConsumerContext for QuietContext {}
 
+/// The checkpoint writer's context: where its last record landed (the index's entry).
+#[derive(Default)]
+pub struct Delivered {
+    offset: Mutex<Option<i64>>,
+}
+
+impl rdkafka::ClientContext for Delivered {}
+
+impl ProducerContext for Delivered {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Ok(message) = result {
+            *self.offset.lock().expect("offset lock") = Some(message.offset());
+        }
+    }
+}
+
 /// Where a committed-only reader of the partition stops: the last stable offset (a
 /// `read_committed` consumer's high watermark), `None` when the brokers do not answer in time.
 fn stable_offset(consumer: &BaseConsumer<QuietContext>, topic: &str) -> Option<i64> {
@@ -1137,6 +1234,9 @@ enum Passing {
 }
 
 fn passing(e: &KafkaError) -> Passing {
+    if group_lookup_error(e) {
+        return Passing::No;
+    }
     match e {
         // rdkafka flushes before it asks librdkafka to commit; a flush that timed out leaves the
         // transaction open and committable.

@@ -166,6 +166,12 @@ impl Store {
         self.backend.where_live()
     }
 
+    /// How the last read found the live checkpoint, where the store can say (Kafka: the offset,
+    /// and whether its index named it).
+    pub fn found(&self) -> Option<String> {
+        self.kafka.as_ref().and_then(|k| k.found())
+    }
+
     /// Where saved copies are, for messages.
     pub fn saved_where(&self) -> String {
         self.backend.where_saved()
@@ -298,7 +304,7 @@ impl Store {
             Error::config("kafka.exactly_once needs checkpoint.store = \"kafka\"")
                 .remedy("set checkpoint.store = \"kafka\"")
         })?;
-        Ok(CommitMark::Record(kafka.live_record(body)))
+        Ok(CommitMark::Record(kafka.live_record(body), kafka.index()))
     }
 
     /// A transaction holding `position`'s record committed: it is what this process wrote last.
@@ -369,10 +375,20 @@ impl Store {
         Ok(saved)
     }
 
-    /// Removes the live checkpoint after saving it as `before-reset-<time>`; returns that label.
+    /// Removes the live checkpoint after saving it as `before-reset-<time>`; returns that label
+    /// (`Some("")`: the store had lost it, so nothing was saved).
     pub fn reset(&self) -> Result<Option<String>> {
-        if self.load()?.is_none() {
-            return Ok(None);
+        match self.load() {
+            Ok(Some(_)) => {}
+            Ok(None) => return Ok(None),
+            // The Kafka topic lost the checkpoint its index names: nothing is left to save, and the
+            // tombstone (indexed) records that starting anew was the operator's decision.
+            Err(_) if self.kafka.as_ref().is_some_and(|k| k.lost()) => {
+                self.backend.remove(&Slot::Live)?;
+                *self.last_written.lock().expect("store lock") = None;
+                return Ok(Some(String::new()));
+            }
+            Err(e) => return Err(e),
         }
         let label = format!(
             "before-reset-{}",

@@ -55,8 +55,8 @@ pub enum Transactional {
 
 /// The checkpoint, as opaque bytes in the form its sink commits it.
 pub enum CommitMark {
-    /// Kafka: the checkpoint record, the transaction's last.
-    Record(Record),
+    /// Kafka: the checkpoint record, the transaction's last, and the index its offset joins.
+    Record(Record, kafka::index::RecordIndex),
     /// Redis: the checkpoint key's new value, applied only while the key still holds `expected`
     /// (what this instance last read or wrote there).
     /// `uncertain`: the body of the instance's last commit whose outcome is unknown (found at the
@@ -340,7 +340,9 @@ impl Sink {
     /// Commits the open transaction with `mark` (the checkpoint of its end), within `limit`.
     pub async fn commit(&self, mark: CommitMark, limit: Duration) -> Result<()> {
         match (self, mark) {
-            (Sink::Kafka(sink), CommitMark::Record(last)) => sink.commit(last, limit).await,
+            (Sink::Kafka(sink), CommitMark::Record(last, index)) => {
+                sink.commit(last, index, limit).await
+            }
             (
                 Sink::Redis(sink),
                 CommitMark::Key {

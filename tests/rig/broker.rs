@@ -289,6 +289,11 @@ impl Broker {
         let _ = self.child.wait();
     }
 
+    /// The broker's log directory (`log.dirs`): one folder per partition it holds.
+    pub fn data_dir(&self) -> PathBuf {
+        self._dir.path().join("broker").join("data")
+    }
+
     /// The broker's logs, oldest first: one per run ([`Broker::resume`] keeps the one before).
     pub fn logs(&self) -> Vec<PathBuf> {
         let broker_dir = self._dir.path().join("broker");

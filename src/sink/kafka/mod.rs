@@ -25,6 +25,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::ClientContext;
 
 use self::config::KafkaConfig;
+use self::index::{Indexed, RecordIndex};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::preflight::Item;
@@ -34,6 +35,7 @@ use crate::sink::window::{Room, Window};
 
 pub mod config;
 mod grants;
+pub mod index;
 
 /// How long a topic metadata request may take.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
@@ -60,6 +62,9 @@ struct AckContext {
     acked: std::sync::Mutex<(std::collections::HashMap<String, u64>, u64)>,
     /// Transactional (`kafka.exactly_once`): a fenced delivery means another instance took over.
     transactional: bool,
+    /// Where the open transaction's checkpoint record landed (its delivery report), for the
+    /// checkpoint's index ([`index`]).
+    checkpoint_at: std::sync::Mutex<Option<i64>>,
 }
 
 impl Drop for AckContext {
@@ -118,7 +123,11 @@ impl ProducerContext for AckContext {
 
     fn delivery(&self, result: &DeliveryResult<'_>, record: Box<InFlight>) {
         let Some(ticket) = record.ticket else {
-            // The checkpoint record of a transaction: its commit reports what became of it.
+            // The checkpoint record of a transaction: its commit reports what became of it, and
+            // indexes it where it landed.
+            if let Ok(message) = result {
+                *self.checkpoint_at.lock().expect("checkpoint offset") = Some(message.offset());
+            }
             return;
         };
         self.window.give_back(record.cost);
@@ -227,6 +236,10 @@ fn transaction_error(what: &str, transactional_id: &str, e: &KafkaError) -> Erro
         ),
         Some(C::InvalidTransactionTimeout) => error.remedy(
             "kafka.properties.transaction.timeout.ms exceeds the brokers' transaction.max.timeout.ms: lower it (outboxd's default is 60000)",
+        ),
+        // The checkpoint's index (`index`): its group's offset commits with every transaction.
+        Some(C::GroupAuthorizationFailed) => error.remedy(
+            "grant outboxd's principal READ on consumer group outboxd.<name>.reader (the checkpoint's index; `outboxd check` prints the command), then restart",
         ),
         _ => error
             .remedy("outboxd aborts the open transaction, reconnects and resumes from the last committed checkpoint; check the broker")
@@ -421,6 +434,7 @@ impl KafkaSink {
             metrics: metrics.clone(),
             acked: Default::default(),
             transactional: transactional_id.is_some(),
+            checkpoint_at: std::sync::Mutex::new(None),
         };
         let producer: ThreadedProducer<AckContext> =
             client.create_with_context(context).map_err(|e| {
@@ -560,7 +574,8 @@ impl KafkaSink {
     /// commit, on a blocking thread. The records are flushed before the checkpoint joins the
     /// transaction: the checkpoint topic is shared, and its partition's readers wait for an open
     /// transaction there only for the commit's round trip.
-    pub async fn commit(&self, last: Record, limit: Duration) -> Result<()> {
+    /// The checkpoint record's offset joins the transaction as its `index` entry (see [`index`]).
+    pub async fn commit(&self, last: Record, index: RecordIndex, limit: Duration) -> Result<()> {
         let (producer, id) = self.transactional();
         tokio::task::spawn_blocking(move || {
             let deadline = Instant::now() + limit;
@@ -568,6 +583,11 @@ impl KafkaSink {
             producer
                 .flush(left())
                 .map_err(|e| transaction_error("flushing the Kafka transaction", &id, &e))?;
+            *producer
+                .context()
+                .checkpoint_at
+                .lock()
+                .expect("checkpoint offset") = None;
             let mut base = base_record(
                 &last,
                 last.timestamp,
@@ -600,6 +620,26 @@ impl KafkaSink {
             producer
                 .flush(left())
                 .map_err(|e| transaction_error("flushing the checkpoint record", &id, &e))?;
+            let offset = producer
+                .context()
+                .checkpoint_at
+                .lock()
+                .expect("checkpoint offset")
+                .take()
+                .ok_or_else(|| {
+                    Error::sink(
+                        "the checkpoint record of the Kafka transaction was not acknowledged",
+                    )
+                    .remedy("outboxd retries from the last committed checkpoint")
+                    .transient()
+                })?;
+            let entry = Indexed {
+                offset,
+                removed: false,
+            };
+            index.send(producer.as_ref(), entry, left()).map_err(|e| {
+                transaction_error("indexing the checkpoint in the Kafka transaction", &id, &e)
+            })?;
             crate::fault::crash_point(crate::fault::BEFORE_TRANSACTION_COMMIT);
             producer
                 .commit_transaction(left())
