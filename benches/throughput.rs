@@ -660,7 +660,7 @@ fn main() {
     }
 
     if args.wants("checkpoint") {
-        checkpoint_scan::run(&db, quick);
+        checkpoint_scan::run(&db, quick, args.baseline.as_ref());
     }
 
     let restart = args.wants("restart").then(|| {

@@ -656,6 +656,18 @@ fn a_rolling_restart_of_a_three_broker_cluster_moves_no_lead_and_loses_nothing()
     leader.stop();
 }
 
+/// `outboxd checkpoint show`: whether it succeeded, its stdout, then its stderr (which says how the
+/// checkpoint was found).
+fn show(outboxd: &Outboxd) -> (bool, String) {
+    let out = outboxd.command(&["checkpoint", "show"]).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 /// The live checkpoint's offset is committed with it, as the offset of consumer group
 /// `outboxd.<name>.reader`: reading it takes one lookup and one record, however many records other
 /// pipelines wrote after it (the topic compacts only hourly, and not past an open transaction).
@@ -689,7 +701,7 @@ fn the_checkpoint_is_read_through_its_index_however_many_records_follow_it() {
     producer.flush(Duration::from_secs(30)).unwrap();
     let (_, end) = checkpoint_watermarks(&broker, "read_uncommitted");
     assert!(end > 20_000);
-    let (ok, text) = crate::tls::output(&outboxd, &["checkpoint", "show"]);
+    let (ok, text) = show(&outboxd);
     assert!(ok && text.contains("gtid"), "{text}");
     assert!(
         text.contains("found through its index (consumer group outboxd.quiet.reader)"),
@@ -728,4 +740,117 @@ fn a_checkpoint_topic_that_lost_its_data_is_not_read_as_a_first_start() {
     assert!(ok, "{text}");
     let (ok, text) = crate::tls::output(&outboxd, &["checkpoint", "show"]);
     assert!(ok && text.contains("no checkpoint at"), "{text}");
+}
+
+/// Adding the index's entry to a checkpoint's transaction can fail for a moment (the group's
+/// coordinator moving): the write is retried. The retry must add the entry again: a checkpoint
+/// committed without it leaves the index naming an older record, and a restart resumes there.
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
+fn a_checkpoint_write_retried_after_its_index_failed_is_still_indexed() {
+    let (db, broker) = mariadb_and_broker_with(Broker::start(), &EVENT_TOPICS);
+    let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
+    let mut outboxd = Outboxd::with_checkpoint("retried", &body, "store = \"kafka\"\n");
+    outboxd.start_with_env(&[], &[("FAILPOINTS", "checkpoint_index_send_fails=return")]);
+    insert_rows(&db, 0, 10, 1);
+    assert_eq!(consume_events(&broker.bootstrap(), 10).len(), 10);
+    outboxd.stop();
+    assert!(
+        outboxd
+            .log()
+            .contains("writing to the checkpoint topic failed for now"),
+        "{}",
+        outboxd.log()
+    );
+    let (ok, text) = show(&outboxd);
+    assert!(ok && text.contains("gtid"), "{text}");
+    assert!(
+        text.contains("found through its index (consumer group outboxd.retried.reader)"),
+        "{text}"
+    );
+}
+
+/// An outboxd without the index (a standby on the older version during a rolling upgrade, or a
+/// rollback) writes checkpoints the index does not name; once the record the index names is gone
+/// (compacted: here, deleted), that must not read as a lost checkpoint: the newest record on the
+/// topic is the checkpoint, and outboxd says the index was behind.
+#[test]
+fn an_index_left_behind_by_a_writer_without_it_yields_to_the_newest_record() {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use rdkafka::{Offset, TopicPartitionList};
+    let (db, broker) = mariadb_and_broker_with(Broker::start(), &EVENT_TOPICS);
+    let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
+    let mut outboxd = Outboxd::with_checkpoint("behind", &body, "store = \"kafka\"\n");
+    outboxd.start();
+    insert_rows(&db, 0, 10, 1);
+    assert_eq!(consume_events(&broker.bootstrap(), 10).len(), 10);
+    outboxd.stop();
+    let out = outboxd.command(&["checkpoint", "show"]).output().unwrap();
+    let mut checkpoint: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    checkpoint["updated_at"] = "2031-01-01T00:00:00Z".into();
+    // What a writer without the index does: the record alone.
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()
+        .unwrap();
+    let value = serde_json::to_vec(&checkpoint).unwrap();
+    producer
+        .send(
+            BaseRecord::<str, [u8]>::to(CHECKPOINTS)
+                .key("behind")
+                .payload(&value),
+        )
+        .unwrap();
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let (_, end) = checkpoint_watermarks(&broker, "read_uncommitted");
+    // Everything before the new record goes, the indexed one with it.
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()
+        .unwrap();
+    let mut before = TopicPartitionList::new();
+    before
+        .add_partition_offset(CHECKPOINTS, 0, Offset::Offset(end - 1))
+        .unwrap();
+    // Kafka deletes records only from a topic whose policy includes `delete`: for a moment.
+    let policy = |value: &str| {
+        let out = broker.tool_output(
+            "kafka.admin.ConfigCommand",
+            &[
+                "--alter",
+                "--entity-type",
+                "topics",
+                "--entity-name",
+                CHECKPOINTS,
+                "--add-config",
+                &format!("cleanup.policy={value}"),
+            ],
+        );
+        assert!(out.status.success(), "{out:?}");
+    };
+    policy("[compact,delete]");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let deleted = runtime
+        .block_on(admin.delete_records(&before, &AdminOptions::new()))
+        .unwrap();
+    assert!(
+        deleted.elements().iter().all(|p| p.error().is_ok()),
+        "{deleted:?}"
+    );
+    policy("compact");
+    let out = outboxd.command(&["checkpoint", "show"]).output().unwrap();
+    let (shown, said) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && shown.contains("2031-01-01T00:00:00Z"),
+        "{shown}{said}"
+    );
+    assert!(
+        said.contains("the checkpoint's index named an older record than the newest one"),
+        "{said}"
+    );
 }

@@ -1,7 +1,9 @@
 //! `--only checkpoint`: how long `outboxd checkpoint show` takes for a quiet pipeline when other
 //! pipelines wrote millions of records to the shared checkpoint topic since its last checkpoint,
 //! before compaction ran (its open segment is never compacted; outboxd creates the topic with
-//! hour-long segments). A read scans back from the end in widening windows until it meets the key.
+//! hour-long segments). A read takes the record the checkpoint's index names (the offset of group
+//! `outboxd.quiet.reader`); builds without the index scan back from the end in widening windows
+//! until they meet the key. With `--baseline`, that build is timed beside this one at each step.
 
 use std::time::{Duration, Instant};
 
@@ -74,7 +76,7 @@ fn timed_show(outboxd: &Outboxd) -> f64 {
     seconds[1]
 }
 
-pub fn run(db: &MariaDb, quick: bool) {
+pub fn run(db: &MariaDb, quick: bool, baseline: Option<&(std::path::PathBuf, String)>) {
     let broker = Broker::start();
     let mut quiet = Outboxd::with_checkpoint(
         "quiet",
@@ -83,17 +85,41 @@ pub fn run(db: &MariaDb, quick: bool) {
     );
     quiet.start();
     quiet.stop();
+    // The same pipeline read by the baseline binary (its own config copy, the same topic and key).
+    let other = baseline.map(|(path, label)| {
+        let mut other = Outboxd::with_checkpoint(
+            "quiet",
+            &config_body(&db.cdc_url(), &broker.bootstrap(), "", ""),
+            "store = \"kafka\"\n",
+        );
+        other.binary = path.clone();
+        (label.clone(), other)
+    });
     let steps: &[u64] = if quick {
         &[0, 100_000, 500_000]
     } else {
         &[0, 1_000_000, 5_000_000]
     };
-    println!("\n| records of other pipelines after the quiet pipeline's checkpoint | `checkpoint show` (median of 3) |");
-    println!("|---:|---:|");
+    match &other {
+        Some((label, _)) => {
+            println!("\n| records of other pipelines after the quiet pipeline's checkpoint | `checkpoint show`, this build (median of 3) | {label} (median of 3) |");
+            println!("|---:|---:|---:|");
+        }
+        None => {
+            println!("\n| records of other pipelines after the quiet pipeline's checkpoint | `checkpoint show` (median of 3) |");
+            println!("|---:|---:|");
+        }
+    }
     let mut written = 0;
     for &target in steps {
         write_renewals(&broker.bootstrap(), written, target - written);
         written = target;
-        println!("| {target} | {:.2} s |", timed_show(&quiet));
+        match &other {
+            Some((_, other)) => {
+                let base = timed_show(other);
+                println!("| {target} | {:.2} s | {base:.2} s |", timed_show(&quiet));
+            }
+            None => println!("| {target} | {:.2} s |", timed_show(&quiet)),
+        }
     }
 }

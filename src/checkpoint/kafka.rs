@@ -127,7 +127,7 @@ impl KafkaStore {
         })?;
         let mut store = KafkaStore {
             name: name.to_string(),
-            index: RecordIndex::new(&topic, group),
+            index: RecordIndex::new(&topic, &format!("outboxd.{name}.reader"), group),
             lost: std::sync::atomic::AtomicBool::new(false),
             found: Mutex::new(None),
             topic,
@@ -184,12 +184,12 @@ impl KafkaStore {
         format!("outboxd.{}.records", self.name)
     }
 
-    /// The live checkpoint `body` as a record (for a transaction of the record producer).
     /// The index the live record's transaction commits its offset to.
     pub fn index(&self) -> RecordIndex {
         self.index.clone()
     }
 
+    /// The live checkpoint `body` as a record (for a transaction of the record producer).
     pub fn live_record(&self, body: Vec<u8>) -> crate::route::Record {
         crate::route::Record {
             topic: self.topic.clone(),
@@ -811,7 +811,7 @@ impl KafkaStore {
                     producer.send(record).map_err(|(e, _)| e)?;
                 }
                 if !indexed {
-                    self.index_live(producer, value.is_none(), left())?;
+                    self.index_live(producer, value.is_none(), &left, retried == 0)?;
                     indexed = true;
                 }
                 producer.commit_transaction(left())
@@ -875,26 +875,51 @@ impl KafkaStore {
     }
 
     /// Adds the live record's index entry to the open transaction (flushed first, to learn where
-    /// the record landed).
+    /// the record landed). The offset stays known until the next transaction begins: a retry after
+    /// a failed `send_offsets_to_transaction` sends the same entry again. Each step gets its own
+    /// share of the time left.
     fn index_live(
         &self,
         producer: &ThreadedProducer<Delivered>,
         removed: bool,
-        timeout: Duration,
+        left: &dyn Fn() -> Duration,
+        first_attempt: bool,
     ) -> rdkafka::error::KafkaResult<()> {
-        producer.flush(timeout)?;
-        let offset = producer
-            .context()
-            .offset
-            .lock()
-            .expect("offset lock")
-            .take();
-        match offset {
-            Some(offset) => self
-                .index
-                .send(producer, Indexed { offset, removed }, timeout),
-            // Not acknowledged: the commit fails on the same refusal.
-            None => Ok(()),
+        producer.flush(left())?;
+        let offset = *producer.context().offset.lock().expect("offset lock");
+        // Flushed yet not acknowledged: the record failed. Never commit a live record without its
+        // entry (the index would name an older checkpoint): the writer gives up instead.
+        let offset = offset.ok_or(KafkaError::MessageProduction(RDKafkaErrorCode::Fail))?;
+        // The coordinator not answering the first AddOffsetsToTxn of each write (test
+        // `a_checkpoint_write_retried_after_its_index_failed_is_still_indexed`).
+        if first_attempt {
+            fail::fail_point!("checkpoint_index_send_fails", |_| Err(KafkaError::Flush(
+                RDKafkaErrorCode::OperationTimedOut
+            )));
+        }
+        self.index
+            .send(producer, Indexed { offset, removed }, left())
+    }
+
+    /// Commits `entry` again, by itself (a transaction holding only the group's offset), so that
+    /// a pipeline whose checkpoint does not move keeps its index past Kafka's offset retention:
+    /// called by the writer when it took over and read the live checkpoint (nobody else writes it
+    /// then). Best effort: a failure is logged, the index stays as it was.
+    pub(super) fn refresh_index(&self, entry: Indexed) {
+        let writer = self.writer.lock().expect("writer lock");
+        let Some(producer) = writer.as_ref() else {
+            return;
+        };
+        let refreshed = (|| {
+            producer.begin_transaction()?;
+            if let Err(e) = self.index.send(producer, entry, TIMEOUT / 2) {
+                let _ = producer.abort_transaction(TIMEOUT / 2);
+                return Err(e);
+            }
+            producer.commit_transaction(TIMEOUT / 2)
+        })();
+        if let Err(e) = refreshed {
+            tracing::warn!(error = %e, group = self.index_group(), "could not commit the checkpoint's index again (it stays as it was)");
         }
     }
 

@@ -15,7 +15,12 @@ use rdkafka::consumer::Consumer;
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::TopicPartitionList;
 
-use super::{group_lookup_error, unreachable, Isolation, KafkaStore, TIMEOUT};
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::Offset;
+
+use super::{group_lookup_error, unreachable, Isolation, KafkaStore, QuietContext, TIMEOUT};
 use crate::error::{Error, Result};
 use crate::sink::kafka::index::Indexed;
 
@@ -34,22 +39,66 @@ impl KafkaStore {
         format!("outboxd.{}.reader", self.name)
     }
 
-    /// The newest committed value of the live key: through the index when there is one, else by
-    /// reading the topic back (and the index learns where it is, for the next renewal).
+    /// The newest committed value of the live key: through the index when there is one; else, or
+    /// when the record it names is gone, by reading the topic back.
     pub(super) fn latest_live(&self) -> Result<Option<Vec<u8>>> {
         if self.missing {
             return Ok(None);
         }
-        if let Some(entry) = self.read_index()? {
-            return self.at_index(entry);
-        }
-        let key = self.live_key();
-        match self.newest(Isolation::Committed, &key)? {
-            Some((offset, value)) => {
+        let entry = self.read_index()?;
+        let gone = match entry {
+            Some(entry) => match self.at_index(entry)? {
+                Ok(value) => {
+                    *self.found.lock().expect("found lock") = Some(Found::Indexed(entry.offset));
+                    self.keep_index(entry);
+                    return Ok(value);
+                }
+                Err(gone) => Some((entry, gone)),
+            },
+            None => None,
+        };
+        let scanned = self.newest(Isolation::Committed, &self.live_key())?;
+        let Some((entry, gone)) = gone else {
+            // No index (never written, written before outboxd kept one, or expired).
+            let Some((offset, value)) = scanned else {
+                return Ok(None);
+            };
+            *self.found.lock().expect("found lock") = Some(Found::Scanned(offset));
+            self.keep_index(Indexed {
+                offset,
+                removed: value.is_none(),
+            });
+            return Ok(value);
+        };
+        match scanned {
+            // A newer record than the index names: a writer that keeps no index wrote it (an older
+            // outboxd, during a rolling upgrade or after a rollback). It is the checkpoint.
+            Some((offset, value)) if offset > entry.offset => {
+                tracing::warn!(
+                    group = self.index_group(),
+                    indexed = entry.offset,
+                    found = offset,
+                    "the checkpoint's index named an older record than the newest one on the topic (an outboxd without the index wrote checkpoints since?): resuming from the newest"
+                );
                 *self.found.lock().expect("found lock") = Some(Found::Scanned(offset));
+                self.keep_index(Indexed {
+                    offset,
+                    removed: value.is_none(),
+                });
                 Ok(value)
             }
-            None => Ok(None),
+            // A tombstone (`checkpoint reset`) that compaction removed, and nothing since.
+            None if entry.removed => Ok(None),
+            // The record the index names is gone and nothing newer exists: lost, whatever older
+            // record may remain (a compacted topic removes older records of a key before its newest).
+            older => Err(self.lost_error(entry, &gone, older.map(|(offset, _)| offset))),
+        }
+    }
+
+    /// Commits `entry` again when this instance is the writer (see [`KafkaStore::refresh_index`]).
+    fn keep_index(&self, entry: Indexed) {
+        if self.settle.load(Ordering::Relaxed) {
+            self.refresh_index(entry);
         }
     }
 
@@ -92,53 +141,105 @@ impl KafkaStore {
                         }
                     }
                 }
+                Err(e) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::OperationTimedOut) => {
+                    return Err(Error::checkpoint(format!(
+                        "the checkpoint's index (consumer group {}) did not answer within {TIMEOUT:?}",
+                        self.index_group()
+                    ))
+                    .remedy("outboxd retries; a transaction of this pipeline still settling holds the answer until it ends (at most its transaction.timeout.ms), or the group's coordinator is moving: check the brokers")
+                    .transient());
+                }
                 Err(e) => return Err(unreachable(&self.topic, &e)),
             }
         }
     }
 
-    /// The live value at the index's entry, or the loss it reveals.
-    fn at_index(&self, entry: Indexed) -> Result<Option<Vec<u8>>> {
-        let (low, high) = self.watermarks()?;
+    /// The live value at the index's entry (`Ok`), or what the topic holds instead (`Err`).
+    fn at_index(&self, entry: Indexed) -> Result<std::result::Result<Option<Vec<u8>>, String>> {
+        let (there, low, high) = self.record_at(entry.offset)?;
         let key = self.live_key();
-        let mut there: Option<(i64, bool, Option<Vec<u8>>)> = None;
-        if (low..high).contains(&entry.offset) {
-            self.scan(
-                Isolation::Written,
-                entry.offset,
-                entry.offset + 1,
-                |offset, k, v| {
-                    if there.is_none() {
-                        there = Some((offset, k == key.as_bytes(), v.map(<[u8]>::to_vec)));
-                    }
-                },
-            )?;
-        }
-        match there {
-            Some((offset, true, value)) if offset == entry.offset => {
-                *self.found.lock().expect("found lock") = Some(Found::Indexed(offset));
-                Ok(value)
+        Ok(match there {
+            Some((offset, k, value)) if offset == entry.offset && k == key.as_bytes() => Ok(value),
+            Some((offset, _, _)) if offset == entry.offset => {
+                Err("another key's record there".into())
             }
-            // A tombstone (`checkpoint reset`) that compaction removed: no checkpoint.
-            _ if entry.removed => Ok(None),
-            _ => {
-                self.lost.store(true, Ordering::Relaxed);
-                let now = match there {
-                    Some((offset, _, _)) if offset == entry.offset => {
-                        "another record there".to_string()
-                    }
-                    _ if high <= low => "no records at all".to_string(),
-                    _ => format!("offsets {low} to {} only", high - 1),
-                };
-                Err(Error::checkpoint(format!(
-                    "the checkpoint topic {} lost pipeline {:?}'s checkpoint: its index (consumer group {}) says it was written at offset {}, and the topic holds {now} (the topic was recreated, or a broker lost its data)",
-                    self.topic, self.name, self.index_group(), entry.offset
-                ))
-                .remedy(
-                    "outboxd does not start over by itself (that would skip every change since the lost checkpoint with the MySQL source). Put a checkpoint back with `outboxd checkpoint set POSITION` (a saved label's position from `outboxd checkpoint list`, or the source position of the last event the consumers have), or start anew on purpose with `outboxd checkpoint reset`; then keep the topic on 3 replicas (see `outboxd check`)",
-                ))
+            _ if high <= low => Err("no records at all".into()),
+            _ => Err(format!("no such record (offsets {low} to {})", high - 1)),
+        })
+    }
+
+    /// The checkpoint the index names is gone (`gone`: what the topic holds instead).
+    fn lost_error(&self, entry: Indexed, gone: &str, older: Option<i64>) -> Error {
+        self.lost.store(true, Ordering::Relaxed);
+        let older = match older {
+            Some(offset) => format!("; an older record of the pipeline remains at offset {offset}"),
+            None => String::new(),
+        };
+        Error::checkpoint(format!(
+            "the checkpoint topic {} lost pipeline {:?}'s checkpoint: its index (consumer group {}) says it was written at offset {}, and the topic holds {gone}{older} (a broker lost the topic's data: one replica, or an unclean leader election)",
+            self.topic, self.name, self.index_group(), entry.offset
+        ))
+        .remedy(format!(
+            "outboxd does not start over by itself (with the MySQL source that would skip every change since the lost checkpoint). Put a checkpoint back with `outboxd checkpoint set POSITION` (`outboxd checkpoint list` shows saved ones; or the source position of the last event your consumers have); start anew only if skipping is acceptable, with `outboxd checkpoint reset`. If the index itself is wrong (its group's offsets were changed by hand), remove it instead: kafka-consumer-groups.sh --delete-offsets --group {} --topic {}",
+            self.index_group(),
+            self.topic
+        ))
+    }
+
+    /// The first record at or after `offset` (offset, key, value), read by itself, with the
+    /// partition's watermarks then: one small fetch (the broker returns at least the batch holding
+    /// the offset), not the 16 MiB a scan asks for.
+    #[allow(clippy::type_complexity)]
+    fn record_at(
+        &self,
+        offset: i64,
+    ) -> Result<(Option<(i64, Vec<u8>, Option<Vec<u8>>)>, i64, i64)> {
+        let consumer: BaseConsumer<QuietContext> = self
+            .base
+            .clone()
+            .set("group.id", self.index_group())
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "true")
+            .set("fetch.wait.max.ms", "10")
+            .set("max.partition.fetch.bytes", "65536")
+            .set("isolation.level", "read_uncommitted")
+            .create_with_context(QuietContext::default())
+            .map_err(|e| unreachable(&self.topic, &e))?;
+        let (low, high) = consumer
+            .fetch_watermarks(&self.topic, 0, TIMEOUT)
+            .map_err(|e| unreachable(&self.topic, &e))?;
+        if !(low..high).contains(&offset) {
+            return Ok((None, low, high));
+        }
+        let mut assignment = TopicPartitionList::new();
+        assignment
+            .add_partition_offset(&self.topic, 0, Offset::Offset(offset))
+            .and_then(|()| consumer.assign(&assignment))
+            .map_err(|e| unreachable(&self.topic, &e))?;
+        let deadline = Instant::now() + TIMEOUT;
+        while Instant::now() < deadline {
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(message)) => {
+                    let record = (
+                        message.offset(),
+                        message.key().unwrap_or_default().to_vec(),
+                        message.payload().map(<[u8]>::to_vec),
+                    );
+                    return Ok((Some(record), low, high));
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) => return Ok((None, low, high)),
+                Some(Err(e)) if group_lookup_error(&e) => {}
+                Some(Err(e)) => return Err(unreachable(&self.topic, &e)),
+                None => {}
             }
         }
+        Err(Error::checkpoint(format!(
+            "reading the checkpoint record at offset {offset} of topic {} took longer than {TIMEOUT:?}",
+            self.topic
+        ))
+        .remedy("outboxd retries; check the brokers")
+        .transient())
     }
 
     /// The refusal of the index's group: outboxd's principal needs READ there.
@@ -167,7 +268,7 @@ impl KafkaStore {
                 self.index_group()
             ),
             Found::Scanned(offset) => format!(
-                "Kafka topic {} offset {offset}, found by reading the topic back (no index yet: the next checkpoint or renewal written adds it)",
+                "Kafka topic {} offset {offset}, found by reading the topic back (no index yet: the leader's next start, or the next checkpoint written, adds it)",
                 self.topic
             ),
         })

@@ -76,15 +76,23 @@ impl Indexed {
 #[derive(Clone)]
 pub struct RecordIndex {
     topic: String,
+    /// The group's name (for messages) and metadata (for the transaction).
+    name: String,
     group: Arc<ConsumerGroupMetadata>,
 }
 
 impl RecordIndex {
-    pub fn new(topic: &str, group: ConsumerGroupMetadata) -> RecordIndex {
+    pub fn new(topic: &str, name: &str, group: ConsumerGroupMetadata) -> RecordIndex {
         RecordIndex {
             topic: topic.to_string(),
+            name: name.to_string(),
             group: Arc::new(group),
         }
+    }
+
+    /// The group's name.
+    pub fn group(&self) -> &str {
+        &self.name
     }
 
     /// Adds `entry` to `producer`'s open transaction.

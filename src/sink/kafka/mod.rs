@@ -237,10 +237,6 @@ fn transaction_error(what: &str, transactional_id: &str, e: &KafkaError) -> Erro
         Some(C::InvalidTransactionTimeout) => error.remedy(
             "kafka.properties.transaction.timeout.ms exceeds the brokers' transaction.max.timeout.ms: lower it (outboxd's default is 60000)",
         ),
-        // The checkpoint's index (`index`): its group's offset commits with every transaction.
-        Some(C::GroupAuthorizationFailed) => error.remedy(
-            "grant outboxd's principal READ on consumer group outboxd.<name>.reader (the checkpoint's index; `outboxd check` prints the command), then restart",
-        ),
         _ => error
             .remedy("outboxd aborts the open transaction, reconnects and resumes from the last committed checkpoint; check the broker")
             .transient(),
@@ -638,7 +634,18 @@ impl KafkaSink {
                 removed: false,
             };
             index.send(producer.as_ref(), entry, left()).map_err(|e| {
-                transaction_error("indexing the checkpoint in the Kafka transaction", &id, &e)
+                let error =
+                    transaction_error("indexing the checkpoint in the Kafka transaction", &id, &e);
+                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) {
+                    // Waiting cures no missing grant: a stop with the grant to give.
+                    Error::sink(error.message().to_string()).remedy(format!(
+                        "grant outboxd's principal READ on consumer group {} (the checkpoint's index): kafka-acls.sh --add --allow-principal User:<outboxd's user> --operation Read --group {}, then restart",
+                        index.group(),
+                        index.group()
+                    ))
+                } else {
+                    error
+                }
             })?;
             crate::fault::crash_point(crate::fault::BEFORE_TRANSACTION_COMMIT);
             producer
