@@ -552,7 +552,13 @@ fn main() {
     }
 
     if args.wants("eos") {
-        rows.extend(exactly_once_section(&db, loaded, n, record_bytes));
+        rows.extend(exactly_once_section(
+            &db,
+            loaded,
+            n,
+            record_bytes,
+            args.baseline.as_ref(),
+        ));
         loaded += n;
     }
 
@@ -852,31 +858,48 @@ impl Drop for CheckpointTail {
 /// Exactly-once beside at-least-once: two pipelines with the Kafka checkpoint store drain the same
 /// backlog of `n` rows (10-row transactions, ids from `from`) to a fresh Apache Kafka, interleaved run
 /// by run, each from the same start.
-fn exactly_once_section(db: &MariaDb, from: u64, n: u64, record_bytes: u64) -> Vec<Row> {
+/// With `--baseline`, that build drains the same backlog at-least-once and exactly-once too,
+/// interleaved with this build's runs.
+fn exactly_once_section(
+    db: &MariaDb,
+    from: u64,
+    n: u64,
+    record_bytes: u64,
+    baseline: Option<&(std::path::PathBuf, String)>,
+) -> Vec<Row> {
     let broker = Broker::start();
     create_topic(&broker.bootstrap(), TOPIC, 6);
     let tail = CheckpointTail::start(&broker.bootstrap());
-    let mut pipelines: Vec<(Outboxd, &'static str, &'static str)> = [
-        ("bench-alo", "eos-alo", ""),
-        ("bench-eos", "eos", "exactly_once = true"),
+    let mut kinds: Vec<(&str, &'static str, &'static str, bool)> = vec![
+        ("bench-alo", "eos-alo", "", false),
+        ("bench-eos", "eos", "exactly_once = true", false),
         (
             "bench-eos-1s",
             "eos-1s",
             "exactly_once = true\ntransaction_interval_ms = 1000",
+            false,
         ),
-    ]
-    .into_iter()
-    .map(|(name, key, kafka)| {
-        let mut outboxd = Outboxd::with_checkpoint(
-            name,
-            &config_body(&db.cdc_url(), &broker.bootstrap(), kafka, ""),
-            "store = \"kafka\"\ntakeover_timeout_ms = 1000",
-        );
-        outboxd.start();
-        outboxd.stop();
-        (outboxd, key, kafka)
-    })
-    .collect();
+    ];
+    if baseline.is_some() {
+        kinds.push(("bench-alo-base", "eos-alo-base", "", true));
+        kinds.push(("bench-eos-base", "eos-base", "exactly_once = true", true));
+    }
+    let mut pipelines: Vec<(Outboxd, &'static str, &'static str)> = kinds
+        .into_iter()
+        .map(|(name, key, kafka, base)| {
+            let mut outboxd = Outboxd::with_checkpoint(
+                name,
+                &config_body(&db.cdc_url(), &broker.bootstrap(), kafka, ""),
+                "store = \"kafka\"\ntakeover_timeout_ms = 1000",
+            );
+            if let (true, Some((path, _))) = (base, baseline) {
+                outboxd.binary = path.clone();
+            }
+            outboxd.start();
+            outboxd.stop();
+            (outboxd, key, kafka)
+        })
+        .collect();
     wait_until("the start checkpoints", Duration::from_secs(60), || {
         pipelines
             .iter()
@@ -918,10 +941,14 @@ fn exactly_once_section(db: &MariaDb, from: u64, n: u64, record_bytes: u64) -> V
             } else {
                 format!("exactly-once ({})", kafka.replace('\n', ", "))
             };
+            let build = match baseline {
+                Some((_, label)) if key.ends_with("-base") => format!("outboxd {label}"),
+                _ => "outboxd".to_string(),
+            };
             Row {
                 key,
                 what: format!(
-                    "outboxd {mode}, Kafka checkpoint, Apache Kafka, MariaDB backlog drain, 10-row transactions"
+                    "{build} {mode}, Kafka checkpoint, Apache Kafka, MariaDB backlog drain, 10-row transactions"
                 ),
                 events: n,
                 seconds,
