@@ -854,3 +854,29 @@ fn an_index_left_behind_by_a_writer_without_it_yields_to_the_newest_record() {
         "{said}"
     );
 }
+
+/// `checkpoint set` fences every writer, reads and saves the old checkpoint, then writes: its write
+/// had only what was left of one `takeover_timeout_ms` after the fencing, so a short timeout (1 s,
+/// as the benchmark uses) failed it with "Flush error: OperationTimedOut".
+#[test]
+fn checkpoint_set_works_with_a_short_takeover_timeout() {
+    let (db, broker) = mariadb_and_broker_with(Broker::start(), &EVENT_TOPICS);
+    let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
+    let mut outboxd = Outboxd::with_checkpoint(
+        "short",
+        &body,
+        "store = \"kafka\"\ntakeover_timeout_ms = 1000\n",
+    );
+    outboxd.start();
+    insert_rows(&db, 0, 10, 1);
+    assert_eq!(consume_events(&broker.bootstrap(), 10).len(), 10);
+    outboxd.stop();
+    let position = format!("gtid:{}", db.sql_socket("SELECT @@gtid_binlog_pos;").trim());
+    for _ in 0..3 {
+        let out = outboxd
+            .command(&["checkpoint", "set", &position])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+}

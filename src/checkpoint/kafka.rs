@@ -702,6 +702,14 @@ impl KafkaStore {
         Ok(())
     }
 
+    /// `checkpoint set/reset/import-debezium`: the command fenced every writer and found no
+    /// leader, and nothing renews a lead for it, so its writes get the store's own timeout rather
+    /// than what is left of one takeover timeout (with a short `takeover_timeout_ms`, reading and
+    /// saving the old checkpoint first could use that up before the write began).
+    pub fn hold_for_command(&self) {
+        *self.lead_until.lock().expect("lead deadline") = Instant::now() + 2 * TIMEOUT;
+    }
+
     /// Fences the pipeline's record producer too (`kafka.exactly_once`): a leader frozen with a
     /// transaction open can then no longer commit a checkpoint over the one `checkpoint set`
     /// writes. Harmless without exactly-once (the id is merely registered).

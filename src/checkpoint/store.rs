@@ -95,6 +95,7 @@ impl Store {
                 if access == Access::Exclusive {
                     kafka.ensure_no_leader()?;
                     kafka.take_over()?;
+                    kafka.hold_for_command();
                     // Also when exactly_once is off now: a leader that ran with it may be frozen
                     // with a transaction open. Without it, a refusal (no grant) only warns.
                     match kafka.fence_records() {
