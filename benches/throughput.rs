@@ -890,7 +890,7 @@ fn exactly_once_section(
             let mut outboxd = Outboxd::with_checkpoint(
                 name,
                 &config_body(&db.cdc_url(), &broker.bootstrap(), kafka, ""),
-                "store = \"kafka\"\ntakeover_timeout_ms = 1000",
+                "store = \"kafka\"\ntakeover_timeout_ms = 3000",
             );
             if let (true, Some((path, _))) = (base, baseline) {
                 outboxd.binary = path.clone();
@@ -914,11 +914,18 @@ fn exactly_once_section(
     let mut runs: Vec<Vec<(f64, ProcessStats)>> = pipelines.iter().map(|_| Vec::new()).collect();
     for _ in 0..REPEATS {
         for (i, (outboxd, _, _)) in pipelines.iter_mut().enumerate() {
+            let started = Instant::now();
             let set = outboxd
                 .command(&["checkpoint", "set", &format!("gtid:{}", starts[i])])
                 .output()
                 .unwrap();
-            assert!(set.status.success(), "{set:?}");
+            assert!(
+                set.status.success(),
+                "checkpoint set of {} ({}) failed after {:?}: {set:?}",
+                outboxd.name,
+                outboxd.binary.display(),
+                started.elapsed()
+            );
             let name = outboxd.name.clone();
             let broker_before = process_stats(broker.pid()).cpu_seconds;
             let mut run = timed_run(outboxd, "a Kafka-checkpoint pipeline to drain", |_| {

@@ -909,28 +909,6 @@ impl KafkaStore {
             .send(producer, Indexed { offset, removed }, left())
     }
 
-    /// Commits `entry` again, by itself (a transaction holding only the group's offset), so that
-    /// a pipeline whose checkpoint does not move keeps its index past Kafka's offset retention:
-    /// called by the writer when it took over and read the live checkpoint (nobody else writes it
-    /// then). Best effort: a failure is logged, the index stays as it was.
-    pub(super) fn refresh_index(&self, entry: Indexed) {
-        let writer = self.writer.lock().expect("writer lock");
-        let Some(producer) = writer.as_ref() else {
-            return;
-        };
-        let refreshed = (|| {
-            producer.begin_transaction()?;
-            if let Err(e) = self.index.send(producer, entry, TIMEOUT / 2) {
-                let _ = producer.abort_transaction(TIMEOUT / 2);
-                return Err(e);
-            }
-            producer.commit_transaction(TIMEOUT / 2)
-        })();
-        if let Err(e) = refreshed {
-            tracing::warn!(error = %e, group = self.index_group(), "could not commit the checkpoint's index again (it stays as it was)");
-        }
-    }
-
     /// Renews the lead (see `lease`): fails, superseded, once another instance took over.
     /// `until`: when the lead lapses without this renewal.
     pub fn renew(&self, until: Instant) -> Result<()> {

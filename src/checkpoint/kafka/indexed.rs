@@ -50,7 +50,6 @@ impl KafkaStore {
             Some(entry) => match self.at_index(entry)? {
                 Ok(value) => {
                     *self.found.lock().expect("found lock") = Some(Found::Indexed(entry.offset));
-                    self.keep_index(entry);
                     return Ok(value);
                 }
                 Err(gone) => Some((entry, gone)),
@@ -64,10 +63,6 @@ impl KafkaStore {
                 return Ok(None);
             };
             *self.found.lock().expect("found lock") = Some(Found::Scanned(offset));
-            self.keep_index(Indexed {
-                offset,
-                removed: value.is_none(),
-            });
             return Ok(value);
         };
         match scanned {
@@ -81,10 +76,6 @@ impl KafkaStore {
                     "the checkpoint's index named an older record than the newest one on the topic (an outboxd without the index wrote checkpoints since?): resuming from the newest"
                 );
                 *self.found.lock().expect("found lock") = Some(Found::Scanned(offset));
-                self.keep_index(Indexed {
-                    offset,
-                    removed: value.is_none(),
-                });
                 Ok(value)
             }
             // A tombstone (`checkpoint reset`) that compaction removed, and nothing since.
@@ -92,13 +83,6 @@ impl KafkaStore {
             // The record the index names is gone and nothing newer exists: lost, whatever older
             // record may remain (a compacted topic removes older records of a key before its newest).
             older => Err(self.lost_error(entry, &gone, older.map(|(offset, _)| offset))),
-        }
-    }
-
-    /// Commits `entry` again when this instance is the writer (see [`KafkaStore::refresh_index`]).
-    fn keep_index(&self, entry: Indexed) {
-        if self.settle.load(Ordering::Relaxed) {
-            self.refresh_index(entry);
         }
     }
 
@@ -268,7 +252,7 @@ impl KafkaStore {
                 self.index_group()
             ),
             Found::Scanned(offset) => format!(
-                "Kafka topic {} offset {offset}, found by reading the topic back (no index yet: the leader's next start, or the next checkpoint written, adds it)",
+                "Kafka topic {} offset {offset}, found by reading the topic back (no index yet: the next checkpoint written adds it)",
                 self.topic
             ),
         })

@@ -18,9 +18,9 @@
 //! Kafka expires the offsets of a group without members `offsets.retention.minutes` (7 days) after
 //! their last commit, so the index lasts a week after the last checkpoint written. Without an
 //! index (expired, or never written) the reader falls back to reading the topic, and the next
-//! write adds it. Lead renewals do not commit it again: they are the lease's heartbeat and must not
-//! wait on the group's coordinator, and an entry a renewal re-committed could land after a newer
-//! one written meanwhile (by the exactly-once sink's producer, or by a new leader).
+//! write adds it. Nothing commits an entry again by itself (a renewal, a refresh after a read): it
+//! would have to be the newest, yet the exactly-once sink's producer may commit a newer one at any
+//! moment, and the lease's heartbeat must not wait on the group's coordinator.
 
 use std::sync::Arc;
 use std::time::Duration;
