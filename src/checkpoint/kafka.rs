@@ -36,7 +36,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 mod indexed;
 
-use self::indexed::Found;
+use self::indexed::{index_group, Found};
 use super::held::Held;
 use super::store::{Backend, Slot};
 use crate::config::Config;
@@ -115,9 +115,10 @@ impl KafkaStore {
         base.set("bootstrap.servers", &kafka.brokers)
             .set("client.id", format!("outboxd-{name}-checkpoint"));
         let topic = config.checkpoint.topic.clone();
+        let group_name = index_group(name);
         let group: BaseConsumer<QuietContext> = base
             .clone()
-            .set("group.id", format!("outboxd.{name}.reader"))
+            .set("group.id", &group_name)
             .create_with_context(QuietContext::default())
             .map_err(|e| unreachable(&topic, &e))?;
         let group = group.group_metadata().ok_or_else(|| {
@@ -127,7 +128,7 @@ impl KafkaStore {
         })?;
         let mut store = KafkaStore {
             name: name.to_string(),
-            index: RecordIndex::new(&topic, &format!("outboxd.{name}.reader"), group),
+            index: RecordIndex::new(&topic, &group_name, group),
             lost: std::sync::atomic::AtomicBool::new(false),
             found: Mutex::new(None),
             topic,
@@ -493,7 +494,7 @@ impl KafkaStore {
     fn consumer(&self, isolation: Isolation) -> Result<BaseConsumer<QuietContext>> {
         let mut config = self.base.clone();
         config
-            .set("group.id", format!("outboxd.{}.reader", self.name))
+            .set("group.id", self.index_group())
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "true")
@@ -628,7 +629,7 @@ impl KafkaStore {
     fn watermarks(&self) -> Result<(i64, i64)> {
         let mut config = self.base.clone();
         config
-            .set("group.id", format!("outboxd.{}.reader", self.name))
+            .set("group.id", self.index_group())
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_uncommitted");
         let consumer: BaseConsumer<QuietContext> = config

@@ -36,7 +36,7 @@ pub enum Found {
 impl KafkaStore {
     /// The consumer group whose offset is the index.
     pub fn index_group(&self) -> String {
-        format!("outboxd.{}.reader", self.name)
+        index_group(&self.name)
     }
 
     /// The newest committed value of the live key: through the index when there is one; else, or
@@ -257,4 +257,10 @@ impl KafkaStore {
             ),
         })
     }
+}
+
+/// The consumer group whose offset is pipeline `name`'s index (its readers name it too: librdkafka's
+/// `assign` needs a group).
+pub(super) fn index_group(name: &str) -> String {
+    format!("outboxd.{name}.reader")
 }
