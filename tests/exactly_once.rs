@@ -219,6 +219,29 @@ fn exactly_once_on_postgres_survives_ten_kill_9s_and_a_frozen_broker() {
     );
 }
 
+/// An exactly-once transaction whose index entry gets stuck in librdkafka (its
+/// `send_offsets_to_transaction` waiting for a group coordinator it lost, confluentinc/librdkafka#5456):
+/// the session gives that producer up and the next one, which fences it, sends the rows again;
+/// a read_committed consumer sees each once. The first entry is the first start's checkpoint
+/// (the store's writer), the second this sink's first transaction.
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
+fn a_transaction_stuck_in_librdkafka_is_given_up_and_sent_again_once() {
+    let (db, broker) = mariadb_and_broker();
+    let mut outboxd = mariadb_outboxd(&db, &broker, "eos-stuck", EXACTLY_ONCE, "");
+    outboxd.start_with_env(
+        &[],
+        &[("FAILPOINTS", "index_send_hangs=1*off->1*sleep(600000)")],
+    );
+    insert_rows(&db, 0, 100, 5);
+    assert_exactly_once(&broker, &mut outboxd, 100, |n| event(n).3);
+    assert!(
+        outboxd.log().contains("did not return within"),
+        "{}",
+        outboxd.log()
+    );
+}
+
 /// A crash after the records and the checkpoint record were written, before the commit: they stay
 /// in the log (a read_uncommitted consumer sees them) but were never committed, so the restart
 /// sends them again and a read_committed consumer sees each row once.

@@ -770,6 +770,49 @@ fn a_checkpoint_write_retried_after_its_index_failed_is_still_indexed() {
     );
 }
 
+/// librdkafka's `send_offsets_to_transaction` can wait far past its timeout while the group
+/// coordinator it cached is gone (confluentinc/librdkafka#5456 and #5511; seen here in a rolling
+/// restart of three brokers, where a SIGTERM then waited 10 minutes). The fail point holds the
+/// next index entry's call for 10 minutes: the write must give that writer up, write again with a
+/// new one, and stop cleanly, not hold the lead, the checkpoint and the shutdown until it returns.
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
+fn a_checkpoint_write_stuck_in_librdkafka_is_given_up_and_written_again() {
+    let (db, broker) = mariadb_and_broker_with(Broker::start(), &EVENT_TOPICS);
+    let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
+    let mut outboxd = Outboxd::with_checkpoint("stuck", &body, "store = \"kafka\"\n");
+    let checkpoint_at_end = |outboxd: &Outboxd| {
+        let end = db
+            .sql_socket("SELECT @@gtid_binlog_pos;")
+            .trim()
+            .to_string();
+        wait_until(
+            "the checkpoint to name the last row",
+            Duration::from_secs(120),
+            || {
+                let (ok, text) = show(outboxd);
+                ok && text.contains(&format!("\"gtid_set\": \"{end}\""))
+            },
+        );
+    };
+    outboxd.start();
+    insert_rows(&db, 0, 10, 1);
+    checkpoint_at_end(&outboxd);
+    outboxd.stop();
+    // Resumed (so no first write), the first entry is the next checkpoint's.
+    outboxd.start_with_env(&[], &[("FAILPOINTS", "index_send_hangs=1*sleep(600000)")]);
+    insert_rows(&db, 10, 20, 1);
+    checkpoint_at_end(&outboxd);
+    outboxd.stop();
+    assert!(
+        outboxd.log().contains("did not return within"),
+        "{}",
+        outboxd.log()
+    );
+    let records = consume_distinct_events(&broker.bootstrap(), 20);
+    check_records(&records, 0..20);
+}
+
 /// An outboxd without the index (a standby on the older version during a rolling upgrade, or a
 /// rollback) writes checkpoints the index does not name; once the record the index names is gone
 /// (compacted: here, deleted), that must not read as a lost checkpoint: the newest record on the

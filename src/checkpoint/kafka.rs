@@ -19,7 +19,7 @@
 //! [`super::lease`]), and what `checkpoint set/reset` use to be the only writer for a moment.
 
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -42,7 +42,7 @@ use super::store::{Backend, Slot};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::sink::kafka::fenced;
-use crate::sink::kafka::index::{Indexed, RecordIndex};
+use crate::sink::kafka::index::{Indexed, RecordIndex, SendError};
 
 /// The header naming the instance that wrote a live checkpoint (`host:pid`), for operators
 /// reading the topic after a failover.
@@ -67,7 +67,7 @@ pub struct KafkaStore {
     /// Brokers and the security settings of `kafka.properties` (no producer tuning).
     base: ClientConfig,
     /// The transactional writer, while this instance may write the live checkpoint.
-    writer: Mutex<Option<ThreadedProducer<Delivered>>>,
+    writer: Mutex<Option<Arc<ThreadedProducer<Delivered>>>>,
     /// Opened for reading, and the topic does not exist: there is no checkpoint.
     missing: bool,
     /// Reads wait until transactions open below their high watermark are settled: set while this
@@ -697,7 +697,7 @@ impl KafkaStore {
     pub fn take_over(&self) -> Result<()> {
         let producer = self.fencing_producer(&self.transactional_id())?;
         *self.lead_until.lock().expect("lead deadline") = Instant::now() + self.takeover;
-        *self.writer.lock().expect("writer lock") = Some(producer);
+        *self.writer.lock().expect("writer lock") = Some(Arc::new(producer));
         self.settle
             .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
@@ -823,7 +823,7 @@ impl KafkaStore {
                     self.index_live(producer, value.is_none(), &left, retried == 0)?;
                     indexed = true;
                 }
-                producer.commit_transaction(left())
+                Ok(producer.commit_transaction(left())?)
             })();
             let e = match result {
                 Ok(()) => {
@@ -832,7 +832,18 @@ impl KafkaStore {
                     }
                     return Ok(());
                 }
-                Err(e) => e,
+                Err(SendError::Kafka(e)) => e,
+                Err(SendError::Stuck(what)) => {
+                    // No abort: the producer's transactional API is still busy with the call.
+                    writer.take();
+                    tracing::warn!("{what}; the checkpoint is written again by a new writer");
+                    return Err(Error::checkpoint(format!(
+                        "writing the checkpoint to topic {} got stuck in librdkafka: {what}",
+                        self.topic
+                    ))
+                    .remedy("outboxd takes the lead again with a new writer (which fences the stuck one) and resumes from the last committed checkpoint; check the brokers")
+                    .superseded());
+                }
             };
             if fenced(&e) || left() < Duration::from_millis(100) {
                 break e;
@@ -889,11 +900,11 @@ impl KafkaStore {
     /// share of the time left.
     fn index_live(
         &self,
-        producer: &ThreadedProducer<Delivered>,
+        producer: &Arc<ThreadedProducer<Delivered>>,
         removed: bool,
         left: &dyn Fn() -> Duration,
         first_attempt: bool,
-    ) -> rdkafka::error::KafkaResult<()> {
+    ) -> std::result::Result<(), SendError> {
         producer.flush(left())?;
         let offset = *producer.context().offset.lock().expect("offset lock");
         // Flushed yet not acknowledged: the record failed. Never commit a live record without its
@@ -902,8 +913,8 @@ impl KafkaStore {
         // The coordinator not answering the first AddOffsetsToTxn of each write (test
         // `a_checkpoint_write_retried_after_its_index_failed_is_still_indexed`).
         if first_attempt {
-            fail::fail_point!("checkpoint_index_send_fails", |_| Err(KafkaError::Flush(
-                RDKafkaErrorCode::OperationTimedOut
+            fail::fail_point!("checkpoint_index_send_fails", |_| Err(SendError::Kafka(
+                KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)
             )));
         }
         self.index

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::ConsumerGroupMetadata;
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::producer::{Producer, ProducerContext};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -95,15 +95,73 @@ impl RecordIndex {
         &self.name
     }
 
-    /// Adds `entry` to `producer`'s open transaction.
-    pub fn send<C: ProducerContext, P: Producer<C>>(
+    /// Adds `entry` to `producer`'s open transaction, waiting at most `timeout` plus [`GRACE`].
+    ///
+    /// librdkafka's `send_offsets_to_transaction` can wait far past its timeout: while the group
+    /// coordinator it cached is gone (a broker stopped, as in a rolling restart) it waits for that
+    /// broker's state to change (confluentinc/librdkafka#5456 and #5511, open in 2.12). Seen here:
+    /// a checkpoint write held the lead, the checkpoint and a SIGTERM for 10 minutes. So the call
+    /// runs on a thread of its own. When it overstays, [`SendError::Stuck`] says so, and the
+    /// producer must not be used again (its transactional API is still busy): the caller drops its
+    /// handle, the thread keeps the producer until the call returns, and the next writer's
+    /// `init_transactions` fences it.
+    pub fn send<C, P>(
         &self,
-        producer: &P,
+        producer: &Arc<P>,
         entry: Indexed,
         timeout: Duration,
-    ) -> KafkaResult<()> {
+    ) -> Result<(), SendError>
+    where
+        C: ProducerContext + 'static,
+        P: Producer<C> + Send + Sync + 'static,
+    {
         let offsets = entry.partition_list(&self.topic)?;
-        producer.send_offsets_to_transaction(&offsets, &self.group, timeout)
+        let (producer, group) = (producer.clone(), self.group.clone());
+        let (done, result) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("outboxd-index".into())
+            .spawn(move || {
+                // Holds the call the way librdkafka does when its coordinator is gone (test
+                // `a_checkpoint_write_stuck_in_librdkafka_is_given_up_and_written_again`).
+                fail::fail_point!("index_send_hangs");
+                let _ = done.send(producer.send_offsets_to_transaction(&offsets, &group, timeout));
+            })
+            .map_err(|e| SendError::Stuck(format!("no thread for the call: {e}")))?;
+        let waited = timeout + GRACE;
+        match result.recv_timeout(waited) {
+            Ok(sent) => sent.map_err(SendError::Kafka),
+            Err(_) => Err(SendError::Stuck(format!(
+                "librdkafka's send_offsets_to_transaction for group {} did not return within {waited:?} (it waits for a group coordinator it lost: confluentinc/librdkafka#5456); this producer is given up",
+                self.name
+            ))),
+        }
+    }
+}
+
+/// How long past its own timeout [`RecordIndex::send`] waits for librdkafka's call.
+pub const GRACE: Duration = Duration::from_secs(2);
+
+/// Why [`RecordIndex::send`] failed.
+#[derive(Debug)]
+pub enum SendError {
+    /// librdkafka's answer: the transaction's state says whether to retry, abort or stop.
+    Kafka(KafkaError),
+    /// The call did not return in time (what happened, for the log): the producer is unusable.
+    Stuck(String),
+}
+
+impl From<KafkaError> for SendError {
+    fn from(e: KafkaError) -> SendError {
+        SendError::Kafka(e)
+    }
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Kafka(e) => e.fmt(f),
+            SendError::Stuck(what) => f.write_str(what),
+        }
     }
 }
 

@@ -633,7 +633,19 @@ impl KafkaSink {
                 offset,
                 removed: false,
             };
-            index.send(producer.as_ref(), entry, left()).map_err(|e| {
+            index.send(&producer, entry, left()).map_err(|e| {
+                let e = match e {
+                    index::SendError::Kafka(e) => e,
+                    // The session ends; the next one's producer fences this one (whose
+                    // transactional API is still busy: nothing more is asked of it).
+                    index::SendError::Stuck(what) => {
+                        return Error::sink(format!(
+                            "indexing the checkpoint in the Kafka transaction (transactional id {id}) got stuck: {what}"
+                        ))
+                        .remedy("outboxd opens a new producer, which fences this one, and resumes from the last committed checkpoint; check the brokers")
+                        .transient()
+                    }
+                };
                 let error =
                     transaction_error("indexing the checkpoint in the Kafka transaction", &id, &e);
                 if e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) {
