@@ -191,6 +191,7 @@ pub fn java_produce(bootstrap: &str, topic: &str, records: &[(String, String)]) 
     use std::io::Write;
     let lib = super::broker::kafka_home().join("lib/*");
     let mut child = std::process::Command::new("java")
+        .args(super::broker::class_data_archive())
         .args(["-XX:TieredStopAtLevel=1", "-cp"])
         .arg(lib)
         .args([
