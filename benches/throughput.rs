@@ -125,6 +125,10 @@ struct ProcessStats {
     open_seconds: f64,
     /// CPU seconds the servers (database, broker) spent during the run: they share the two cores.
     peers_cpu: String,
+    /// The same, summed: with outboxd's own, how busy the machine's cores were.
+    peers_cpu_seconds: f64,
+    /// outboxd's three busiest threads and their CPU seconds (which one is the limit).
+    threads: String,
     /// Context switches of all its threads (voluntary + involuntary): the wake-ups it paid.
     switches: u64,
 }
@@ -184,6 +188,37 @@ fn peer_cpu_since(before: &[(&'static str, f64)]) -> String {
         .join(", ")
 }
 
+/// The servers' CPU seconds since `before`, summed.
+fn peer_cpu_seconds_since(before: &[(&'static str, f64)]) -> f64 {
+    peer_cpu()
+        .iter()
+        .zip(before)
+        .map(|((_, after), (_, before))| after - before)
+        .sum()
+}
+
+/// The busiest threads of `pid` (by `/proc/<pid>/task/*/stat`): "name CPU s", three at most.
+fn busiest_threads(pid: i32) -> String {
+    let mut threads: Vec<(String, f64)> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|task| {
+            let tid = task.file_name().to_string_lossy().to_string();
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            let name = stat.split_once('(')?.1.rsplit_once(')')?.0.to_string();
+            Some((name, stat_cpu_seconds(&format!("{pid}/task/{tid}"), false)))
+        })
+        .collect();
+    threads.sort_by(|a, b| b.1.total_cmp(&a.1));
+    threads
+        .iter()
+        .take(3)
+        .map(|(name, cpu)| format!("{name} {cpu:.2}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn process_stats(pid: i32) -> ProcessStats {
     let cpu_seconds = stat_cpu_seconds(&pid.to_string(), false);
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -211,6 +246,8 @@ fn process_stats(pid: i32) -> ProcessStats {
         peak_rss_mb: hwm_kb / 1024.0,
         open_seconds: 0.0,
         peers_cpu: String::new(),
+        peers_cpu_seconds: 0.0,
+        threads: busiest_threads(pid),
         switches,
     }
 }
@@ -255,6 +292,7 @@ fn timed_run(
         let _ = perf.wait();
     }
     stats.peers_cpu = peer_cpu_since(&peers_before);
+    stats.peers_cpu_seconds = peer_cpu_seconds_since(&peers_before);
     outboxd.stop();
     stats.open_seconds = open_seconds;
     (seconds, stats)
@@ -484,8 +522,12 @@ fn main() {
                 seconds,
                 bytes: n * record_bytes,
                 extra: format!(
-                    "{spread}; {:.1} CPU s ({} CPU s), {:.1} context switches per 100 rows, peak RSS {:.0} MB, {:.2} s of it to open the stream",
-                    stats.cpu_seconds, stats.peers_cpu, stats.switches as f64 * 100.0 / n as f64, stats.peak_rss_mb, stats.open_seconds
+                    "{spread}; {:.1} CPU s ({} CPU s), {:.1} context switches per 100 rows, peak RSS {:.0} MB, {:.2} s of it to open the stream ({:.0} events/s after it); cores busy {:.2} of {}; busiest threads: {}",
+                    stats.cpu_seconds, stats.peers_cpu, stats.switches as f64 * 100.0 / n as f64, stats.peak_rss_mb, stats.open_seconds,
+                    n as f64 / (seconds - stats.open_seconds).max(0.001),
+                    (stats.cpu_seconds + stats.peers_cpu_seconds) / seconds,
+                    std::thread::available_parallelism().map_or(0, |n| n.get()),
+                    stats.threads
                 ),
             });
         }
@@ -1000,6 +1042,8 @@ fn gtid_pos(db: &MariaDb) -> String {
 
 /// The raw source limit: the server's own tool reading the same binlog (10-row transactions).
 fn raw_source(db: &MariaDb, file: &str, n: u64, record_bytes: u64) -> Row {
+    let peers_before = peer_cpu();
+    let cpu_before = children_cpu_seconds();
     let start = Instant::now();
     let status = Command::new("mariadb-binlog")
         .args([
@@ -1013,14 +1057,21 @@ fn raw_source(db: &MariaDb, file: &str, n: u64, record_bytes: u64) -> Row {
         .stderr(Stdio::null())
         .status()
         .unwrap();
+    let seconds = start.elapsed().as_secs_f64();
     assert!(status.success());
+    let cpu = children_cpu_seconds() - cpu_before;
+    let peers = peer_cpu_seconds_since(&peers_before);
     Row {
         key: "raw-source",
         what: "raw source: mariadb-binlog -v, same binlog (10-row transactions)".into(),
         events: n,
-        seconds: start.elapsed().as_secs_f64(),
+        seconds,
         bytes: n * record_bytes,
-        extra: "decodes every row to text, writes to /dev/null".into(),
+        extra: format!(
+            "decodes every row to text, writes to /dev/null; {cpu:.1} CPU s in mariadb-binlog ({} CPU s); cores busy {:.2}",
+            peer_cpu_since(&peers_before),
+            (cpu + peers) / seconds
+        ),
     }
 }
 
@@ -1467,8 +1518,12 @@ fn postgres_section(
                 seconds,
                 bytes: n * record_bytes,
                 extra: format!(
-                    "{spread}; {:.1} CPU s ({} CPU s), {:.1} context switches per 100 rows, peak RSS {:.0} MB (acked = topic high watermarks)",
-                    stats.cpu_seconds, stats.peers_cpu, stats.switches as f64 * 100.0 / n as f64, stats.peak_rss_mb
+                    "{spread}; {:.1} CPU s ({} CPU s), {:.1} context switches per 100 rows, peak RSS {:.0} MB (acked = topic high watermarks), {:.2} s of it to open the stream ({:.0} events/s after it); cores busy {:.2} of {}; busiest threads: {}",
+                    stats.cpu_seconds, stats.peers_cpu, stats.switches as f64 * 100.0 / n as f64, stats.peak_rss_mb, stats.open_seconds,
+                    n as f64 / (seconds - stats.open_seconds).max(0.001),
+                    (stats.cpu_seconds + stats.peers_cpu_seconds) / seconds,
+                    std::thread::available_parallelism().map_or(0, |n| n.get()),
+                    stats.threads
                 ),
             });
         }
