@@ -188,6 +188,19 @@ fn peer_cpu_since(before: &[(&'static str, f64)]) -> String {
         .join(", ")
 }
 
+/// A drain's start, its rate after the stream opened, how busy the machine's cores were and
+/// outboxd's busiest threads.
+fn where_the_time_went(stats: &ProcessStats, n: u64, seconds: f64) -> String {
+    format!(
+        "{:.2} s of it to open the stream ({:.0} events/s after it); cores busy {:.2} of {}; busiest threads: {}",
+        stats.open_seconds,
+        n as f64 / (seconds - stats.open_seconds).max(0.001),
+        (stats.cpu_seconds + stats.peers_cpu_seconds) / seconds,
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        stats.threads
+    )
+}
+
 /// The servers' CPU seconds since `before`, summed.
 fn peer_cpu_seconds_since(before: &[(&'static str, f64)]) -> f64 {
     peer_cpu()
@@ -522,12 +535,9 @@ fn main() {
                 seconds,
                 bytes: n * record_bytes,
                 extra: format!(
-                    "{spread}; {:.1} CPU s ({} CPU s), {:.1} context switches per 100 rows, peak RSS {:.0} MB, {:.2} s of it to open the stream ({:.0} events/s after it); cores busy {:.2} of {}; busiest threads: {}",
-                    stats.cpu_seconds, stats.peers_cpu, stats.switches as f64 * 100.0 / n as f64, stats.peak_rss_mb, stats.open_seconds,
-                    n as f64 / (seconds - stats.open_seconds).max(0.001),
-                    (stats.cpu_seconds + stats.peers_cpu_seconds) / seconds,
-                    std::thread::available_parallelism().map_or(0, |n| n.get()),
-                    stats.threads
+                    "{spread}; {:.1} CPU s ({} CPU s), {:.1} context switches per 100 rows, peak RSS {:.0} MB, {}",
+                    stats.cpu_seconds, stats.peers_cpu, stats.switches as f64 * 100.0 / n as f64, stats.peak_rss_mb,
+                    where_the_time_went(&stats, n, seconds)
                 ),
             });
         }
@@ -1518,12 +1528,9 @@ fn postgres_section(
                 seconds,
                 bytes: n * record_bytes,
                 extra: format!(
-                    "{spread}; {:.1} CPU s ({} CPU s), {:.1} context switches per 100 rows, peak RSS {:.0} MB (acked = topic high watermarks), {:.2} s of it to open the stream ({:.0} events/s after it); cores busy {:.2} of {}; busiest threads: {}",
-                    stats.cpu_seconds, stats.peers_cpu, stats.switches as f64 * 100.0 / n as f64, stats.peak_rss_mb, stats.open_seconds,
-                    n as f64 / (seconds - stats.open_seconds).max(0.001),
-                    (stats.cpu_seconds + stats.peers_cpu_seconds) / seconds,
-                    std::thread::available_parallelism().map_or(0, |n| n.get()),
-                    stats.threads
+                    "{spread}; {:.1} CPU s ({} CPU s), {:.1} context switches per 100 rows, peak RSS {:.0} MB (acked = topic high watermarks), {}",
+                    stats.cpu_seconds, stats.peers_cpu, stats.switches as f64 * 100.0 / n as f64, stats.peak_rss_mb,
+                    where_the_time_went(&stats, n, seconds)
                 ),
             });
         }

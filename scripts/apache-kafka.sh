@@ -51,25 +51,39 @@ make_archive() {
   local jsa dir port cport pid
   jsa=$(archive) || return 0
   [ -e "$jsa" ] || [ -e "$jsa.tried" ] && return 0
+  [ -w "$KAFKA_HOME" ] || return 0
+  command -v flock >/dev/null 2>&1 || return 0
   mkdir -p "$KAFKA_HOME/cds"
   exec 9>"$KAFKA_HOME/cds/.lock"
   flock 9
   if [ -e "$jsa" ] || [ -e "$jsa.tried" ]; then exec 9>&-; return 0; fi
+  # One attempt per JDK build: a failed one is not repeated by every later install.
   touch "$jsa.tried"
   echo "apache-kafka: writing a class-data archive for faster broker starts ($jsa)" >&2
   dir=$(mktemp -d)
   port=$((20000 + RANDOM % 20000)); cport=$((port + 1))
   configure "$dir" "$port" "$cport"
   java_command "$dir"
-  "${JAVA_CMD[@]:0:1}" -XX:ArchiveClassesAtExit="$jsa.tmp" "${JAVA_CMD[@]:1}" >"$dir/stdout.log" 2>&1 &
+  "${JAVA_CMD[@]:0:1}" -XX:ArchiveClassesAtExit="$jsa.tmp" "${JAVA_CMD[@]:1}" >"$dir/stdout.log" 2>&1 9>&- &
   pid=$!
+  # Interrupted meanwhile: the broker goes too.
+  trap 'kill -9 "$pid" 2>/dev/null; rm -rf "$dir" "$jsa.tmp"' INT TERM
   for _ in $(seq 1 1200); do
     grep -q "Kafka Server started" "$dir/server.log" 2>/dev/null && break
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.05
   done
-  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
-  if [ -s "$jsa.tmp" ]; then mv "$jsa.tmp" "$jsa"; else
+  # A clean exit writes the archive; one that does not end within 30 s is killed and discarded.
+  kill "$pid" 2>/dev/null
+  for _ in $(seq 1 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null; rm -f "$jsa.tmp"; fi
+  wait "$pid" 2>/dev/null || true
+  trap - INT TERM
+  # Kept only if a JVM on this classpath maps it (-Xshare:on refuses a bad or truncated one).
+  if [ -s "$jsa.tmp" ] && java -XX:SharedArchiveFile="$jsa.tmp" -Xshare:on -cp "$KAFKA_HOME/lib/*" \
+      -version >/dev/null 2>&1; then
+    mv "$jsa.tmp" "$jsa"
+  else
     rm -f "$jsa.tmp"; echo "apache-kafka: no class-data archive (brokers start without it)" >&2
   fi
   rm -rf "$dir"
@@ -78,7 +92,7 @@ make_archive() {
 
 install() {
   if [ -e "$KAFKA_HOME/lib/.complete" ] && [ -e "$KAFKA_HOME/template/meta.properties" ]; then
-    make_archive
+    ( make_archive ) || echo "apache-kafka: no class-data archive (brokers start without it)" >&2
     echo "$KAFKA_HOME"; return
   fi
   command -v java >/dev/null 2>&1 || die "java (17 or newer) is missing: apt-get install default-jre-headless"
@@ -109,7 +123,7 @@ EOF
     || die "formatting a log directory failed (Kafka's message is above)"
   rm -rf "$KAFKA_HOME"
   mv "$KAFKA_HOME.tmp" "$KAFKA_HOME"
-  make_archive
+  ( make_archive ) || echo "apache-kafka: no class-data archive (brokers start without it)" >&2
   echo "$KAFKA_HOME"
 }
 

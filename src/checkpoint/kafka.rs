@@ -841,7 +841,7 @@ impl KafkaStore {
                         "writing the checkpoint to topic {} got stuck in librdkafka: {what}",
                         self.topic
                     ))
-                    .remedy("outboxd takes the lead again with a new writer (which fences the stuck one) and resumes from the last committed checkpoint; check the brokers")
+                    .remedy("`run` takes the lead again with a new writer (which fences the stuck one) once its lead lapses, and resumes from the last committed checkpoint; a `checkpoint` command or `snapshot`: run it again. Repeated with every broker up: look at the broker that leads __consumer_offsets")
                     .superseded());
                 }
             };

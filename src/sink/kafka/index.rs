@@ -126,20 +126,31 @@ impl RecordIndex {
                 fail::fail_point!("index_send_hangs");
                 let _ = done.send(producer.send_offsets_to_transaction(&offsets, &group, timeout));
             })
-            .map_err(|e| SendError::Stuck(format!("no thread for the call: {e}")))?;
+            // Not called: the producer is not busy, and the write fails as any other would.
+            .map_err(|_| SendError::Kafka(KafkaError::Canceled))?;
         let waited = timeout + GRACE;
         match result.recv_timeout(waited) {
             Ok(sent) => sent.map_err(SendError::Kafka),
-            Err(_) => Err(SendError::Stuck(format!(
-                "librdkafka's send_offsets_to_transaction for group {} did not return within {waited:?} (it waits for a group coordinator it lost: confluentinc/librdkafka#5456); this producer is given up",
-                self.name
-            ))),
+            // The thread ended without an answer (it panicked): the call is not running either.
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Err(SendError::Kafka(KafkaError::Canceled))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let given_up = GIVEN_UP.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                Err(SendError::Stuck(format!(
+                    "librdkafka's send_offsets_to_transaction for group {} did not return within {waited:?} (it waits for a group coordinator it lost: confluentinc/librdkafka#5456); this producer is given up ({given_up} so far in this process, each kept with its thread until librdkafka returns)",
+                    self.name
+                )))
+            }
         }
     }
 }
 
 /// How long past its own timeout [`RecordIndex::send`] waits for librdkafka's call.
 pub const GRACE: Duration = Duration::from_secs(2);
+
+/// Producers given up as stuck in this process (each lingers until librdkafka returns).
+static GIVEN_UP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Why [`RecordIndex::send`] failed.
 #[derive(Debug)]

@@ -675,6 +675,8 @@ impl KafkaSink {
         let aborted = tokio::task::spawn_blocking(move || producer.abort_transaction(limit)).await;
         match aborted {
             Ok(Ok(())) => tracing::info!("aborted the open Kafka transaction; it is sent again from the last committed checkpoint"),
+            // A producer given up as stuck in librdkafka is still busy with that call.
+            Ok(Err(e)) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Conflict) => tracing::info!(transactional_id = id, "the producer given up as stuck was not asked to abort; the next session's producer fences it and its transaction"),
             Ok(Err(e)) => tracing::warn!(error = %e, transactional_id = id, "could not abort the open Kafka transaction; the next session's start aborts it"),
             Err(_) => {}
         }
