@@ -50,6 +50,10 @@ pub const INSTANCE_HEADER: &str = "outboxd.instance";
 
 /// How long one read, write or metadata request may take before it is a (transient) error.
 const TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A write stuck in librdkafka gets a new writer at once only while the lead holds for longer than
+/// one `init_transactions` ([`TIMEOUT`]) and this margin.
+const REWRITE_MARGIN: Duration = Duration::from_secs(5);
 /// The first window a read scans back from the end of the partition.
 const FIRST_WINDOW: i64 = 256;
 /// The checkpoint topic's `segment.ms`: the log cleaner never compacts the open segment, and
@@ -772,7 +776,7 @@ impl KafkaStore {
     /// error no retry cures, is the lead given up.
     fn commit(&self, key: &str, value: Option<&[u8]>, until: Instant) -> Result<()> {
         let mut writer = self.writer.lock().expect("writer lock");
-        let Some(producer) = writer.as_ref() else {
+        let Some(mut producer) = writer.clone() else {
             return Err(Error::checkpoint(format!(
                 "this instance does not lead pipeline {:?}, so it writes no checkpoint",
                 self.name
@@ -820,7 +824,7 @@ impl KafkaStore {
                     producer.send(record).map_err(|(e, _)| e)?;
                 }
                 if !indexed {
-                    self.index_live(producer, value.is_none(), &left, retried == 0)?;
+                    self.index_live(&producer, value.is_none(), &left, retried == 0)?;
                     indexed = true;
                 }
                 Ok(producer.commit_transaction(left())?)
@@ -834,7 +838,26 @@ impl KafkaStore {
                 }
                 Err(SendError::Kafka(e)) => e,
                 Err(SendError::Stuck(what)) => {
-                    // No abort: the producer's transactional API is still busy with the call.
+                    // No abort: the producer's transactional API is still busy with the call. A
+                    // new writer fences it (and aborts its transaction) while the lead is surely
+                    // still held: its `init_transactions` ends well before the lead could lapse,
+                    // so no standby can be taking over meanwhile. The lead stays where it is.
+                    if until.saturating_duration_since(Instant::now()) > TIMEOUT + REWRITE_MARGIN {
+                        tracing::warn!("{what}; a new writer takes its place and writes again");
+                        match self.fencing_producer(&self.transactional_id()) {
+                            Ok(fresh) => {
+                                producer = Arc::new(fresh);
+                                *writer = Some(producer.clone());
+                                open = false;
+                                retried += 1;
+                                continue;
+                            }
+                            Err(e) => {
+                                writer.take();
+                                return Err(e.superseded());
+                            }
+                        }
+                    }
                     writer.take();
                     tracing::warn!("{what}; the checkpoint is written again by a new writer");
                     return Err(Error::checkpoint(format!(
