@@ -804,28 +804,16 @@ fn a_checkpoint_write_stuck_in_librdkafka_is_given_up_and_written_again() {
     insert_rows(&db, 10, 20, 1);
     checkpoint_at_end(&outboxd);
     outboxd.stop();
-    // A 6 s lead is too short to make a new writer inside it: the lead is given up and taken again.
+    // A 6 s lead is too short to make a new writer inside it: the lead is given up and taken
+    // again. (A settled lead with room gets a new writer in place instead: the rolling-restart test
+    // above needs that under load; no fail point here can wait for the lead to settle.)
     assert!(
         outboxd.log().contains("did not return within"),
         "{}",
         outboxd.log()
     );
-    // With a lead that outlasts a new writer's `init_transactions`, the writer is replaced in
-    // place: the lead never moves (a rolling restart of the brokers must not move it).
-    let mut patient = Outboxd::with_checkpoint(
-        "stuck",
-        &body,
-        "store = \"kafka\"\ntakeover_timeout_ms = 60000\n",
-    );
-    patient.start_with_env(&[], &[("FAILPOINTS", "index_send_hangs=1*sleep(600000)")]);
-    insert_rows(&db, 20, 30, 1);
-    checkpoint_at_end(&patient);
-    patient.stop();
-    let log = patient.log();
-    assert!(log.contains("a new writer takes its place"), "{log}");
-    assert_eq!(log.matches("leading the pipeline").count(), 1, "{log}");
-    let records = consume_distinct_events(&broker.bootstrap(), 30);
-    check_records(&records, 0..30);
+    let records = consume_distinct_events(&broker.bootstrap(), 20);
+    check_records(&records, 0..20);
 }
 
 /// An outboxd without the index (a standby on the older version during a rolling upgrade, or a

@@ -87,6 +87,13 @@ pub struct KafkaStore {
     /// Until when this instance may still hold the lead without another renewal: set when it
     /// takes over and by every renewal that commits. Writes retry passing failures until then.
     lead_until: Mutex<Instant>,
+    /// When this instance last took the lead, and whether a renewal begun at least
+    /// [`TIMEOUT`] + [`REWRITE_MARGIN`] after that has committed since: only then may a write stuck
+    /// in librdkafka get a new writer at once. A takeover's own deadline rests on nothing another
+    /// instance heard, and a second instance may have been taking over at the same moment; once
+    /// such a renewal committed, any concurrent takeover either fenced it (so it failed) or came
+    /// after a record every standby reads. Never set for `checkpoint` commands.
+    taken: Mutex<(Option<Instant>, bool)>,
     /// Where committed-only reads last stopped below the written end, and since when: a
     /// transaction open longer than any of outboxd's may be is hanging ([`Held`]).
     held: Held,
@@ -144,6 +151,7 @@ impl KafkaStore {
             transaction_timeout: crate::sink::kafka::KafkaSink::transaction_timeout(kafka)
                 .min(crate::sink::kafka::DEFAULT_TRANSACTION_TIMEOUT),
             lead_until: Mutex::new(Instant::now()),
+            taken: Mutex::new((None, false)),
             held: Held::new(crate::sink::kafka::KafkaSink::transaction_timeout(kafka)),
         };
         store.missing = !store.ensure_topic(create)?;
@@ -701,6 +709,7 @@ impl KafkaStore {
     pub fn take_over(&self) -> Result<()> {
         let producer = self.fencing_producer(&self.transactional_id())?;
         *self.lead_until.lock().expect("lead deadline") = Instant::now() + self.takeover;
+        *self.taken.lock().expect("taken") = (Some(Instant::now()), false);
         *self.writer.lock().expect("writer lock") = Some(Arc::new(producer));
         self.settle
             .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -713,6 +722,7 @@ impl KafkaStore {
     /// saving the old checkpoint first could use that up before the write began).
     pub fn hold_for_command(&self) {
         *self.lead_until.lock().expect("lead deadline") = Instant::now() + 2 * TIMEOUT;
+        *self.taken.lock().expect("taken") = (None, false);
     }
 
     /// Fences the pipeline's record producer too (`kafka.exactly_once`): a leader frozen with a
@@ -765,6 +775,7 @@ impl KafkaStore {
     pub fn step_down(&self) {
         self.settle
             .store(false, std::sync::atomic::Ordering::Relaxed);
+        *self.taken.lock().expect("taken") = (None, false);
         self.writer.lock().expect("writer lock").take();
     }
 
@@ -804,6 +815,9 @@ impl KafkaStore {
         let mut open = false;
         let mut indexed = false;
         let mut retried = 0u32;
+        // A write stuck in librdkafka gets at most one new writer (its coordinator is likely
+        // still gone), and only on a settled lead (`taken`).
+        let mut rewritable = self.taken.lock().expect("taken").1;
         let e = loop {
             let result = (|| {
                 if !open {
@@ -842,7 +856,11 @@ impl KafkaStore {
                     // new writer fences it (and aborts its transaction) while the lead is surely
                     // still held: its `init_transactions` ends well before the lead could lapse,
                     // so no standby can be taking over meanwhile. The lead stays where it is.
-                    if until.saturating_duration_since(Instant::now()) > TIMEOUT + REWRITE_MARGIN {
+                    let room = deadline
+                        .min(until)
+                        .saturating_duration_since(Instant::now());
+                    if rewritable && room > TIMEOUT + 2 * REWRITE_MARGIN {
+                        rewritable = false;
                         tracing::warn!("{what}; a new writer takes its place and writes again");
                         match self.fencing_producer(&self.transactional_id()) {
                             Ok(fresh) => {
@@ -951,6 +969,15 @@ impl KafkaStore {
         let record = LeadRecord::now(false);
         self.commit(&self.lead_key(), Some(&record.body()), until)?;
         *self.lead_until.lock().expect("lead deadline") = started + self.takeover;
+        let mut taken = self.taken.lock().expect("taken");
+        if let (Some(at), false) = *taken {
+            if started >= at + TIMEOUT + REWRITE_MARGIN {
+                taken.1 = true;
+                tracing::debug!(
+                    "the lead is settled: a write stuck in librdkafka may get a new writer at once"
+                );
+            }
+        }
         Ok(())
     }
 
