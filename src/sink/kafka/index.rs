@@ -146,8 +146,10 @@ impl RecordIndex {
     }
 }
 
-/// How long past its own timeout [`RecordIndex::send`] waits for librdkafka's call.
-pub const GRACE: Duration = Duration::from_secs(2);
+/// How long past its own timeout [`RecordIndex::send`] waits for librdkafka's call: librdkafka
+/// checks its timeouts about once a second, and on a loaded machine a call that merely timed out
+/// must not be taken for a stuck one (that costs the writer).
+pub const GRACE: Duration = Duration::from_secs(5);
 
 /// Producers given up as stuck in this process (each lingers until librdkafka returns).
 static GIVEN_UP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
