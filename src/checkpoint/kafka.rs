@@ -51,8 +51,9 @@ pub const INSTANCE_HEADER: &str = "outboxd.instance";
 /// How long one read, write or metadata request may take before it is a (transient) error.
 const TIMEOUT: Duration = Duration::from_secs(15);
 
-/// A write stuck in librdkafka gets a new writer at once only while the lead holds for longer than
-/// one `init_transactions` ([`TIMEOUT`]) and this margin.
+/// A write stuck in librdkafka gets a new writer at once only while its deadline leaves one
+/// `init_transactions` ([`TIMEOUT`]) and twice this margin, and a renewal begun [`TIMEOUT`] and this
+/// margin after the takeover has settled the lead.
 const REWRITE_MARGIN: Duration = Duration::from_secs(5);
 /// The first window a read scans back from the end of the partition.
 const FIRST_WINDOW: i64 = 256;
