@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::operate::output;
 use crate::postgres_pipeline::{insert_sql as pg_insert_sql, pg_payload, SCHEMA as PG_SCHEMA};
 use crate::rig::broker::Broker;
-use crate::rig::kafka::consume_using;
+use crate::rig::kafka::{consume_to_end, PAUSE, ROUND};
 use crate::rig::mariadb::MariaDb;
 use crate::rig::outboxd::Outboxd;
 use crate::rig::scenario::*;
@@ -54,11 +54,12 @@ fn consume_as(
         let client: Vec<(&str, &str)> = client.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let all: Vec<Consumed> = TOPICS
             .iter()
-            .flat_map(|topic| consume_using(&client, topic, usize::MAX, Duration::from_secs(2)))
+            .flat_map(|topic| consume_to_end(&client, topic, ROUND))
             .collect();
         if done(&all) || std::time::Instant::now() > deadline {
             return all;
         }
+        std::thread::sleep(PAUSE);
     }
 }
 
@@ -158,11 +159,10 @@ fn exactly_once_on_mariadb_survives_ten_kill_9s_and_a_frozen_broker() {
         .to_string();
     let client = [("bootstrap.servers", broker.bootstrap())];
     let client: Vec<(&str, &str)> = client.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let last = consume_using(
+    let last = consume_to_end(
         &[client, vec![("isolation.level", "read_committed")]].concat(),
         "outboxd.checkpoints",
-        usize::MAX,
-        Duration::from_secs(3),
+        ROUND,
     )
     .into_iter()
     .filter(|r| r.key.as_deref() == Some(b"eos-maria".as_slice()))

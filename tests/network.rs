@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::rig::mariadb::CDC_PASSWORD;
 use crate::rig::netns::NetNs;
 use crate::rig::scenario::{n_of, SCHEMA};
-use crate::rig::{consume, create_topic, wait_until, Broker, MariaDb, Outboxd};
+use crate::rig::{consume_to_end, create_topic, wait_until, Broker, MariaDb, Outboxd, ROUND};
 
 /// A row of about `size` bytes with sequence number `n` (id and key as `scenario::event`).
 fn insert(n: u64, size: usize) -> String {
@@ -21,7 +21,7 @@ fn insert(n: u64, size: usize) -> String {
 fn distinct_rows(bootstrap: &str) -> std::collections::BTreeSet<u64> {
     ["outbox.event.order", "outbox.event.customer"]
         .iter()
-        .flat_map(|t| consume(bootstrap, t, usize::MAX, Duration::from_secs(2)))
+        .flat_map(|t| consume_to_end(&[("bootstrap.servers", bootstrap)], t, ROUND))
         .map(|r| n_of(&r))
         .collect()
 }

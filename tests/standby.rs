@@ -9,7 +9,7 @@ use nix::sys::signal::{kill, Signal};
 use crate::operate::output;
 use crate::rig::broker::Broker;
 use crate::rig::certs::{Ca, VALID};
-use crate::rig::kafka::consume_using;
+use crate::rig::kafka::{consume_to_end, ROUND};
 use crate::rig::mariadb::MariaDb;
 use crate::rig::outboxd::Outboxd;
 use crate::rig::scenario::*;
@@ -61,14 +61,13 @@ pub(crate) fn committed_checkpoints(
     broker: &Broker,
     name: &str,
 ) -> Vec<(String, serde_json::Value)> {
-    consume_using(
+    consume_to_end(
         &[
             ("bootstrap.servers", &broker.bootstrap()),
             ("isolation.level", "read_committed"),
         ],
         TOPIC,
-        usize::MAX,
-        Duration::from_secs(3),
+        ROUND,
     )
     .into_iter()
     .filter(|r| r.key.as_deref() == Some(name.as_bytes()))
@@ -282,10 +281,14 @@ fn a_frozen_leader_that_wakes_up_writes_no_checkpoint_and_stands_by() {
     );
     // A clean stop releases the lead: the standby takes it without waiting out the timeout.
     env.instances[1].0.stop();
-    assert!(env.instances[1]
-        .0
-        .log()
-        .contains("released the pipeline's lead"));
+    assert!(
+        env.instances[1]
+            .0
+            .log()
+            .contains("released the pipeline's lead"),
+        "{}",
+        env.instances[1].0.log()
+    );
     wait_until(
         "the standby to take the released lead",
         Duration::from_secs(60),

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
@@ -87,12 +87,43 @@ pub fn consume_using(
     expected: usize,
     limit: Duration,
 ) -> Vec<Consumed> {
+    read(client, topic, Stop::Count(expected), limit)
+}
+
+/// Everything `topic` holds now: read from the beginning of every partition until each has
+/// reported its end (the high watermark; for a `read_committed` client the last stable offset, so
+/// an open transaction's records are not waited for), or `limit` passed (a broker out of reach).
+/// Callers that wait for records to arrive call it again until they have.
+pub fn consume_to_end(client: &[(&str, &str)], topic: &str, limit: Duration) -> Vec<Consumed> {
+    read(client, topic, Stop::End, limit)
+}
+
+/// How long one [`consume_to_end`] may take: it ends sooner unless the broker is out of reach.
+pub const ROUND: Duration = Duration::from_secs(5);
+
+/// Between two rounds of reading a topic to its end, for a caller that waits for records.
+pub const PAUSE: Duration = Duration::from_millis(100);
+
+/// When a read stops (besides its time limit).
+#[derive(Clone, Copy)]
+enum Stop {
+    /// Once this many records arrived.
+    Count(usize),
+    /// Once every partition reported its end.
+    End,
+}
+
+fn read(client: &[(&str, &str)], topic: &str, stop: Stop, limit: Duration) -> Vec<Consumed> {
     let consumer: BaseConsumer = client
         .iter()
         .fold(&mut ClientConfig::new(), |c, (k, v)| c.set(*k, *v))
         .set("group.id", format!("test-{topic}"))
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
+        .set(
+            "enable.partition.eof",
+            matches!(stop, Stop::End).to_string(),
+        )
         .set("fetch.max.bytes", "52428800")
         .set("max.partition.fetch.bytes", "52428800")
         .set("receive.message.max.bytes", "104857600")
@@ -119,7 +150,12 @@ pub fn consume_using(
     }
     consumer.assign(&tpl).unwrap();
     let mut out = Vec::new();
-    while out.len() < expected && start.elapsed() < limit {
+    let mut ended = std::collections::BTreeSet::new();
+    let done = |out: &Vec<Consumed>, ended: &std::collections::BTreeSet<i32>| match stop {
+        Stop::Count(expected) => out.len() >= expected,
+        Stop::End => ended.len() >= partitions,
+    };
+    while !done(&out, &ended) && start.elapsed() < limit {
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
                 let mut headers = BTreeMap::new();
@@ -137,6 +173,9 @@ pub fn consume_using(
                     headers,
                     timestamp: m.timestamp().to_millis(),
                 });
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                ended.insert(p);
             }
             // A broker just thawed or restarted drops connections for a moment: librdkafka
             // reconnects by itself, and the caller's count says whether everything arrived.

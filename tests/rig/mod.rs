@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 
 pub use broker::Broker;
 pub use kafka::{
-    consume, consume_using, create_topic, create_topic_using, create_topic_with, topic_end,
-    Consumed,
+    consume, consume_to_end, consume_using, create_topic, create_topic_using, create_topic_with,
+    topic_end, Consumed, PAUSE, ROUND,
 };
 pub use mariadb::MariaDb;
 pub use outboxd::Outboxd;

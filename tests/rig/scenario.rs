@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use super::{consume, create_topic, Broker, Consumed, MariaDb, Outboxd};
+use super::{consume_to_end, create_topic, Broker, Consumed, MariaDb, Outboxd, PAUSE, ROUND};
 
 pub const LIMIT: Duration = Duration::from_secs(120);
 
@@ -137,22 +137,14 @@ pub fn consume_distinct_events(bootstrap: &str, expected: usize) -> Vec<Consumed
 fn consume_until(bootstrap: &str, done: impl Fn(&[Consumed]) -> bool) -> Vec<Consumed> {
     let deadline = std::time::Instant::now() + LIMIT;
     loop {
-        let order = consume(
-            bootstrap,
-            "outbox.event.order",
-            usize::MAX,
-            Duration::from_secs(2),
-        );
-        let customer = consume(
-            bootstrap,
-            "outbox.event.customer",
-            usize::MAX,
-            Duration::from_secs(2),
-        );
-        let all: Vec<Consumed> = order.into_iter().chain(customer).collect();
+        let all: Vec<Consumed> = ["outbox.event.order", "outbox.event.customer"]
+            .iter()
+            .flat_map(|topic| consume_to_end(&[("bootstrap.servers", bootstrap)], topic, ROUND))
+            .collect();
         if done(&all) || std::time::Instant::now() > deadline {
             return all;
         }
+        std::thread::sleep(PAUSE);
     }
 }
 
