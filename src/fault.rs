@@ -16,6 +16,20 @@ pub const BEFORE_TRANSACTION_COMMIT: &str = "before_transaction_commit";
 /// event could make mysql_common do).
 pub const LIVE_DECODE: &str = "live_decode";
 
+/// Fails the first checkpoint write of a pipeline's first start (before the store sees it), once
+/// the file named by the fail point's argument exists: `first_write_fails=1*return(PATH)`. The
+/// test commits rows meanwhile, after the source chose its start.
+pub fn first_write_fails() -> crate::error::Result<()> {
+    fail::fail_point!("first_write_fails", |path: Option<String>| {
+        let path = std::path::PathBuf::from(path.unwrap_or_default());
+        while !path.exists() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Err(crate::error::Error::checkpoint("fail point first_write_fails").transient())
+    });
+    Ok(())
+}
+
 /// Panics here when the fail point `name` is active (a stand-in for a panic in third-party code).
 pub fn panic_point(name: &str) {
     let _ = name;

@@ -78,3 +78,36 @@ fn a_panic_while_decoding_the_live_stream_stops_with_a_remedy_instead_of_a_recon
     assert!(log.contains("panicked") && log.contains("remedy"), "{log}");
     assert!(!log.contains("reconnecting"), "{log}");
 }
+
+/// A first start's first checkpoint write that fails (the store out of reach for a moment) must not
+/// move the start: the next session resumes from the position the first one chose, not from the
+/// binlog's end again, which would skip the rows committed in between. The fail point holds the
+/// write until the test has committed rows after the stream opened.
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
+fn a_failed_first_checkpoint_write_skips_no_row_committed_meanwhile() {
+    let mut env = setup("first-write", "");
+    let release = env.outboxd.dir_path().join("release-the-first-write");
+    env.outboxd.start_with_env(
+        &[],
+        &[(
+            "FAILPOINTS",
+            &format!("first_write_fails=1*return({})", release.display()),
+        )],
+    );
+    crate::rig::wait_until("the binlog stream to open", LIMIT, || {
+        env.outboxd.log().contains("binlog stream opened")
+    });
+    insert_rows(&env.db, 0, 10, 1);
+    std::fs::write(&release, "").unwrap();
+    insert_rows(&env.db, 10, 20, 1);
+    let records = consume_distinct_events(&env.broker.bootstrap(), 20);
+    check_records(&records, 0..20);
+    let log = env.outboxd.log();
+    assert!(
+        log.contains("fail point first_write_fails")
+            && log.contains("resuming from this process's first start"),
+        "{log}"
+    );
+    env.outboxd.stop();
+}

@@ -52,7 +52,18 @@ impl Checkpointer {
             .map_err(|e| Error::checkpoint(format!("checkpoint read task died: {e}")))??;
         self.durable
             .send_replace(stored.as_ref().map(|c| c.position.clone()));
-        Ok(stored)
+        if stored.is_some() {
+            return Ok(stored);
+        }
+        // Not durable, so `begin` writes it again.
+        let first = self.store.unwritten_first();
+        if let Some(first) = &first {
+            tracing::info!(
+                position = %first.position,
+                "no checkpoint stored yet: resuming from this process's first start, whose checkpoint write failed (the source's end now would skip the rows committed since)"
+            );
+        }
+        Ok(first)
     }
 
     /// A handle for the source: the durable position as it moves (the stored one is known to it).
@@ -63,12 +74,8 @@ impl Checkpointer {
 
     /// The source is open: its positions belong to `identity`. Without a stored checkpoint, `start`
     /// is written at once, so a restart before the first transaction does not move the start.
-    pub async fn begin(
-        &self,
-        identity: SourceIdentity,
-        start: &Position,
-        stored: bool,
-    ) -> Result<()> {
+    pub async fn begin(&self, identity: SourceIdentity, start: &Position) -> Result<()> {
+        let stored = self.durable.borrow().is_some();
         if !stored {
             let store = self.store.clone();
             let (identity, start) = (identity.clone(), start.clone());

@@ -75,6 +75,10 @@ pub struct Store {
     redis: Option<Arc<RedisStore>>,
     /// What this process last wrote, so an unchanged position is not rewritten on every heartbeat.
     last_written: Mutex<Option<(SourceIdentity, Position)>>,
+    /// A first start's position this process chose and has not written yet (the write failed):
+    /// the next session resumes from it, not from the source's end again, which would skip the
+    /// rows committed in between. Any write clears it.
+    unwritten_first: Mutex<Option<(SourceIdentity, Position)>>,
 }
 
 impl Store {
@@ -140,6 +144,7 @@ impl Store {
             kafka,
             redis: None,
             last_written: Mutex::new(None),
+            unwritten_first: Mutex::new(None),
         }
     }
 
@@ -230,7 +235,11 @@ impl Store {
 
     /// Writes the first live checkpoint of a pipeline that has none. The Redis store refuses
     /// when another instance wrote one meanwhile (it has no lock to keep a second one out).
+    /// Until one succeeds, [`Store::unwritten_first`] holds the position.
     pub fn write_first(&self, source: &SourceIdentity, position: &Position) -> Result<()> {
+        *self.unwritten_first.lock().expect("store lock") =
+            Some((source.clone(), position.clone()));
+        crate::fault::first_write_fails()?;
         let Some(redis) = &self.redis else {
             return self.write(source, position).map(|_| ());
         };
@@ -318,6 +327,14 @@ impl Store {
 
     fn remember(&self, source: &SourceIdentity, position: &Position) {
         *self.last_written.lock().expect("store lock") = Some((source.clone(), position.clone()));
+        *self.unwritten_first.lock().expect("store lock") = None;
+    }
+
+    /// The first start's checkpoint this process could not write (see [`Store::write_first`]):
+    /// where the next session of a pipeline with no stored checkpoint resumes.
+    pub fn unwritten_first(&self) -> Option<Checkpoint> {
+        let first = self.unwritten_first.lock().expect("store lock").clone();
+        first.map(|(source, position)| self.document(&source, &position))
     }
 
     /// Forgets what this process wrote (a new lead must write its first position even if it

@@ -133,9 +133,7 @@ impl<'a> Session<'a> {
             let resume = checkpointer.load().await?.map(|c| (c.source, c.position));
             let source = open_source(config, shared, resume.as_ref(), &checkpointer).await?;
             let identity = source.identity().clone();
-            checkpointer
-                .begin(identity, &source.start(), resume.is_some())
-                .await?;
+            checkpointer.begin(identity, &source.start()).await?;
             Ok::<_, Error>(source)
         };
         let (opened, ()) = tokio::join!(opened, sink.warm_up());
