@@ -159,17 +159,30 @@ fn exactly_once_on_mariadb_survives_ten_kill_9s_and_a_frozen_broker() {
         .to_string();
     let client = [("bootstrap.servers", broker.bootstrap())];
     let client: Vec<(&str, &str)> = client.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let last = consume_to_end(
-        &[client, vec![("isolation.level", "read_committed")]].concat(),
-        "outboxd.checkpoints",
-        ROUND,
-    )
-    .into_iter()
-    .filter(|r| r.key.as_deref() == Some(b"eos-maria".as_slice()))
-    .filter_map(|r| serde_json::from_slice::<serde_json::Value>(r.value.as_deref()?).ok())
-    .next_back()
-    .expect("a committed checkpoint");
-    assert_eq!(last["position"]["gtid_set"], end.as_str(), "{last}");
+    let client = [client, vec![("isolation.level", "read_committed")]].concat();
+    // Kafka writes a transaction's commit markers after EndTxn returns: read again until the
+    // newest committed checkpoint shows, and name it if it never does.
+    let last_checkpoint = || {
+        consume_to_end(&client, "outboxd.checkpoints", ROUND)
+            .into_iter()
+            .filter(|r| r.key.as_deref() == Some(b"eos-maria".as_slice()))
+            .filter_map(|r| serde_json::from_slice::<serde_json::Value>(r.value.as_deref()?).ok())
+            .next_back()
+    };
+    let at_end = |c: &Option<serde_json::Value>| {
+        c.as_ref()
+            .is_some_and(|c| c["position"]["gtid_set"] == end.as_str())
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut last = last_checkpoint();
+    while !at_end(&last) && std::time::Instant::now() < deadline {
+        std::thread::sleep(PAUSE);
+        last = last_checkpoint();
+    }
+    assert!(
+        at_end(&last),
+        "the last committed checkpoint: {last:?}; the end: {end}"
+    );
 }
 
 /// The same on Postgres: the slot is confirmed only up to what a committed transaction stored.

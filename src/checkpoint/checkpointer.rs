@@ -53,6 +53,8 @@ impl Checkpointer {
         self.durable
             .send_replace(stored.as_ref().map(|c| c.position.clone()));
         if stored.is_some() {
+            // A stored checkpoint wins for good: a later reset means "start at the end".
+            self.store.forget_unwritten_first();
             return Ok(stored);
         }
         // Not durable, so `begin` writes it again.

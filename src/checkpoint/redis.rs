@@ -176,7 +176,8 @@ impl RedisStore {
         // Refused. This process's own earlier first write (its answer lost) may have landed
         // late: then the next session resumes from it.
         let now: Option<Vec<u8>> = self.with("reading", |c| c.get(&self.live))?;
-        if now.is_some() && now == earlier {
+        let mine = |earlier: &[u8]| now.as_deref().is_some_and(|now| same_start(now, earlier));
+        if earlier.as_deref().is_some_and(mine) || mine(body) {
             return Err(Error::checkpoint(format!(
                 "an earlier first checkpoint of this instance reached {} late",
                 self.live
@@ -286,5 +287,36 @@ impl Backend for std::sync::Arc<RedisStore> {
 
     fn saved_labels(&self) -> Result<Vec<String>> {
         self.with("listing saved copies of", |c| c.hkeys(&self.saved))
+    }
+}
+
+/// Two first checkpoints of this process name the same start: equal but for `updated_at` (each
+/// attempt to write the first start stamps its own; see `Store::unwritten_first`).
+fn same_start(a: &[u8], b: &[u8]) -> bool {
+    let without_time = |bytes: &[u8]| {
+        serde_json::from_slice::<serde_json::Value>(bytes)
+            .ok()
+            .map(|mut v| {
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("updated_at");
+                }
+                v
+            })
+    };
+    matches!((without_time(a), without_time(b)), (Some(a), Some(b)) if a == b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_start;
+
+    #[test]
+    fn first_checkpoints_differing_only_in_their_time_name_the_same_start() {
+        let a = br#"{"version":1,"name":"p","position":{"gtid_set":"0-1-5"},"updated_at":"2026-01-01T00:00:00Z"}"#;
+        let b = br#"{"version":1,"name":"p","position":{"gtid_set":"0-1-5"},"updated_at":"2026-01-01T00:00:09Z"}"#;
+        let c = br#"{"version":1,"name":"p","position":{"gtid_set":"0-1-6"},"updated_at":"2026-01-01T00:00:00Z"}"#;
+        assert!(same_start(a, b));
+        assert!(!same_start(a, c));
+        assert!(!same_start(a, b"not json"));
     }
 }

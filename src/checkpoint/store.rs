@@ -330,6 +330,11 @@ impl Store {
         *self.unwritten_first.lock().expect("store lock") = None;
     }
 
+    /// Drops the remembered first start (another writer's checkpoint, or a reset, made it stale).
+    pub fn forget_unwritten_first(&self) {
+        *self.unwritten_first.lock().expect("store lock") = None;
+    }
+
     /// The first start's checkpoint this process could not write (see [`Store::write_first`]):
     /// where the next session of a pipeline with no stored checkpoint resumes.
     pub fn unwritten_first(&self) -> Option<Checkpoint> {

@@ -157,6 +157,9 @@ async fn lead(
         }
         let holding = lease.hold();
         store.forget_last_written();
+        if lease.others_wrote() {
+            store.forget_unwritten_first();
+        }
         metrics.set_leader(true);
         tracing::info!(took = ?since.elapsed(), "leading the pipeline: this instance forwards");
         // The session ends when the lead is lost as it does on SIGTERM (the writer is fenced by
