@@ -842,14 +842,28 @@ fn reach(
     let producer: BaseProducer<Heard> = client
         .create_with_context(Heard::default())
         .map_err(|e| (e.to_string(), None))?;
-    let metadata = producer
-        .client()
-        .fetch_metadata(None, Duration::from_secs(10))
-        .map_err(|e| {
-            // Error events reach the context through the queue poll serves.
-            producer.poll(Duration::from_millis(100));
-            (e.to_string(), producer.context().last())
-        })?;
+    // Asked in one-second rounds for up to 10 s: a refused certificate or login is certain after
+    // the first handshake, and waiting out the rest would only delay saying so.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let metadata = loop {
+        let round = deadline
+            .saturating_duration_since(std::time::Instant::now())
+            .min(Duration::from_secs(1));
+        match producer.client().fetch_metadata(None, round) {
+            Ok(metadata) => break metadata,
+            Err(e) => {
+                // Error events reach the context through the queue poll serves.
+                producer.poll(Duration::from_millis(100));
+                let heard = producer.context().last();
+                let certain = heard
+                    .as_deref()
+                    .is_some_and(|h| tls_failure(h) || sasl_failure(h));
+                if certain || std::time::Instant::now() >= deadline {
+                    return Err((e.to_string(), heard));
+                }
+            }
+        }
+    };
     let topics: Vec<String> = metadata
         .topics()
         .iter()
