@@ -30,6 +30,24 @@ pub fn first_write_fails() -> crate::error::Result<()> {
     Ok(())
 }
 
+/// Inside the checkpoint index's librdkafka call: hangs there for 10 minutes (as librdkafka does
+/// when its group coordinator is gone), once, the first time it is reached after the file named by
+/// the argument exists (`index_send_hangs_when_released=return(PATH)`): the test picks the moment.
+pub const INDEX_SEND_HANGS_WHEN_RELEASED: &str = "index_send_hangs_when_released";
+
+/// Hangs here once the fail point `name`'s file exists (see [`INDEX_SEND_HANGS_WHEN_RELEASED`]).
+pub fn hang_once_released(name: &str) {
+    let _ = name;
+    fail::fail_point!(name, |path: Option<String>| {
+        static FIRED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let released = path.is_some_and(|path| std::path::Path::new(&path).exists());
+        if released && !FIRED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            eprintln!("fail point {name}: hanging");
+            std::thread::sleep(std::time::Duration::from_secs(600));
+        }
+    });
+}
+
 /// Panics here when the fail point `name` is active (a stand-in for a panic in third-party code).
 pub fn panic_point(name: &str) {
     let _ = name;

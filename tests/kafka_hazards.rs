@@ -815,6 +815,71 @@ fn a_checkpoint_write_stuck_in_librdkafka_is_given_up_and_written_again() {
     check_records(&records, 0..20);
 }
 
+/// The same stuck call on a lead that has settled (a renewal begun 20 s after the takeover
+/// committed) with room left before it could lapse: a new writer takes the stuck one's place at
+/// once, the same instance writes again, and the lead does not move. (The rolling-restart test
+/// meets this path only when a broker's restart happens to strand a call.)
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
+fn a_checkpoint_write_stuck_on_a_settled_lead_gets_a_new_writer_in_place() {
+    let (db, broker) = mariadb_and_broker_with(Broker::start(), &EVENT_TOPICS);
+    let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
+    let mut outboxd = Outboxd::with_checkpoint(
+        "inplace",
+        &body,
+        "store = \"kafka\"\ntakeover_timeout_ms = 60000\n",
+    );
+    let release = outboxd.dir_path().join("release-the-hang");
+    outboxd.start_with_env(
+        &[],
+        &[(
+            "FAILPOINTS",
+            &format!(
+                "{}=return({})",
+                outboxd::fault::INDEX_SEND_HANGS_WHEN_RELEASED,
+                release.display()
+            ),
+        )],
+    );
+    wait_until("the lead to settle", Duration::from_secs(120), || {
+        outboxd.log().contains("the lead is settled")
+    });
+    std::fs::write(&release, "").unwrap();
+    insert_rows(&db, 0, 10, 1);
+    wait_until(
+        "the stuck write's new writer to write",
+        Duration::from_secs(120),
+        || {
+            outboxd
+                .log()
+                .contains("wrote to the checkpoint topic again")
+        },
+    );
+    insert_rows(&db, 10, 20, 1);
+    let end = db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    wait_until(
+        "the checkpoint to name the last row",
+        Duration::from_secs(120),
+        || {
+            let (ok, text) = show(&outboxd);
+            ok && text.contains(&format!("\"gtid_set\": \"{end}\""))
+        },
+    );
+    outboxd.stop();
+    let log = outboxd.log();
+    assert!(
+        log.contains("fail point index_send_hangs_when_released: hanging")
+            && log.contains("a new writer takes its place and writes again")
+            && log.matches("leading the pipeline").count() == 1
+            && !log.contains("giving up the lead"),
+        "{log}"
+    );
+    check_records(&consume_distinct_events(&broker.bootstrap(), 20), 0..20);
+}
+
 /// An outboxd without the index (a standby on the older version during a rolling upgrade, or a
 /// rollback) writes checkpoints the index does not name; once the record the index names is gone
 /// (compacted: here, deleted), that must not read as a lost checkpoint: the newest record on the
