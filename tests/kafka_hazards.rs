@@ -655,6 +655,22 @@ fn a_rolling_restart_of_a_three_broker_cluster_moves_no_lead_and_loses_nothing()
     leader.stop();
 }
 
+/// Waits until the Kafka checkpoint of `outboxd`'s pipeline names MariaDB's last transaction.
+fn checkpoint_at_binlog_end(db: &MariaDb, outboxd: &Outboxd) {
+    let end = db
+        .sql_socket("SELECT @@gtid_binlog_pos;")
+        .trim()
+        .to_string();
+    wait_until(
+        "the checkpoint to name the last row",
+        Duration::from_secs(120),
+        || {
+            let (ok, text) = show(outboxd);
+            ok && text.contains(&format!("\"gtid_set\": \"{end}\""))
+        },
+    );
+}
+
 /// `outboxd checkpoint show`: whether it succeeded, its stdout, then its stderr (which says how the
 /// checkpoint was found).
 fn show(outboxd: &Outboxd) -> (bool, String) {
@@ -780,28 +796,14 @@ fn a_checkpoint_write_stuck_in_librdkafka_is_given_up_and_written_again() {
     let (db, broker) = mariadb_and_broker_with(Broker::start(), &EVENT_TOPICS);
     let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
     let mut outboxd = Outboxd::with_checkpoint("stuck", &body, "store = \"kafka\"\n");
-    let checkpoint_at_end = |outboxd: &Outboxd| {
-        let end = db
-            .sql_socket("SELECT @@gtid_binlog_pos;")
-            .trim()
-            .to_string();
-        wait_until(
-            "the checkpoint to name the last row",
-            Duration::from_secs(120),
-            || {
-                let (ok, text) = show(outboxd);
-                ok && text.contains(&format!("\"gtid_set\": \"{end}\""))
-            },
-        );
-    };
     outboxd.start();
     insert_rows(&db, 0, 10, 1);
-    checkpoint_at_end(&outboxd);
+    checkpoint_at_binlog_end(&db, &outboxd);
     outboxd.stop();
     // Resumed (so no first write), the first entry is the next checkpoint's.
     outboxd.start_with_env(&[], &[("FAILPOINTS", "index_send_hangs=1*sleep(600000)")]);
     insert_rows(&db, 10, 20, 1);
-    checkpoint_at_end(&outboxd);
+    checkpoint_at_binlog_end(&db, &outboxd);
     outboxd.stop();
     // A 6 s lead is too short to make a new writer inside it: the lead is given up and taken
     // again. (A settled lead with room gets a new writer in place instead: the rolling-restart test
@@ -856,18 +858,7 @@ fn a_checkpoint_write_stuck_on_a_settled_lead_gets_a_new_writer_in_place() {
         },
     );
     insert_rows(&db, 10, 20, 1);
-    let end = db
-        .sql_socket("SELECT @@gtid_binlog_pos;")
-        .trim()
-        .to_string();
-    wait_until(
-        "the checkpoint to name the last row",
-        Duration::from_secs(120),
-        || {
-            let (ok, text) = show(&outboxd);
-            ok && text.contains(&format!("\"gtid_set\": \"{end}\""))
-        },
-    );
+    checkpoint_at_binlog_end(&db, &outboxd);
     outboxd.stop();
     let log = outboxd.log();
     assert!(

@@ -1352,7 +1352,7 @@ fn refused_for_good(e: &KafkaError) -> bool {
 }
 
 /// This process, as `host:pid`.
-pub(super) fn instance() -> String {
+fn instance() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "unknown-host".into());

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
@@ -40,9 +40,9 @@ pub struct Lease {
     /// The leader said it stopped (SIGTERM): no need to wait out the timeout. Also set at the
     /// start when no instance has led lately (a first start, or after a clean stop).
     released: Arc<AtomicBool>,
-    /// Another instance (or a `checkpoint` command) wrote the pipeline's checkpoint since this
-    /// instance began listening.
-    others_wrote: Arc<AtomicBool>,
+    /// A tombstone of the pipeline's checkpoint (`checkpoint reset`) was heard since the last
+    /// [`Lease::reset_heard`].
+    reset: Arc<AtomicBool>,
     base: Instant,
     stop: Arc<AtomicBool>,
 }
@@ -69,15 +69,14 @@ impl Lease {
             false
         });
         let released = Arc::new(AtomicBool::new(free));
-        let others_wrote = Arc::new(AtomicBool::new(false));
+        let reset = Arc::new(AtomicBool::new(false));
         let heard_of = Heard {
             live: store.live_key(),
             lead: store.lead_key(),
-            me: super::kafka::instance(),
             base,
             heard: heard.clone(),
             released: released.clone(),
-            others_wrote: others_wrote.clone(),
+            reset: reset.clone(),
         };
         let stopping = stop.clone();
         std::thread::Builder::new()
@@ -89,17 +88,18 @@ impl Lease {
             takeover,
             heard,
             released,
-            others_wrote,
+            reset,
             base,
             stop,
         })
     }
 
-    /// Whether another instance, or a `checkpoint` command, wrote (or reset) the pipeline's
-    /// checkpoint since this instance began listening: a first start this instance chose and
-    /// could not write is then stale (see `Store::unwritten_first`).
-    pub fn others_wrote(&self) -> bool {
-        self.others_wrote.load(Ordering::Relaxed)
+    /// Whether the pipeline's checkpoint was reset (a tombstone written, committed or not) since
+    /// the last call: a first start this instance chose before and could not write is then
+    /// stale, since a reset means "start at the end" (see `Store::unwritten_first`). A stored
+    /// checkpoint needs no flag: the next session loads it.
+    pub fn reset_heard(&self) -> bool {
+        self.reset.swap(false, Ordering::Relaxed)
     }
 
     /// Waits until the lead is vacant: no renewal or checkpoint of the pipeline heard for a
@@ -205,12 +205,10 @@ impl Drop for Holding {
 struct Heard {
     live: String,
     lead: String,
-    /// This process's `outboxd.instance` header.
-    me: String,
     base: Instant,
     heard: Arc<AtomicU64>,
     released: Arc<AtomicBool>,
-    others_wrote: Arc<AtomicBool>,
+    reset: Arc<AtomicBool>,
 }
 
 /// The listening thread: notes when a record of the pipeline's lead or checkpoint arrives.
@@ -223,16 +221,8 @@ fn listen(consumer: BaseConsumer<super::kafka::QuietContext>, of: Heard, stop: A
                     of.heard
                         .store(of.base.elapsed().as_millis() as u64, Ordering::Relaxed);
                 }
-                if key == of.live.as_bytes() {
-                    let writer = message.headers().and_then(|headers| {
-                        headers
-                            .iter()
-                            .find(|h| h.key == super::kafka::INSTANCE_HEADER)
-                            .and_then(|h| h.value)
-                    });
-                    if writer != Some(of.me.as_bytes()) {
-                        of.others_wrote.store(true, Ordering::Relaxed);
-                    }
+                if key == of.live.as_bytes() && message.payload().is_none() {
+                    of.reset.store(true, Ordering::Relaxed);
                 }
                 // The newest lead record says whether the lead is free: a release that a newer
                 // renewal followed (a release that never committed, then another instance's

@@ -51,8 +51,9 @@ pub struct RedisStore {
     pending: Mutex<Option<Vec<u8>>>,
     /// The body of a commit that was in flight when its session ended: it may still land.
     uncertain: Mutex<Option<Vec<u8>>>,
-    /// The first checkpoint this process tried to write (its answer may have been lost).
-    first: Mutex<Option<Vec<u8>>>,
+    /// Every first checkpoint this process tried to write (an answer may have been lost; each
+    /// attempt's `updated_at` makes its bytes its own).
+    first: Mutex<Vec<Vec<u8>>>,
     /// `redis.wait_replicas` and the time `WAIT` may take.
     wait_replicas: u32,
     wait_timeout: Duration,
@@ -74,7 +75,7 @@ impl RedisStore {
             expected: Mutex::new(None),
             pending: Mutex::new(None),
             uncertain: Mutex::new(None),
-            first: Mutex::new(None),
+            first: Mutex::new(Vec::new()),
             wait_replicas: redis.wait_replicas,
             // Within the connection's own read timeout, so a short count is named as such.
             wait_timeout: redis
@@ -157,11 +158,7 @@ impl RedisStore {
     /// Writes the first checkpoint only if there is none (`SET … NX`): another instance that
     /// wrote one meanwhile makes this one stop instead of overwriting it.
     pub fn write_first(&self, body: &[u8]) -> Result<()> {
-        let earlier = self
-            .first
-            .lock()
-            .expect("store lock")
-            .replace(body.to_vec());
+        self.first.lock().expect("store lock").push(body.to_vec());
         let set: Option<String> = self.with("writing", |c| {
             redis::cmd("SET")
                 .arg(&self.live)
@@ -176,8 +173,10 @@ impl RedisStore {
         // Refused. This process's own earlier first write (its answer lost) may have landed
         // late: then the next session resumes from it.
         let now: Option<Vec<u8>> = self.with("reading", |c| c.get(&self.live))?;
-        let mine = |earlier: &[u8]| now.as_deref().is_some_and(|now| same_start(now, earlier));
-        if earlier.as_deref().is_some_and(mine) || mine(body) {
+        let mine = now
+            .as_ref()
+            .is_some_and(|now| self.first.lock().expect("store lock").contains(now));
+        if mine {
             return Err(Error::checkpoint(format!(
                 "an earlier first checkpoint of this instance reached {} late",
                 self.live
@@ -287,36 +286,5 @@ impl Backend for std::sync::Arc<RedisStore> {
 
     fn saved_labels(&self) -> Result<Vec<String>> {
         self.with("listing saved copies of", |c| c.hkeys(&self.saved))
-    }
-}
-
-/// Two first checkpoints of this process name the same start: equal but for `updated_at` (each
-/// attempt to write the first start stamps its own; see `Store::unwritten_first`).
-fn same_start(a: &[u8], b: &[u8]) -> bool {
-    let without_time = |bytes: &[u8]| {
-        serde_json::from_slice::<serde_json::Value>(bytes)
-            .ok()
-            .map(|mut v| {
-                if let Some(o) = v.as_object_mut() {
-                    o.remove("updated_at");
-                }
-                v
-            })
-    };
-    matches!((without_time(a), without_time(b)), (Some(a), Some(b)) if a == b)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::same_start;
-
-    #[test]
-    fn first_checkpoints_differing_only_in_their_time_name_the_same_start() {
-        let a = br#"{"version":1,"name":"p","position":{"gtid_set":"0-1-5"},"updated_at":"2026-01-01T00:00:00Z"}"#;
-        let b = br#"{"version":1,"name":"p","position":{"gtid_set":"0-1-5"},"updated_at":"2026-01-01T00:00:09Z"}"#;
-        let c = br#"{"version":1,"name":"p","position":{"gtid_set":"0-1-6"},"updated_at":"2026-01-01T00:00:00Z"}"#;
-        assert!(same_start(a, b));
-        assert!(!same_start(a, c));
-        assert!(!same_start(a, b"not json"));
     }
 }

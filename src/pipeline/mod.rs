@@ -157,7 +157,7 @@ async fn lead(
         }
         let holding = lease.hold();
         store.forget_last_written();
-        if lease.others_wrote() {
+        if lease.reset_heard() {
             store.forget_unwritten_first();
         }
         metrics.set_leader(true);

@@ -842,25 +842,31 @@ fn reach(
     let producer: BaseProducer<Heard> = client
         .create_with_context(Heard::default())
         .map_err(|e| (e.to_string(), None))?;
-    // Asked in one-second rounds for up to 10 s: a refused certificate or login is certain after
-    // the first handshake, and waiting out the rest would only delay saying so.
+    // Asked in growing rounds (1, 2, 4 s, then the rest of 10 s): a refused certificate or login
+    // is certain after a handshake, and waiting out the rest would only delay saying so. Certain
+    // once a whole round more has passed without an answer (another bootstrap broker could still
+    // answer: one restarting, or a TLS proxy whose backend is down, fails that way for a moment).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut round = Duration::from_secs(1);
+    let mut refused_rounds = 0;
     let metadata = loop {
-        let round = deadline
-            .saturating_duration_since(std::time::Instant::now())
-            .min(Duration::from_secs(1));
-        match producer.client().fetch_metadata(None, round) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match producer.client().fetch_metadata(None, round.min(left)) {
             Ok(metadata) => break metadata,
             Err(e) => {
                 // Error events reach the context through the queue poll serves.
                 producer.poll(Duration::from_millis(100));
                 let heard = producer.context().last();
-                let certain = heard
+                if heard
                     .as_deref()
-                    .is_some_and(|h| tls_failure(h) || sasl_failure(h));
-                if certain || std::time::Instant::now() >= deadline {
+                    .is_some_and(|h| tls_failure(h) || sasl_failure(h))
+                {
+                    refused_rounds += 1;
+                }
+                if refused_rounds >= 2 || std::time::Instant::now() >= deadline {
                     return Err((e.to_string(), heard));
                 }
+                round *= 2;
             }
         }
     };
@@ -1100,10 +1106,13 @@ fn tls_item(config: &KafkaConfig) -> Item {
 /// error: SaslAuthenticateRequest failed: Local: Broker transport failure"): that is a broker
 /// that is down or restarting, worth waiting for.
 fn sasl_failure(detail: &str) -> bool {
-    let cut_short = detail.contains("SaslAuthenticateRequest failed: Local:");
-    (detail.contains("SASL authentication error") && !cut_short)
+    // librdkafka words both as "…: Local: Broker transport failure".
+    let cut_short = detail.contains("SaslAuthenticateRequest failed: Local:")
+        || detail.contains("handshake failed: Local:");
+    ((detail.contains("SASL authentication error")
+        || detail.contains("mechanism handshake failed"))
+        && !cut_short)
         || detail.contains("SASL authentication failure")
-        || detail.contains("mechanism handshake failed")
 }
 
 /// Whether librdkafka's explanation is a TLS failure (a definite one: a certificate, a CA, a
@@ -1162,4 +1171,23 @@ impl ClientContext for Heard {
 impl rdkafka::producer::ProducerContext for Heard {
     type DeliveryOpaque = ();
     fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: Self::DeliveryOpaque) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sasl_failure;
+
+    #[test]
+    fn a_login_cut_short_by_the_network_is_not_a_refused_login() {
+        assert!(sasl_failure(
+            "SASL SCRAM-SHA-512 mechanism handshake failed: Broker: Unsupported SASL mechanism"
+        ));
+        assert!(sasl_failure("SASL authentication error: Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512"));
+        assert!(!sasl_failure(
+            "SASL SCRAM-SHA-512 mechanism handshake failed: Local: Broker transport failure"
+        ));
+        assert!(!sasl_failure(
+            "SASL authentication error: SaslAuthenticateRequest failed: Local: Broker transport failure"
+        ));
+    }
 }
