@@ -48,6 +48,25 @@ pub fn hang_once_released(name: &str) {
     });
 }
 
+/// Inside a lead renewal, with the checkpoint writer held: holds it for 15 s before the renewal's
+/// transaction begins (as a write that retried that long holds it), once, the first time it is
+/// reached after the file named by the argument exists
+/// (`renewal_held_when_released=return(PATH)`).
+pub const RENEWAL_HELD_WHEN_RELEASED: &str = "renewal_held_when_released";
+
+/// Holds the caller here for 15 s once the fail point's file exists (see
+/// [`RENEWAL_HELD_WHEN_RELEASED`]).
+pub fn renewal_held_once_released() {
+    fail::fail_point!(RENEWAL_HELD_WHEN_RELEASED, |path: Option<String>| {
+        static FIRED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let released = path.is_some_and(|path| std::path::Path::new(&path).exists());
+        if released && !FIRED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            eprintln!("fail point {RENEWAL_HELD_WHEN_RELEASED}: holding");
+            std::thread::sleep(std::time::Duration::from_secs(15));
+        }
+    });
+}
+
 /// Panics here when the fail point `name` is active (a stand-in for a panic in third-party code).
 pub fn panic_point(name: &str) {
     let _ = name;

@@ -70,6 +70,16 @@ fn a_broker_outage_under_load_loses_nothing_and_outboxd_rides_it_out() {
         &records,
         recovery,
     );
+    let arrived: std::collections::HashSet<u64> = records.iter().map(n_of).collect();
+    if arrived.len() < 1300 {
+        // Lost (acknowledged, so the checkpoint passed them) or stalled (never acknowledged)?
+        println!(
+            "checkpoint {}, binlog end {:?}; outboxd's log:\n{}",
+            env.outboxd.checkpoint_or_null(),
+            env.db.binlog_end(),
+            env.outboxd.log()
+        );
+    }
     let duplicates = check_records(&records, 0..1300);
     println!("broker outage: {duplicates} duplicates over 1300 rows");
     check_per_key_order(&records);

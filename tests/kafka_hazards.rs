@@ -645,11 +645,16 @@ fn a_rolling_restart_of_a_three_broker_cluster_moves_no_lead_and_loses_nothing()
         standby.log()
     );
     // The outages did make a write fail, or get stuck in librdkafka (which, before the fixes,
-    // gave the lead up at once), and the same lead wrote again.
-    assert!(
-        leader.log().contains("wrote to the checkpoint topic again"),
-        "{}",
-        leader.log()
+    // gave the lead up at once), and the same lead wrote again (a write that failed during the
+    // last broker's restart may still be retrying when every row has arrived).
+    wait_until(
+        "the failed checkpoint write to be written again",
+        Duration::from_secs(90),
+        || {
+            let log = leader.log();
+            assert!(!log.contains("giving up the lead"), "{log}");
+            log.contains("wrote to the checkpoint topic again")
+        },
     );
     standby.stop();
     leader.stop();
@@ -866,6 +871,77 @@ fn a_checkpoint_write_stuck_on_a_settled_lead_gets_a_new_writer_in_place() {
             && log.contains("a new writer takes its place and writes again")
             && log.matches("leading the pipeline").count() == 1
             && !log.contains("giving up the lead"),
+        "{log}"
+    );
+    check_records(&consume_distinct_events(&broker.bootstrap(), 20), 0..20);
+}
+
+/// A renewal that got the writer late (a write that retried held it, as a broker restarting makes
+/// one do) renews the lead from when its transaction began, not from when it was asked for: a
+/// checkpoint write stuck right after it still finds room for a new writer in place. Counted from
+/// the asking, 45 − 15 − 12.5 = 17.5 s were left and the lead was given up (the rolling-restart
+/// test's failure at its final write).
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
+fn a_renewal_that_waited_for_the_writer_renews_the_lead_from_its_own_start() {
+    let (db, broker) = mariadb_and_broker_with(Broker::start(), &EVENT_TOPICS);
+    let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
+    let mut outboxd = Outboxd::with_checkpoint(
+        "latewrite",
+        &body,
+        "store = \"kafka\"\ntakeover_timeout_ms = 45000\n",
+    );
+    let hold = outboxd.dir_path().join("hold-the-renewal");
+    let hang = outboxd.dir_path().join("hang-the-write");
+    outboxd.start_with_env(
+        &[],
+        &[(
+            "FAILPOINTS",
+            &format!(
+                "{}=return({});{}=return({})",
+                outboxd::fault::RENEWAL_HELD_WHEN_RELEASED,
+                hold.display(),
+                outboxd::fault::INDEX_SEND_HANGS_WHEN_RELEASED,
+                hang.display()
+            ),
+        )],
+    );
+    wait_until("the lead to settle", Duration::from_secs(120), || {
+        outboxd.log().contains("the lead is settled")
+    });
+    std::fs::write(&hold, "").unwrap();
+    wait_until(
+        "a renewal to hold the writer",
+        Duration::from_secs(60),
+        || {
+            outboxd
+                .log()
+                .contains("fail point renewal_held_when_released: holding")
+        },
+    );
+    // The write these rows cause waits for the held writer, then gets stuck.
+    std::fs::write(&hang, "").unwrap();
+    insert_rows(&db, 0, 10, 1);
+    wait_until(
+        "the stuck write's new writer to write",
+        Duration::from_secs(120),
+        || {
+            let log = outboxd.log();
+            assert!(
+                !log.contains("giving up the lead") && !log.contains("was taken over"),
+                "{log}"
+            );
+            log.contains("wrote to the checkpoint topic again")
+        },
+    );
+    insert_rows(&db, 10, 20, 1);
+    checkpoint_at_binlog_end(&db, &outboxd);
+    outboxd.stop();
+    let log = outboxd.log();
+    assert!(
+        log.contains("fail point index_send_hangs_when_released: hanging")
+            && log.contains("a new writer takes its place and writes again")
+            && log.matches("leading the pipeline").count() == 1,
         "{log}"
     );
     check_records(&consume_distinct_events(&broker.bootstrap(), 20), 0..20);

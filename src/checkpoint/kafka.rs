@@ -786,8 +786,22 @@ impl KafkaStore {
     /// lead lapses unless renewed: a leader that cannot write for that long may have been
     /// replaced) and within the transaction's own timeout; only then, or when fenced, or on an
     /// error no retry cures, is the lead given up.
-    fn commit(&self, key: &str, value: Option<&[u8]>, until: Instant) -> Result<()> {
+    ///
+    /// `until`: `None` for the lead's deadline as it stands once the writer is held (a write that
+    /// waited for a retrying one finds the deadline that one's commit moved). `renews`: the
+    /// record, once committed, renews a leader's lead like a renewal does (a live checkpoint or a
+    /// renewal; not a release, and never a `checkpoint` command's write).
+    fn commit(
+        &self,
+        key: &str,
+        value: Option<&[u8]>,
+        until: Option<Instant>,
+        renews: bool,
+    ) -> Result<()> {
         let mut writer = self.writer.lock().expect("writer lock");
+        if renews && key == self.lead_key() {
+            crate::fault::renewal_held_once_released();
+        }
         let Some(mut producer) = writer.clone() else {
             return Err(Error::checkpoint(format!(
                 "this instance does not lead pipeline {:?}, so it writes no checkpoint",
@@ -795,6 +809,7 @@ impl KafkaStore {
             ))
             .superseded());
         };
+        let until = until.unwrap_or_else(|| self.lead_until());
         // Also within the transaction's own timeout (less a margin for the last attempt), past
         // which the brokers abort it themselves and fence this writer.
         let deadline = until.min(
@@ -814,6 +829,8 @@ impl KafkaStore {
         // The record is in an open transaction that a retried commit may still complete;
         // `indexed`: the index's entry joined it too (or a record of another key needs none).
         let mut open = false;
+        // When the open transaction began: no standby hears its record earlier.
+        let mut begun = Instant::now();
         let mut indexed = false;
         let mut retried = 0u32;
         // A write stuck in librdkafka gets at most one new writer (its coordinator is likely
@@ -822,6 +839,7 @@ impl KafkaStore {
         let e = loop {
             let result = (|| {
                 if !open {
+                    begun = Instant::now();
                     producer.begin_transaction()?;
                     open = true;
                     indexed = !live;
@@ -848,6 +866,9 @@ impl KafkaStore {
                 Ok(()) => {
                     if retried > 0 {
                         tracing::info!(retried, "wrote to the checkpoint topic again");
+                    }
+                    if renews {
+                        self.renewed(begun);
                     }
                     return Ok(());
                 }
@@ -963,13 +984,12 @@ impl KafkaStore {
             .send(producer, Indexed { offset, removed }, left())
     }
 
-    /// Renews the lead (see `lease`): fails, superseded, once another instance took over.
-    /// `until`: when the lead lapses without this renewal.
-    pub fn renew(&self, until: Instant) -> Result<()> {
+    /// Renews the lead (see `lease`): fails, superseded, once another instance took over. It
+    /// retries until the lead lapses ([`KafkaStore::lead_until`]).
+    pub fn renew(&self) -> Result<()> {
         let started = Instant::now();
         let record = LeadRecord::now(false);
-        self.commit(&self.lead_key(), Some(&record.body()), until)?;
-        *self.lead_until.lock().expect("lead deadline") = started + self.takeover;
+        self.commit(&self.lead_key(), Some(&record.body()), None, true)?;
         let mut taken = self.taken.lock().expect("taken");
         if let (Some(at), false) = *taken {
             if started >= at + TIMEOUT + REWRITE_MARGIN {
@@ -988,13 +1008,27 @@ impl KafkaStore {
         self.commit(
             &self.lead_key(),
             Some(&record.body()),
-            Instant::now() + RELEASE_LIMIT,
+            Some(Instant::now() + RELEASE_LIMIT),
+            false,
         )
     }
 
-    /// When the lead lapses unless renewed: what a checkpoint write may wait for.
-    fn lead_until(&self) -> Instant {
+    /// When the lead lapses unless renewed: what a checkpoint write may wait for, and when the
+    /// lease gives the lead up.
+    pub fn lead_until(&self) -> Instant {
         *self.lead_until.lock().expect("lead deadline")
+    }
+
+    /// A leader's renewal or live checkpoint committed, its transaction begun at `begun`: every
+    /// standby hears it then or later, so none takes over before `begun` + the takeover timeout.
+    /// A checkpoint write counts like a renewal, so a write that retried long (holding the writer,
+    /// so no renewal could commit meanwhile) leaves the lead its full time once it lands.
+    fn renewed(&self, begun: Instant) {
+        if self.taken.lock().expect("taken").0.is_none() {
+            return;
+        }
+        let mut until = self.lead_until.lock().expect("lead deadline");
+        *until = (*until).max(begun + self.takeover);
     }
 
     /// A saved copy: a plain (idempotent, acks=all) write, so saving never fences a running lead.
@@ -1062,13 +1096,13 @@ impl Backend for std::sync::Arc<KafkaStore> {
 
     fn write(&self, slot: &Slot, body: &[u8]) -> Result<()> {
         match slot {
-            Slot::Live => self.commit(&self.key(slot), Some(body), self.lead_until()),
+            Slot::Live => self.commit(&self.key(slot), Some(body), None, true),
             Slot::Saved(_) => self.save(&self.key(slot), body),
         }
     }
 
     fn remove(&self, slot: &Slot) -> Result<()> {
-        self.commit(&self.key(slot), None, self.lead_until())
+        self.commit(&self.key(slot), None, None, false)
     }
 
     fn saved_labels(&self) -> Result<Vec<String>> {

@@ -135,27 +135,27 @@ impl Lease {
         let store = self.store.clone();
         let takeover = self.takeover;
         let task = tokio::spawn(async move {
-            let mut renewed = Instant::now();
             let mut tick = tokio::time::interval(takeover / 3);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                // Checked before trying: a leader frozen past the timeout may have been replaced
-                // already, whatever the renewal below would say.
-                if renewed.elapsed() >= takeover {
+                // The store's deadline moves with every committed renewal and live checkpoint
+                // (counted from when its transaction began). Checked before trying: a leader
+                // frozen past it may have been replaced already, whatever the renewal below
+                // would say.
+                let until = store.lead_until();
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
                     tracing::warn!(
-                        silent = ?renewed.elapsed(),
                         "could not renew the pipeline's lead within checkpoint.takeover_timeout_ms; giving it up"
                     );
                     held_tx.send_replace(false);
                     return;
                 }
                 let renewing = store.clone();
-                let left = takeover.saturating_sub(renewed.elapsed());
-                let until = renewed + takeover;
-                let renewal = tokio::task::spawn_blocking(move || renewing.renew(until));
+                let renewal = tokio::task::spawn_blocking(move || renewing.renew());
                 match tokio::time::timeout(left, renewal).await {
-                    Ok(Ok(Ok(()))) => renewed = Instant::now(),
+                    Ok(Ok(Ok(()))) => {}
                     Ok(Ok(Err(e))) if e.is_superseded() => {
                         tracing::warn!(error = %e, "the pipeline's lead was taken over");
                         held_tx.send_replace(false);
