@@ -67,6 +67,19 @@ pub fn renewal_held_once_released() {
     });
 }
 
+/// At the start of a session's end (after the signal, before the drain): hangs the thread, and
+/// with it outboxd's one async worker, for 10 minutes (`shutdown_hangs=return`).
+pub const SHUTDOWN_HANGS: &str = "shutdown_hangs";
+
+/// Hangs the calling thread for 10 minutes when the fail point `name` is active.
+pub fn hang_point(name: &str) {
+    let _ = name;
+    fail::fail_point!(name, |_| {
+        eprintln!("fail point {name}: hanging");
+        std::thread::sleep(std::time::Duration::from_secs(600));
+    });
+}
+
 /// Panics here when the fail point `name` is active (a stand-in for a panic in third-party code).
 pub fn panic_point(name: &str) {
     let _ = name;

@@ -226,8 +226,17 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-/// A watch channel that turns true on SIGINT/SIGTERM.
-fn shutdown_signal() -> tokio::sync::watch::Receiver<bool> {
+/// What a shutdown may take beyond the drain deadline: the final checkpoint write, with one new
+/// writer in place of a stuck one (Kafka store), and the lead's release.
+const SHUTDOWN_MARGIN: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// A watch channel that turns true on SIGINT/SIGTERM. From then on the process exits within the
+/// drain deadline plus [`SHUTDOWN_MARGIN`] whatever happens: a shutdown stuck on something no
+/// deadline covers ends like a `kill -9` (which every checkpoint store survives), with an ERROR
+/// that says so, rather than waiting for the orchestrator's SIGKILL (or forever without one).
+fn shutdown_signal(config: &Config) -> tokio::sync::watch::Receiver<bool> {
+    let bound =
+        std::time::Duration::from_millis(config.delivery().drain_timeout_ms) + SHUTDOWN_MARGIN;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
@@ -237,6 +246,15 @@ fn shutdown_signal() -> tokio::sync::watch::Receiver<bool> {
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
         }
         let _ = stop.send(true);
+        // A thread of its own: the runtime may be what is stuck.
+        std::thread::spawn(move || {
+            std::thread::sleep(bound);
+            tracing::error!(
+                waited = ?bound,
+                "the shutdown did not finish within the drain deadline plus {SHUTDOWN_MARGIN:?}; exiting now (as after kill -9: the last checkpoint written stands, and what followed it is sent again on restart). This is a bug: please report it with this log"
+            );
+            std::process::exit(1);
+        });
     });
     stopped
 }
@@ -290,7 +308,8 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             // A progress line for people: text logs on a terminal only.
             let progress = matches!(cli.log_format, LogFormat::Text)
                 && std::io::IsTerminal::is_terminal(&std::io::stderr());
-            match tokio::spawn(outboxd::pipeline::run(config, shutdown_signal(), progress)).await {
+            let stopped = shutdown_signal(&config);
+            match tokio::spawn(outboxd::pipeline::run(config, stopped, progress)).await {
                 Ok(result) => result?,
                 Err(e) => std::panic::resume_unwind(e.into_panic()),
             }
@@ -346,7 +365,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                     binlog_file,
                     from,
                     to,
-                    shutdown_signal(),
+                    shutdown_signal(&config),
                 )
                 .await?;
                 println!("replayed {count} record(s)");
@@ -362,14 +381,14 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 .transpose()?;
             outboxd::runtime::build()?.block_on(async {
                 let count =
-                    outboxd::pipeline::replay(&config, from, to, shutdown_signal()).await?;
+                    outboxd::pipeline::replay(&config, from, to, shutdown_signal(&config)).await?;
                 println!("replayed {count} record(s)");
                 Ok(ExitCode::SUCCESS)
             })
         }
         Command::Snapshot { predicate } => outboxd::runtime::build()?.block_on(async {
             let count =
-                outboxd::pipeline::snapshot(&config, predicate, shutdown_signal()).await?;
+                outboxd::pipeline::snapshot(&config, predicate, shutdown_signal(&config)).await?;
             println!("sent {count} record(s)");
             Ok(ExitCode::SUCCESS)
         }),

@@ -111,3 +111,29 @@ fn a_failed_first_checkpoint_write_skips_no_row_committed_meanwhile() {
     );
     env.outboxd.stop();
 }
+
+/// A shutdown stuck where no deadline reaches (here the whole async runtime, hung by a fail point
+/// at the start of the session's end) still ends: at the drain deadline plus 90 s outboxd exits 1
+/// with an ERROR saying so, like a `kill -9`, and a restart forwards what followed the checkpoint.
+/// (Once seen in CI: a SIGTERM'd `run` that never exited held the suite for the full CI limit.)
+#[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
+fn a_shutdown_that_hangs_still_ends_at_its_bound_with_an_error() {
+    let mut env = setup("stuck-shutdown", "drain_timeout_ms = 1000");
+    env.outboxd
+        .start_with_env(&[], &[("FAILPOINTS", "shutdown_hangs=return")]);
+    insert_rows(&env.db, 0, 10, 1);
+    check_records(&consume_distinct_events(&env.broker.bootstrap(), 10), 0..10);
+    let status = env.outboxd.terminate();
+    let log = env.outboxd.log();
+    assert_eq!(status.code(), Some(1), "{status}\n{log}");
+    assert!(
+        log.contains("fail point shutdown_hangs: hanging")
+            && log.contains("the shutdown did not finish within the drain deadline"),
+        "{log}"
+    );
+    env.outboxd.start();
+    insert_rows(&env.db, 10, 20, 1);
+    check_records(&consume_distinct_events(&env.broker.bootstrap(), 20), 0..20);
+    env.outboxd.stop();
+}

@@ -605,6 +605,7 @@ impl<'a> Session<'a> {
     /// Ends the session however `result` says it ended: stops the tasks, waits for the acks worth
     /// waiting for, writes the final checkpoint and closes the producer.
     pub async fn finish(mut self, result: Result<SessionEnd>) -> Result<SessionEnd> {
+        crate::fault::hang_point(crate::fault::SHUTDOWN_HANGS);
         if let Some(watchdog) = &self.watchdog {
             watchdog.abort();
         }

@@ -210,8 +210,7 @@ impl Outboxd {
 
     /// SIGTERM and wait for a clean exit.
     pub fn stop(&mut self) -> ExitStatus {
-        kill(self.pid(), Signal::SIGTERM).unwrap();
-        let status = self.child.take().unwrap().wait().unwrap();
+        let status = self.terminate();
         assert!(
             status.success(),
             "outboxd did not exit cleanly on SIGTERM: {status}\n{}",
@@ -221,12 +220,12 @@ impl Outboxd {
     }
 
     /// SIGTERM and wait, whatever the exit (a harness that records exits rather than fail on them);
-    /// SIGKILL after two minutes (outboxd's shutdown is bounded far below that: a hang must end
-    /// the wait, and shows as a kill in the status).
+    /// SIGKILL after three minutes (outboxd bounds its own shutdown below that, at the drain
+    /// deadline plus 90 s: a hang must end the wait, and shows as a kill in the status).
     pub fn terminate(&mut self) -> ExitStatus {
         let _ = kill(self.pid(), Signal::SIGTERM);
         let mut child = self.child.take().unwrap();
-        let limit = std::time::Instant::now() + Duration::from_secs(120);
+        let limit = std::time::Instant::now() + Duration::from_secs(180);
         while std::time::Instant::now() < limit {
             if let Some(status) = child.try_wait().unwrap() {
                 return status;
