@@ -829,41 +829,60 @@ fn a_checkpoint_write_stuck_in_librdkafka_is_given_up_and_written_again() {
 #[test]
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
 fn a_checkpoint_write_stuck_on_a_settled_lead_gets_a_new_writer_in_place() {
+    let (db, broker, outboxd) = settled_lead_with_hangs("inplace", 60_000, &[]);
+    std::fs::write(outboxd.dir_path().join(HANG), "").unwrap();
+    insert_rows(&db, 0, 10, 1);
+    written_in_place(&db, &broker, outboxd);
+}
+
+/// The fail point file that makes the next checkpoint index call hang.
+const HANG: &str = "hang-the-index";
+
+/// MariaDB, a broker and an outboxd with the Kafka checkpoint store (`takeover_ms`), whose index
+/// call hangs once after the file [`HANG`] exists in its directory, and whose `more` fail points
+/// (`(name, file)`) fire once their file exists there; returned once the lead has settled.
+fn settled_lead_with_hangs(
+    name: &str,
+    takeover_ms: u64,
+    more: &[(&str, &str)],
+) -> (MariaDb, Broker, Outboxd) {
     let (db, broker) = mariadb_and_broker_with(Broker::start(), &EVENT_TOPICS);
     let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
     let mut outboxd = Outboxd::with_checkpoint(
-        "inplace",
+        name,
         &body,
-        "store = \"kafka\"\ntakeover_timeout_ms = 60000\n",
+        &format!("store = \"kafka\"\ntakeover_timeout_ms = {takeover_ms}\n"),
     );
-    let release = outboxd.dir_path().join("release-the-hang");
-    outboxd.start_with_env(
-        &[],
-        &[(
-            "FAILPOINTS",
-            &format!(
-                "{}=return({})",
-                outboxd::fault::INDEX_SEND_HANGS_WHEN_RELEASED,
-                release.display()
-            ),
-        )],
-    );
+    let dir = outboxd.dir_path();
+    let points: Vec<String> = [(outboxd::fault::INDEX_SEND_HANGS_WHEN_RELEASED, HANG)]
+        .iter()
+        .chain(more)
+        .map(|(point, file)| format!("{point}=return({})", dir.join(file).display()))
+        .collect();
+    outboxd.start_with_env(&[], &[("FAILPOINTS", &points.join(";"))]);
     wait_until("the lead to settle", Duration::from_secs(120), || {
         outboxd.log().contains("the lead is settled")
     });
-    std::fs::write(&release, "").unwrap();
-    insert_rows(&db, 0, 10, 1);
+    (db, broker, outboxd)
+}
+
+/// After rows 0..10 made a checkpoint write hang: its new writer writes in place and the lead
+/// never moves; rows 10..20 reach the checkpoint; every row arrived.
+fn written_in_place(db: &MariaDb, broker: &Broker, mut outboxd: Outboxd) {
     wait_until(
         "the stuck write's new writer to write",
         Duration::from_secs(120),
         || {
-            outboxd
-                .log()
-                .contains("wrote to the checkpoint topic again")
+            let log = outboxd.log();
+            assert!(
+                !log.contains("giving up the lead") && !log.contains("was taken over"),
+                "{log}"
+            );
+            log.contains("wrote to the checkpoint topic again")
         },
     );
-    insert_rows(&db, 10, 20, 1);
-    checkpoint_at_binlog_end(&db, &outboxd);
+    insert_rows(db, 10, 20, 1);
+    checkpoint_at_binlog_end(db, &outboxd);
     outboxd.stop();
     let log = outboxd.log();
     assert!(
@@ -884,32 +903,13 @@ fn a_checkpoint_write_stuck_on_a_settled_lead_gets_a_new_writer_in_place() {
 #[test]
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
 fn a_renewal_that_waited_for_the_writer_renews_the_lead_from_its_own_start() {
-    let (db, broker) = mariadb_and_broker_with(Broker::start(), &EVENT_TOPICS);
-    let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
-    let mut outboxd = Outboxd::with_checkpoint(
+    const HOLD: &str = "hold-the-renewal";
+    let (db, broker, outboxd) = settled_lead_with_hangs(
         "latewrite",
-        &body,
-        "store = \"kafka\"\ntakeover_timeout_ms = 45000\n",
+        45_000,
+        &[(outboxd::fault::RENEWAL_HELD_WHEN_RELEASED, HOLD)],
     );
-    let hold = outboxd.dir_path().join("hold-the-renewal");
-    let hang = outboxd.dir_path().join("hang-the-write");
-    outboxd.start_with_env(
-        &[],
-        &[(
-            "FAILPOINTS",
-            &format!(
-                "{}=return({});{}=return({})",
-                outboxd::fault::RENEWAL_HELD_WHEN_RELEASED,
-                hold.display(),
-                outboxd::fault::INDEX_SEND_HANGS_WHEN_RELEASED,
-                hang.display()
-            ),
-        )],
-    );
-    wait_until("the lead to settle", Duration::from_secs(120), || {
-        outboxd.log().contains("the lead is settled")
-    });
-    std::fs::write(&hold, "").unwrap();
+    std::fs::write(outboxd.dir_path().join(HOLD), "").unwrap();
     wait_until(
         "a renewal to hold the writer",
         Duration::from_secs(60),
@@ -920,31 +920,9 @@ fn a_renewal_that_waited_for_the_writer_renews_the_lead_from_its_own_start() {
         },
     );
     // The write these rows cause waits for the held writer, then gets stuck.
-    std::fs::write(&hang, "").unwrap();
+    std::fs::write(outboxd.dir_path().join(HANG), "").unwrap();
     insert_rows(&db, 0, 10, 1);
-    wait_until(
-        "the stuck write's new writer to write",
-        Duration::from_secs(120),
-        || {
-            let log = outboxd.log();
-            assert!(
-                !log.contains("giving up the lead") && !log.contains("was taken over"),
-                "{log}"
-            );
-            log.contains("wrote to the checkpoint topic again")
-        },
-    );
-    insert_rows(&db, 10, 20, 1);
-    checkpoint_at_binlog_end(&db, &outboxd);
-    outboxd.stop();
-    let log = outboxd.log();
-    assert!(
-        log.contains("fail point index_send_hangs_when_released: hanging")
-            && log.contains("a new writer takes its place and writes again")
-            && log.matches("leading the pipeline").count() == 1,
-        "{log}"
-    );
-    check_records(&consume_distinct_events(&broker.bootstrap(), 20), 0..20);
+    written_in_place(&db, &broker, outboxd);
 }
 
 /// An outboxd without the index (a standby on the older version during a rolling upgrade, or a
