@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use outboxd::checkpoint::{Access, Store};
-use outboxd::config::{Config, SourceKind, CONFIG_ENV};
+use outboxd::config::{Config, SourceKind, StoreKind, CONFIG_ENV};
 use outboxd::source::SourceIdentity;
 use outboxd::Error;
 
@@ -230,13 +230,29 @@ fn init_logging(format: LogFormat) {
 /// writer in place of a stuck one (Kafka store), and the lead's release.
 const SHUTDOWN_MARGIN: std::time::Duration = std::time::Duration::from_secs(90);
 
-/// A watch channel that turns true on SIGINT/SIGTERM. From then on the process exits within the
-/// drain deadline plus [`SHUTDOWN_MARGIN`] whatever happens: a shutdown stuck on something no
+/// How long after SIGTERM/SIGINT the process exits whatever happens: the drain deadline plus
+/// [`SHUTDOWN_MARGIN`], and with the Kafka checkpoint store three takeover timeouts more. There,
+/// during a broker outage, up to three checkpoint-topic writes run one after the other, each
+/// retrying until the lead would lapse (at most a takeover timeout after it began): the periodic
+/// writer's write in flight, a renewal that waited for the writer (its commit moves the lead's
+/// deadline), and the final write. Without them a long `takeover_timeout_ms` made an outage at
+/// SIGTERM end in a spurious "did not finish" ERROR.
+fn shutdown_bound(config: &Config) -> std::time::Duration {
+    let writes = match config.checkpoint.store {
+        StoreKind::Kafka => {
+            3 * std::time::Duration::from_millis(config.checkpoint.takeover_timeout_ms)
+        }
+        StoreKind::File | StoreKind::Redis => std::time::Duration::ZERO,
+    };
+    std::time::Duration::from_millis(config.delivery().drain_timeout_ms) + SHUTDOWN_MARGIN + writes
+}
+
+/// A watch channel that turns true on SIGINT/SIGTERM. From then on the process exits within
+/// [`shutdown_bound`] whatever happens: a shutdown stuck on something no
 /// deadline covers ends like a `kill -9` (which every checkpoint store survives), with an ERROR
 /// that says so, rather than waiting for the orchestrator's SIGKILL (or forever without one).
 fn shutdown_signal(config: &Config) -> tokio::sync::watch::Receiver<bool> {
-    let bound =
-        std::time::Duration::from_millis(config.delivery().drain_timeout_ms) + SHUTDOWN_MARGIN;
+    let bound = shutdown_bound(config);
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
@@ -251,7 +267,7 @@ fn shutdown_signal(config: &Config) -> tokio::sync::watch::Receiver<bool> {
             std::thread::sleep(bound);
             tracing::error!(
                 waited = ?bound,
-                "the shutdown did not finish within the drain deadline plus {SHUTDOWN_MARGIN:?}; exiting now (as after kill -9: the last checkpoint written stands, and what followed it is sent again on restart). This is a bug: please report it with this log"
+                "the shutdown did not finish within its bound (the drain deadline plus {SHUTDOWN_MARGIN:?}, and three checkpoint.takeover_timeout_ms with the Kafka checkpoint store); exiting now (as after kill -9: the last checkpoint written stands, and what followed it is sent again on restart). This is a bug: please report it with this log"
             );
             std::process::exit(1);
         });

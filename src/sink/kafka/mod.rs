@@ -866,7 +866,7 @@ fn reach(
                 if refused_rounds >= 2 || std::time::Instant::now() >= deadline {
                     return Err((e.to_string(), heard));
                 }
-                round *= 2;
+                round = (round * 2).min(Duration::from_secs(10));
             }
         }
     };
