@@ -928,6 +928,54 @@ fn a_renewal_that_waited_for_the_writer_renews_the_lead_from_its_own_start() {
     std::fs::write(outboxd.dir_path().join(HANG), "").unwrap();
     insert_rows(&db, 0, 10, 1);
     written_in_place(&db, &broker, outboxd);
+    // The held renewal's record says when its transaction began, not when it was asked for (15 s
+    // earlier): an instance starting now must not read the lead as 15 s older than it is.
+    let lags = lead_record_lags(&broker, "latewrite");
+    assert!(
+        lags.len() >= 3 && lags.iter().all(|&lag| lag < 5_000),
+        "milliseconds from each lead record's stamp to its write: {lags:?}"
+    );
+}
+
+/// For each lead record of pipeline `name` on the checkpoint topic, written or not: how long after
+/// the time it names (`renewed_at_ms`) it was sent (its CreateTime), in milliseconds.
+fn lead_record_lags(broker: &Broker, name: &str) -> Vec<i64> {
+    use rdkafka::message::Message;
+    use rdkafka::{Offset, TopicPartitionList};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .set("group.id", "test-lead-records")
+        .set("isolation.level", "read_uncommitted")
+        .set("enable.partition.eof", "true")
+        .create()
+        .unwrap();
+    let mut from = TopicPartitionList::new();
+    from.add_partition_offset(CHECKPOINTS, 0, Offset::Beginning)
+        .unwrap();
+    consumer.assign(&from).unwrap();
+    let key = format!("{name}/lead");
+    let mut lags = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the checkpoint topic's end was not reached"
+        );
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        // The end (a transaction's marker may be the last offset, and is never delivered).
+        let message = match message {
+            Err(rdkafka::error::KafkaError::PartitionEOF(_)) => return lags,
+            message => message.unwrap(),
+        };
+        if message.key() == Some(key.as_bytes()) {
+            let record: serde_json::Value =
+                serde_json::from_slice(message.payload().unwrap()).unwrap();
+            let stamp = record["renewed_at_ms"].as_i64().unwrap();
+            lags.push(message.timestamp().to_millis().unwrap() - stamp);
+        }
+    }
 }
 
 /// An outboxd without the index (a standby on the older version during a rolling upgrade, or a

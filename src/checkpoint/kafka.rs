@@ -780,7 +780,7 @@ impl KafkaStore {
         self.writer.lock().expect("writer lock").take();
     }
 
-    /// One committed transaction holding one record (`None`: a tombstone). A passing refusal
+    /// One committed transaction holding one record (see [`Value`]). A passing refusal
     /// (a partition leader or transaction coordinator moving, too few replicas in sync for a
     /// moment, a commit that timed out) is retried with the same writer until `until` (when the
     /// lead lapses unless renewed: a leader that cannot write for that long may have been
@@ -794,7 +794,7 @@ impl KafkaStore {
     fn commit(
         &self,
         key: &str,
-        value: Option<&[u8]>,
+        value: Value<'_>,
         until: Option<Instant>,
         renews: bool,
     ) -> Result<()> {
@@ -850,14 +850,27 @@ impl KafkaStore {
                             value: Some(instance().as_str()),
                         }),
                     );
+                    // A lead record says when this transaction began: a renewal that waited for
+                    // the writer is heard no earlier, and an instance starting later judges the
+                    // lead by it (`recent_leader`).
+                    let lead;
                     let record = match value {
-                        Some(value) => record.payload(value),
-                        None => record,
+                        Value::Record(bytes) => record.payload(bytes),
+                        Value::Tombstone => record,
+                        Value::Lead { released } => {
+                            lead = LeadRecord::now(released).body();
+                            record.payload(lead.as_slice())
+                        }
                     };
                     producer.send(record).map_err(|(e, _)| e)?;
                 }
                 if !indexed {
-                    self.index_live(&producer, value.is_none(), &left, retried == 0)?;
+                    self.index_live(
+                        &producer,
+                        matches!(value, Value::Tombstone),
+                        &left,
+                        retried == 0,
+                    )?;
                     indexed = true;
                 }
                 Ok(producer.commit_transaction(left())?)
@@ -988,8 +1001,12 @@ impl KafkaStore {
     /// retries until the lead lapses ([`KafkaStore::lead_until`]).
     pub fn renew(&self) -> Result<()> {
         let started = Instant::now();
-        let record = LeadRecord::now(false);
-        self.commit(&self.lead_key(), Some(&record.body()), None, true)?;
+        self.commit(
+            &self.lead_key(),
+            Value::Lead { released: false },
+            None,
+            true,
+        )?;
         let mut taken = self.taken.lock().expect("taken");
         if let (Some(at), false) = *taken {
             if started >= at + TIMEOUT + REWRITE_MARGIN {
@@ -1004,10 +1021,9 @@ impl KafkaStore {
 
     /// Says the lead is free (a clean stop), so a standby takes over without waiting out the timeout.
     pub fn release(&self) -> Result<()> {
-        let record = LeadRecord::now(true);
         self.commit(
             &self.lead_key(),
-            Some(&record.body()),
+            Value::Lead { released: true },
             Some(Instant::now() + RELEASE_LIMIT),
             false,
         )
@@ -1096,13 +1112,13 @@ impl Backend for std::sync::Arc<KafkaStore> {
 
     fn write(&self, slot: &Slot, body: &[u8]) -> Result<()> {
         match slot {
-            Slot::Live => self.commit(&self.key(slot), Some(body), None, true),
+            Slot::Live => self.commit(&self.key(slot), Value::Record(body), None, true),
             Slot::Saved(_) => self.save(&self.key(slot), body),
         }
     }
 
     fn remove(&self, slot: &Slot) -> Result<()> {
-        self.commit(&self.key(slot), None, None, false)
+        self.commit(&self.key(slot), Value::Tombstone, None, false)
     }
 
     fn saved_labels(&self) -> Result<Vec<String>> {
@@ -1197,6 +1213,18 @@ impl Isolation {
             Isolation::Written => "read_uncommitted",
         }
     }
+}
+
+/// What one checkpoint-topic transaction writes under its key.
+#[derive(Clone, Copy)]
+enum Value<'a> {
+    Record(&'a [u8]),
+    /// `checkpoint reset`.
+    Tombstone,
+    /// A [`LeadRecord`] stamped when its transaction begins (not when the write was asked for).
+    Lead {
+        released: bool,
+    },
 }
 
 /// The lead record's value (key `NAME/lead`).
