@@ -156,7 +156,7 @@ fn rows_reach_fifo_queues_with_the_key_as_group_and_the_id_as_dedup_id_in_key_or
         &moto,
         "dead_letter_topic = \"outboxd-standard\"",
     );
-    let shown = text(standard.command(&["check"]).output().unwrap());
+    let shown = text(standard.command_output(&["check"]));
     assert!(
         shown.contains("WARN  sqs dead-letter queue: \"outboxd-standard\" is a standard queue"),
         "{shown}"
@@ -599,7 +599,7 @@ fn rows_reach_sns_fifo_topics_in_key_order_and_a_missing_topic_is_dead_lettered(
         ),
     );
     outboxd.env = Moto::env();
-    let shown = text(outboxd.command(&["check"]).output().unwrap());
+    let shown = text(outboxd.command_output(&["check"]));
     assert!(
         shown.contains("WARN  sns dead-letter topic: \"outboxd-dlq\" is a standard topic"),
         "{shown}"

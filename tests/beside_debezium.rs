@@ -472,14 +472,11 @@ fn offset_json(connect: &Connect) -> serde_json::Value {
 
 /// `outboxd checkpoint import-debezium` on Connect's offsets file, as it is.
 fn import_offsets(outboxd: &Outboxd, connect: &Connect) {
-    let out = outboxd
-        .command(&[
-            "checkpoint",
-            "import-debezium",
-            connect.offsets_file().to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let out = outboxd.command_output(&[
+        "checkpoint",
+        "import-debezium",
+        connect.offsets_file().to_str().unwrap(),
+    ]);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -213,16 +213,12 @@ fn a_file_of_the_live_server_replays_to_the_records_the_live_source_produced() {
     let copy = env.outboxd.dir_path().join("mariadb-bin.000001");
     std::fs::copy(env.db.dir().join("data/mariadb-bin.000001"), &copy).unwrap();
 
-    let out = env
-        .outboxd
-        .command(&[
-            "replay",
-            "--dry-run",
-            "--binlog-file",
-            copy.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let out = env.outboxd.command_output(&[
+        "replay",
+        "--dry-run",
+        "--binlog-file",
+        copy.to_str().unwrap(),
+    ]);
     assert!(
         out.status.success(),
         "{}",
@@ -262,9 +258,7 @@ fn a_file_of_the_live_server_replays_to_the_records_the_live_source_produced() {
     // And for real: the file's rows go to Kafka through the normal sink.
     let out = env
         .outboxd
-        .command(&["replay", "--binlog-file", copy.to_str().unwrap()])
-        .output()
-        .unwrap();
+        .command_output(&["replay", "--binlog-file", copy.to_str().unwrap()]);
     assert!(
         out.status.success(),
         "{}",

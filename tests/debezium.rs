@@ -237,10 +237,7 @@ fn a_mariadb_debezium_offset_imports_and_outboxd_resumes_with_nothing_lost() {
         format!(r#"{{"ts_sec":1700000000,"file":"{file}","pos":{pos},"gtids":"{gtids}","row":1,"server_id":1,"event":2}}"#),
     )
     .unwrap();
-    let out = outboxd
-        .command(&["checkpoint", "import-debezium", offset.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = outboxd.command_output(&["checkpoint", "import-debezium", offset.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

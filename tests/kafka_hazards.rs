@@ -684,7 +684,7 @@ fn checkpoint_at_binlog_end(db: &MariaDb, outboxd: &Outboxd) {
 /// `outboxd checkpoint show`: whether it succeeded, its stdout, then its stderr (which says how the
 /// checkpoint was found).
 fn show(outboxd: &Outboxd) -> (bool, String) {
-    let out = outboxd.command(&["checkpoint", "show"]).output().unwrap();
+    let out = outboxd.command_output(&["checkpoint", "show"]);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -995,7 +995,7 @@ fn an_index_left_behind_by_a_writer_without_it_yields_to_the_newest_record() {
     insert_rows(&db, 0, 10, 1);
     assert_eq!(consume_events(&broker.bootstrap(), 10).len(), 10);
     outboxd.stop();
-    let out = outboxd.command(&["checkpoint", "show"]).output().unwrap();
+    let out = outboxd.command_output(&["checkpoint", "show"]);
     let mut checkpoint: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     checkpoint["updated_at"] = "2031-01-01T00:00:00Z".into();
     // What a writer without the index does: the record alone.
@@ -1048,7 +1048,7 @@ fn an_index_left_behind_by_a_writer_without_it_yields_to_the_newest_record() {
         "{deleted:?}"
     );
     policy("compact");
-    let out = outboxd.command(&["checkpoint", "show"]).output().unwrap();
+    let out = outboxd.command_output(&["checkpoint", "show"]);
     let (shown, said) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
@@ -1081,10 +1081,7 @@ fn checkpoint_set_works_with_a_short_takeover_timeout() {
     outboxd.stop();
     let position = format!("gtid:{}", db.sql_socket("SELECT @@gtid_binlog_pos;").trim());
     for _ in 0..3 {
-        let out = outboxd
-            .command(&["checkpoint", "set", &position])
-            .output()
-            .unwrap();
+        let out = outboxd.command_output(&["checkpoint", "set", &position]);
         assert!(out.status.success(), "{out:?}");
     }
 }

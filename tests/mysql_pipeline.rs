@@ -186,7 +186,7 @@ fn a_corrupt_checkpoint_stops_run_with_the_file_and_the_remedy() {
         "{\"version\":1,\"name\":\"corr",
     )
     .unwrap();
-    let out = env.outboxd.command(&["run"]).output().unwrap();
+    let out = env.outboxd.command_output(&["run"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -303,7 +303,7 @@ fn without_a_dead_letter_topic_an_unroutable_row_stops_the_pipeline_with_the_rea
         "{log}"
     );
     // Restarting does not skip it: the same row stops it again.
-    let out = env.outboxd.command(&["run"]).output().unwrap();
+    let out = env.outboxd.command_output(&["run"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid_topic"));
 }
@@ -587,7 +587,7 @@ fn check_fails_when_the_dead_letter_topic_does_not_exist() {
         "nodlqtopic",
         &format!("dead_letter_topic = \"outboxd.dlq.absent\"\n{NO_AUTO_CREATE}"),
     );
-    let out = env.outboxd.command(&["check"]).output().unwrap();
+    let out = env.outboxd.command_output(&["check"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{text}");
     assert!(

@@ -53,7 +53,7 @@ fn rows_reach_jetstream_acked_with_their_ids_as_msg_ids_keys_and_headers_in_key_
         )
         .replace("listen = \"\"", &format!("listen = \"127.0.0.1:{http}\"")),
     );
-    let check = outboxd.command(&["check"]).output().unwrap();
+    let check = outboxd.command_output(&["check"]);
     let ok = check.status.success();
     let shown = text(check);
     assert!(ok, "{shown}");
@@ -75,7 +75,7 @@ fn rows_reach_jetstream_acked_with_their_ids_as_msg_ids_keys_and_headers_in_key_
             "dead_letter_topic = \"outboxd.short\"",
         ),
     );
-    let shown = text(short.command(&["check"]).output().unwrap());
+    let shown = text(short.command_output(&["check"]));
     assert!(
         shown.contains("WARN  nats dead-letter subject: \"outboxd.short\" is captured by stream \"SHORT\", whose duplicate window (2s) is shorter"),
         "{shown}"
@@ -311,7 +311,7 @@ fn nats_credentials_are_never_printed_and_a_refused_login_stops_without_looping(
     // A wrong password in the URL: check FAILs naming the login, run exits.
     let wrong = nats.url().replace(PASSWORD, WRONG);
     let outboxd = Outboxd::new("nats-secrets", &config_with_nats(&db.cdc_url(), &wrong, ""));
-    let check = text(outboxd.command(&["check"]).output().unwrap());
+    let check = text(outboxd.command_output(&["check"]));
     assert!(
         check.contains("FAIL  nats: NATS at nats://outboxd:***@127.0.0.1"),
         "{check}"
@@ -498,7 +498,7 @@ fn a_payload_over_the_limit_or_the_servers_max_payload_is_dead_lettered_or_stops
             "dead_letter_topic = \"outboxd.dlq\"\nmax_message_bytes = 4194304",
         ),
     );
-    let shown = text(loose.command(&["check"]).output().unwrap());
+    let shown = text(loose.command_output(&["check"]));
     assert!(shown.contains("WARN  nats max_payload"), "{shown}");
     loose.start();
     db.sql_socket(&big(5, 1_100_000));

@@ -341,7 +341,7 @@ fn a_null_aggregatetype_goes_to_the_dead_letter_topic_and_the_stream_goes_on() {
 #[test]
 fn check_reports_a_postgres_setup() {
     let env = setup("check", "");
-    let out = env.outboxd.command(&["check"]).output().unwrap();
+    let out = env.outboxd.command_output(&["check"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     for needle in [
@@ -486,7 +486,7 @@ fn a_partitioned_outbox_forwards_every_partition_including_ones_attached_after_s
         started,
     );
     check_records_by(&records, 0..41, pg_payload);
-    let out = env.outboxd.command(&["check"]).output().unwrap();
+    let out = env.outboxd.command_output(&["check"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("public.outbox is in publication"), "{text}");
@@ -503,7 +503,7 @@ fn a_publication_without_publish_via_partition_root_is_refused_with_the_alter_th
         "CREATE PUBLICATION outboxd_leaves FOR TABLE public.outbox WITH (publish = 'insert');",
     );
     let alter = "ALTER PUBLICATION \"outboxd_leaves\" SET (publish_via_partition_root = true);";
-    let out = env.outboxd.command(&["check"]).output().unwrap();
+    let out = env.outboxd.command_output(&["check"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("FAIL") && text.contains(alter), "{text}");
@@ -511,11 +511,7 @@ fn a_publication_without_publish_via_partition_root_is_refused_with_the_alter_th
         !text.contains("ADD TABLE"),
         "the table is in the publication already:\n{text}"
     );
-    let out = env
-        .outboxd
-        .command(&["run", "--skip-checks"])
-        .output()
-        .unwrap();
+    let out = env.outboxd.command_output(&["run", "--skip-checks"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(alter), "{stderr}");
@@ -596,11 +592,7 @@ fn a_scram_login_streams_rows_and_a_wrong_password_stops_with_the_remedy() {
     // A password the server no longer takes: a clear stop, not a reconnect loop.
     env.pg
         .sql("app", "ALTER ROLE cdc PASSWORD 'a-different-one';");
-    let out = env
-        .outboxd
-        .command(&["run", "--skip-checks"])
-        .output()
-        .unwrap();
+    let out = env.outboxd.command_output(&["run", "--skip-checks"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

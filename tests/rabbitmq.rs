@@ -43,7 +43,7 @@ fn rows_reach_rabbitmq_confirmed_persistent_with_their_ids_keys_and_headers_in_k
         &config_with_rabbitmq(&db.cdc_url(), &rabbit.url(), "")
             .replace("listen = \"\"", &format!("listen = \"127.0.0.1:{http}\"")),
     );
-    let check = outboxd.command(&["check"]).output().unwrap();
+    let check = outboxd.command_output(&["check"]);
     let shown = String::from_utf8_lossy(&check.stdout).to_string();
     assert!(check.status.success(), "{shown}");
     assert!(
@@ -236,7 +236,7 @@ fn a_rabbitmq_password_is_never_printed_and_a_refused_login_stops_without_loopin
         "rabbit-secrets",
         &config_with_rabbitmq(&db.cdc_url(), &wrong, ""),
     );
-    let check = text(outboxd.command(&["check"]).output().unwrap());
+    let check = text(outboxd.command_output(&["check"]));
     assert!(
         check.contains("FAIL  rabbitmq: RabbitMQ at amqp://outboxd:***@127.0.0.1"),
         "{check}"

@@ -49,7 +49,7 @@ fn rows_reach_redis_streams_with_their_ids_keys_payloads_and_headers_in_key_orde
         )
         .replace("listen = \"\"", &format!("listen = \"127.0.0.1:{http}\"")),
     );
-    let check = outboxd.command(&["check"]).output().unwrap();
+    let check = outboxd.command_output(&["check"]);
     let ok = check.status.success();
     let shown = text(check);
     assert!(ok, "{shown}");
@@ -288,7 +288,7 @@ fn a_redis_password_is_never_printed_and_a_refused_login_stops_without_looping()
         "redis-secrets",
         &config_with_redis(&db.cdc_url(), &wrong, ""),
     );
-    let check = text(outboxd.command(&["check"]).output().unwrap());
+    let check = text(outboxd.command_output(&["check"]));
     assert!(
         check.contains("FAIL  redis: Redis at redis://:***@127.0.0.1"),
         "{check}"
@@ -459,7 +459,7 @@ fn a_user_without_multi_is_refused_by_check_and_stops_run_instead_of_storing_bat
     );
     let url = format!("redis://outboxd:user-pw-1@127.0.0.1:{}/0", redis.port);
     let outboxd = Outboxd::new("redis-nomulti", &config_with_redis(&db.cdc_url(), &url, ""));
-    let check = text(outboxd.command(&["check"]).output().unwrap());
+    let check = text(outboxd.command_output(&["check"]));
     assert!(
         check.contains("FAIL  redis transactions: MULTI/EXEC refused"),
         "{check}"
@@ -554,7 +554,7 @@ fn a_checkpoint_changed_under_a_running_instance_stops_it_before_it_commits_agai
             .arg("maxmemory-policy")
             .arg("allkeys-lru"),
     );
-    let check = text(outboxd.command(&["check"]).output().unwrap());
+    let check = text(outboxd.command_output(&["check"]));
     assert!(check.contains("FAIL  redis eviction"), "{check}");
     redis.cmd::<()>(
         redis::cmd("CONFIG")
@@ -575,21 +575,15 @@ fn a_checkpoint_changed_under_a_running_instance_stops_it_before_it_commits_agai
         || stored_checkpoint(&redis, "redis-fence")["position"]["gtid_set"] == end.as_str(),
     );
     // The operator's commands read and write the checkpoint in Redis.
-    let show = text(outboxd.command(&["checkpoint", "show"]).output().unwrap());
+    let show = text(outboxd.command_output(&["checkpoint", "show"]));
     assert!(show.contains(&format!("\"gtid_set\": \"{end}\"")), "{show}");
-    let saved = outboxd
-        .command(&["checkpoint", "save", "before-set"])
-        .output()
-        .unwrap();
+    let saved = outboxd.command_output(&["checkpoint", "save", "before-set"]);
     assert!(saved.status.success(), "{}", text(saved));
-    let list = text(outboxd.command(&["checkpoint", "list"]).output().unwrap());
+    let list = text(outboxd.command_output(&["checkpoint", "list"]));
     assert!(list.contains("before-set"), "{list}");
     // Another writer moves the checkpoint (to where it is: only the writer changes). The
     // running instance finds out at its next commit, applies nothing, and stops.
-    let set = outboxd
-        .command(&["checkpoint", "set", &format!("gtid:{end}")])
-        .output()
-        .unwrap();
+    let set = outboxd.command_output(&["checkpoint", "set", &format!("gtid:{end}")]);
     assert!(set.status.success(), "{}", text(set));
     insert_rows(&db, 100, 110, 10);
     let status = outboxd.wait_exit(Duration::from_secs(60));

@@ -170,7 +170,7 @@ fn run_refuses_a_replica_that_does_not_log_replicated_rows() {
         "noupdates",
         &config_body(&url(&[&replica]), &broker.bootstrap(), "", ""),
     );
-    let out = outboxd.command(&["run"]).output().unwrap();
+    let out = outboxd.command_output(&["run"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -275,7 +275,7 @@ fn a_host_that_cannot_serve_outboxd_is_passed_over_and_only_every_host_refusing_
         "passover",
         &config_body(&url(&[&blind, &r1]), &broker.bootstrap(), "", ""),
     );
-    let check = outboxd.command(&["check"]).output().unwrap();
+    let check = outboxd.command_output(&["check"]);
     let said = String::from_utf8_lossy(&check.stdout);
     assert!(
         !check.status.success(),
@@ -308,7 +308,7 @@ fn a_host_that_cannot_serve_outboxd_is_passed_over_and_only_every_host_refusing_
         "",
         "",
     ));
-    let run = outboxd.command(&["run", "--skip-checks"]).output().unwrap();
+    let run = outboxd.command_output(&["run", "--skip-checks"]);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(!run.status.success(), "{stderr}");
     assert!(

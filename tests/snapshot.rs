@@ -272,9 +272,7 @@ fn an_on_demand_snapshot_resends_the_chosen_rows_and_leaves_the_pipeline_alone()
 
     let out = env
         .outboxd
-        .command(&["snapshot", "--where", "no_such_column = 1"])
-        .output()
-        .unwrap();
+        .command_output(&["snapshot", "--where", "no_such_column = 1"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(
@@ -284,9 +282,7 @@ fn an_on_demand_snapshot_resends_the_chosen_rows_and_leaves_the_pipeline_alone()
 
     let out = env
         .outboxd
-        .command(&["snapshot", "--where", "aggregatetype = 'customer'"])
-        .output()
-        .unwrap();
+        .command_output(&["snapshot", "--where", "aggregatetype = 'customer'"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

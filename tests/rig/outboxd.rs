@@ -84,6 +84,35 @@ impl Outboxd {
         self.dir.path().join(format!("run-{}.log", self.runs))
     }
 
+    /// Runs `outboxd ARGS` to its end and returns its output. One that has not exited within three
+    /// minutes is killed and fails the test with its stderr: a command expected to end must not
+    /// hold the suite (`Command::output` waits forever).
+    pub fn command_output(&self, args: &[&str]) -> std::process::Output {
+        let limit = Duration::from_secs(180);
+        let child = self
+            .command(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = Pid::from_raw(child.id() as i32);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        if let Ok(output) = rx.recv_timeout(limit) {
+            return output.unwrap();
+        }
+        let _ = kill(pid, Signal::SIGKILL);
+        let output = rx.recv().unwrap().unwrap();
+        panic!(
+            "`outboxd {}` did not exit within {limit:?}; its stderr:\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
     /// A command for `outboxd ARGS` with this pipeline's config and the source password in the env.
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = match self.wrapper.split_first() {
@@ -220,8 +249,9 @@ impl Outboxd {
     }
 
     /// SIGTERM and wait, whatever the exit (a harness that records exits rather than fail on them);
-    /// SIGKILL after three minutes (outboxd bounds its own shutdown below that, at the drain
-    /// deadline plus 90 s: a hang must end the wait, and shows as a kill in the status).
+    /// SIGKILL after three minutes (outboxd bounds its own shutdown at the drain deadline plus 90 s,
+    /// plus three takeover timeouts with the Kafka checkpoint store: below that in every test but
+    /// the ones with a 45 s takeover; a hang must end the wait, and shows as a kill in the status).
     pub fn terminate(&mut self) -> ExitStatus {
         let _ = kill(self.pid(), Signal::SIGTERM);
         let mut child = self.child.take().unwrap();
