@@ -116,7 +116,7 @@ fn a_failed_first_checkpoint_write_skips_no_row_committed_meanwhile() {
 /// at the start of the session's end) still ends: at its bound (with the file store, the drain
 /// deadline plus 90 s) outboxd exits 1 with an ERROR saying so, like a `kill -9`, and a restart
 /// forwards what followed the checkpoint.
-/// (Once seen in CI: a SIGTERM'd `run` that never exited held the suite for the full CI limit.)
+/// (A process that never ends holds an orchestrator, or CI, until its own limit.)
 #[test]
 #[cfg_attr(not(feature = "failpoints"), ignore = "needs --features failpoints")]
 fn a_shutdown_that_hangs_still_ends_at_its_bound_with_an_error() {
