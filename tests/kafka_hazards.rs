@@ -940,42 +940,21 @@ fn a_renewal_that_waited_for_the_writer_renews_the_lead_from_its_own_start() {
 /// For each lead record of pipeline `name` on the checkpoint topic, written or not: how long after
 /// the time it names (`renewed_at_ms`) it was sent (its CreateTime), in milliseconds.
 fn lead_record_lags(broker: &Broker, name: &str) -> Vec<i64> {
-    use rdkafka::message::Message;
-    use rdkafka::{Offset, TopicPartitionList};
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .set("group.id", "test-lead-records")
-        .set("isolation.level", "read_uncommitted")
-        .set("enable.partition.eof", "true")
-        .create()
-        .unwrap();
-    let mut from = TopicPartitionList::new();
-    from.add_partition_offset(CHECKPOINTS, 0, Offset::Beginning)
-        .unwrap();
-    consumer.assign(&from).unwrap();
+    let client = [
+        ("bootstrap.servers", broker.bootstrap()),
+        ("isolation.level", "read_uncommitted".to_string()),
+    ];
+    let client: Vec<(&str, &str)> = client.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let key = format!("{name}/lead");
-    let mut lags = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        assert!(
-            Instant::now() < deadline,
-            "the checkpoint topic's end was not reached"
-        );
-        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
-            continue;
-        };
-        // The end (a transaction's marker may be the last offset, and is never delivered).
-        let message = match message {
-            Err(rdkafka::error::KafkaError::PartitionEOF(_)) => return lags,
-            message => message.unwrap(),
-        };
-        if message.key() == Some(key.as_bytes()) {
-            let record: serde_json::Value =
-                serde_json::from_slice(message.payload().unwrap()).unwrap();
-            let stamp = record["renewed_at_ms"].as_i64().unwrap();
-            lags.push(message.timestamp().to_millis().unwrap() - stamp);
-        }
-    }
+    crate::rig::consume_to_end(&client, CHECKPOINTS, Duration::from_secs(60))
+        .iter()
+        .filter(|record| record.key.as_deref() == Some(key.as_bytes()))
+        .map(|record| {
+            let body: serde_json::Value =
+                serde_json::from_slice(record.value.as_deref().unwrap()).unwrap();
+            record.timestamp.unwrap() - body["renewed_at_ms"].as_i64().unwrap()
+        })
+        .collect()
 }
 
 /// An outboxd without the index (a standby on the older version during a rolling upgrade, or a
