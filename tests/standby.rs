@@ -207,7 +207,13 @@ fn a_standby_takes_over_from_a_killed_leader_and_loses_nothing() {
 fn a_frozen_leader_that_wakes_up_writes_no_checkpoint_and_stands_by() {
     let mut env = kafka_env("frozen", 2, "");
     env.instances[0].0.start();
-    env.instances[1].0.start_until(&[], &[], &["standing by"]);
+    // Its release (at the clean stop below) stays open 3 s between reaching the log and its
+    // commit: a standby that acted on the written record would fence the commit.
+    env.instances[1].0.start_until(
+        &[],
+        &[("FAILPOINTS", "release_commit_delayed=sleep(3000)")],
+        &["standing by"],
+    );
     insert_rows(&env.db, 0, 500, 5);
     assert_eq!(
         consume_distinct_events(&env.broker.bootstrap(), 500).len(),
@@ -279,15 +285,16 @@ fn a_frozen_leader_that_wakes_up_writes_no_checkpoint_and_stands_by() {
         "{}",
         env.instances[0].0.log()
     );
-    // A clean stop releases the lead: the standby takes it without waiting out the timeout.
+    // A clean stop releases the lead: the standby takes it without waiting out the timeout, and
+    // only once the release is committed (a routine stop logs no warning and no error).
+    let stopped_at = env.instances[1].0.log().len();
     env.instances[1].0.stop();
+    let log = env.instances[1].0.log();
+    let stopping = &log[stopped_at..];
+    assert!(stopping.contains("released the pipeline's lead"), "{log}");
     assert!(
-        env.instances[1]
-            .0
-            .log()
-            .contains("released the pipeline's lead"),
-        "{}",
-        env.instances[1].0.log()
+        !stopping.contains(" WARN ") && !stopping.contains(" ERROR "),
+        "{stopping}"
     );
     wait_until(
         "the standby to take the released lead",

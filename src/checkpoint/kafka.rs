@@ -174,14 +174,20 @@ impl KafkaStore {
     }
 
     /// A consumer that follows every record written to the topic, committed or not (for the
-    /// lease: see [`Isolation::Written`]).
-    pub fn tail_consumer(&self) -> Result<BaseConsumer<QuietContext>> {
+    /// lease: see [`Isolation::Written`]); with `committed`, only committed ones (the lease acts
+    /// on a release once it is committed).
+    pub fn tail_consumer(&self, committed: bool) -> Result<BaseConsumer<QuietContext>> {
+        let isolation = if committed {
+            Isolation::Committed
+        } else {
+            Isolation::Written
+        };
         let mut config = self.base.clone();
         config
             .set("group.id", format!("outboxd.{}.lease", self.name))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
-            .set("isolation.level", Isolation::Written.level());
+            .set("isolation.level", isolation.level());
         config
             .create_with_context(QuietContext::default())
             .map_err(|e| unreachable(&self.topic, &e))
@@ -863,6 +869,14 @@ impl KafkaStore {
                         }
                     };
                     producer.send(record).map_err(|(e, _)| e)?;
+                    if cfg!(feature = "failpoints")
+                        && matches!(value, Value::Lead { released: true })
+                    {
+                        // A release that reached the log but is not committed yet (the test of
+                        // a clean stop's handover: `release_commit_delayed=sleep(MS)`).
+                        let _ = producer.flush(left());
+                        fail::fail_point!("release_commit_delayed");
+                    }
                 }
                 if !indexed {
                     self.index_live(
@@ -1061,24 +1075,48 @@ impl KafkaStore {
             .map_err(|(e, _)| unreachable(&self.topic, &e))
     }
 
-    /// The newest lead record, if it says an instance led within twice the takeover timeout (the
-    /// clocks of two machines: a margin of one more timeout) and has not released the lead.
-    /// Written records count, committed or not ([`Isolation::Written`]).
-    fn recent_leader(&self) -> Result<Option<(LeadRecord, i64)>> {
-        let Some(record) = self
-            .latest_as(Isolation::Written, &self.lead_key())?
-            .and_then(|body| LeadRecord::parse(Some(&body)))
+    /// The newest lead record written (committed or not, [`Isolation::Written`]): its offset, the
+    /// record, and whether it frees the lead (a release, once committed: a standby that acted on
+    /// a release still open would fence the stopping leader's commit of it).
+    fn newest_lead(&self) -> Result<Option<(i64, LeadRecord, bool)>> {
+        let Some((offset, record)) = self
+            .newest(Isolation::Written, &self.lead_key())?
+            .and_then(|(offset, body)| Some((offset, LeadRecord::parse(body.as_deref())?)))
         else {
             return Ok(None);
         };
-        let age = chrono::Utc::now().timestamp_millis() - record.renewed_at_ms;
-        let recent = !record.released && age < 2 * self.takeover.as_millis() as i64;
-        Ok(recent.then_some((record, age)))
+        let free = record.released
+            && self
+                .newest(Isolation::Committed, &self.lead_key())?
+                .is_some_and(|(committed, _)| committed == offset);
+        Ok(Some((offset, record, free)))
     }
 
-    /// No instance has led lately: a starting instance need not wait out the takeover timeout.
-    pub fn no_recent_leader(&self) -> Result<bool> {
-        Ok(self.recent_leader()?.is_none())
+    /// The newest lead record, if it says an instance led within twice the takeover timeout (the
+    /// clocks of two machines: a margin of one more timeout) and has not released the lead (a
+    /// release still open counts as a lead: it may yet abort).
+    fn recent_leader(&self) -> Result<Option<(LeadRecord, i64)>> {
+        let Some((_, record, free)) = self.newest_lead()? else {
+            return Ok(None);
+        };
+        Ok(self.led_lately(&record, free).map(|age| (record, age)))
+    }
+
+    /// How long ago `record` was renewed, if that is recent enough to count as a live lead.
+    fn led_lately(&self, record: &LeadRecord, free: bool) -> Option<i64> {
+        let age = chrono::Utc::now().timestamp_millis() - record.renewed_at_ms;
+        (!free && age < 2 * self.takeover.as_millis() as i64).then_some(age)
+    }
+
+    /// Whether no instance has led lately (a starting instance need not wait out the takeover
+    /// timeout), and the newest lead record's offset and whether it is a release (the lease
+    /// starts from it: see `lease`).
+    pub fn lead_at_start(&self) -> Result<(bool, Option<(i64, bool)>)> {
+        let Some((offset, record, free)) = self.newest_lead()? else {
+            return Ok((true, None));
+        };
+        let free = self.led_lately(&record, free).is_none();
+        Ok((free, Some((offset, record.released))))
     }
 
     /// Refuses while an instance leads the pipeline (a lead renewed lately), as the file store's

@@ -9,6 +9,11 @@
 //! pipeline's open transaction would hide a healthy leader's renewals from a committed-only reader
 //! for that transaction's whole timeout (see `kafka::Isolation::Written`).
 //!
+//! A clean stop writes a release record, which frees the lead at once; a standby acts on it only
+//! once it is committed (a second consumer, `read_committed`, tells it so): one that took over on
+//! the record alone would fence the stopping leader's commit of it, which then reports the
+//! handover as a failed release.
+//!
 //! Taking over is [`super::kafka::KafkaStore::take_over`]: `init_transactions` with the pipeline's
 //! transactional id fences every earlier writer, so an old leader that wakes up (SIGSTOP, a long
 //! pause, a healed network partition) can no longer commit a checkpoint or a renewal; its first
@@ -50,23 +55,16 @@ pub struct Lease {
 impl Lease {
     /// Starts listening to the checkpoint topic for pipeline renewals and checkpoints.
     pub fn listen(store: Arc<KafkaStore>, takeover: Duration) -> Result<Lease> {
-        let consumer = store.tail_consumer()?;
-        let mut end = TopicPartitionList::new();
-        end.add_partition_offset(store.topic(), 0, Offset::End)
-            .and_then(|()| consumer.assign(&end))
-            .map_err(|e| {
-                Error::checkpoint(format!("cannot listen on {}: {e}", store.topic()))
-                    .remedy("outboxd retries; check the brokers")
-                    .transient()
-            })?;
+        let written = tail(&store, false)?;
+        let committed = tail(&store, true)?;
         let base = Instant::now();
         let heard = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         // Unknown (the read failed or timed out): as if an instance led lately, so this one waits
         // out the takeover timeout rather than stop.
-        let free = store.no_recent_leader().unwrap_or_else(|e| {
+        let (free, newest) = store.lead_at_start().unwrap_or_else(|e| {
             tracing::warn!(error = %e, "could not read who leads the pipeline; waiting out the takeover timeout");
-            false
+            (false, None)
         });
         let released = Arc::new(AtomicBool::new(free));
         let reset = Arc::new(AtomicBool::new(false));
@@ -81,7 +79,7 @@ impl Lease {
         let stopping = stop.clone();
         std::thread::Builder::new()
             .name("outboxd-lease".into())
-            .spawn(move || listen(consumer, heard_of, stopping))
+            .spawn(move || listen(&written, &committed, heard_of, newest, stopping))
             .map_err(|e| Error::checkpoint(format!("cannot start the lease thread: {e}")))?;
         Ok(Lease {
             store,
@@ -211,10 +209,39 @@ struct Heard {
     reset: Arc<AtomicBool>,
 }
 
-/// The listening thread: notes when a record of the pipeline's lead or checkpoint arrives.
-fn listen(consumer: BaseConsumer<super::kafka::QuietContext>, of: Heard, stop: Arc<AtomicBool>) {
+type Tail = BaseConsumer<super::kafka::QuietContext>;
+
+/// A consumer of the checkpoint topic from its end (`committed`: from the last stable offset, and
+/// only committed records).
+fn tail(store: &KafkaStore, committed: bool) -> Result<Tail> {
+    let consumer = store.tail_consumer(committed)?;
+    let mut end = TopicPartitionList::new();
+    end.add_partition_offset(store.topic(), 0, Offset::End)
+        .and_then(|()| consumer.assign(&end))
+        .map_err(|e| {
+            Error::checkpoint(format!("cannot listen on {}: {e}", store.topic()))
+                .remedy("outboxd retries; check the brokers")
+                .transient()
+        })?;
+    Ok(consumer)
+}
+
+/// The listening thread: notes when a record of the pipeline's lead or checkpoint arrives
+/// (`written`: every record, committed or not), and when the newest lead record is a release that
+/// `committed` (committed records only) has seen committed. `newest`: the newest lead record's
+/// offset and whether it releases, as read at the start.
+fn listen(
+    written: &Tail,
+    committed: &Tail,
+    of: Heard,
+    newest: Option<(i64, bool)>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut newest = newest;
+    // The offset of the newest release seen committed.
+    let mut committed_release = None;
     while !stop.load(Ordering::Relaxed) {
-        match consumer.poll(Duration::from_millis(100)) {
+        match written.poll(Duration::from_millis(100)) {
             Some(Ok(message)) => {
                 let key = message.key().unwrap_or_default();
                 if key == of.lead.as_bytes() || key == of.live.as_bytes() {
@@ -226,10 +253,12 @@ fn listen(consumer: BaseConsumer<super::kafka::QuietContext>, of: Heard, stop: A
                 }
                 // The newest lead record says whether the lead is free: a release that a newer
                 // renewal followed (a release that never committed, then another instance's
-                // take-over) frees nothing.
+                // take-over) frees nothing, and a release frees it once committed.
                 if key == of.lead.as_bytes() {
                     if let Some(record) = super::kafka::LeadRecord::parse(message.payload()) {
-                        of.released.store(record.released, Ordering::Relaxed);
+                        newest = Some((message.offset(), record.released));
+                        let free = record.released && committed_release == Some(message.offset());
+                        of.released.store(free, Ordering::Relaxed);
                     }
                 }
             }
@@ -238,6 +267,23 @@ fn listen(consumer: BaseConsumer<super::kafka::QuietContext>, of: Heard, stop: A
                 std::thread::sleep(Duration::from_millis(100));
             }
             None => {}
+        }
+        // Everything committed meanwhile (a busy topic's committed records must not queue up
+        // behind one poll per written one).
+        while let Some(result) = committed.poll(Duration::ZERO) {
+            let Ok(message) = result else { continue };
+            if message.key().unwrap_or_default() != of.lead.as_bytes() {
+                continue;
+            }
+            let released = super::kafka::LeadRecord::parse(message.payload())
+                .is_some_and(|record| record.released);
+            if released {
+                committed_release = Some(message.offset());
+                if newest == Some((message.offset(), true)) {
+                    tracing::debug!("the last leader's release is committed");
+                    of.released.store(true, Ordering::Relaxed);
+                }
+            }
         }
     }
 }
