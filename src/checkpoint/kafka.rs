@@ -742,6 +742,18 @@ impl KafkaStore {
 
     /// A transactional producer with `id`, after `init_transactions` fenced every earlier holder.
     fn fencing_producer(&self, id: &str) -> Result<ThreadedProducer<Delivered>> {
+        self.fencing_producer_until(id, None)
+    }
+
+    /// [`KafkaStore::fencing_producer`]; with `resume_until` (a new writer in place of a stuck
+    /// one), a retriable failure of `init_transactions` (the coordinator still loading after a
+    /// broker restart) asks again on the same producer while another whole call still ends
+    /// [`REWRITE_MARGIN`] before `resume_until`, as the first one did: the lead holds meanwhile.
+    fn fencing_producer_until(
+        &self,
+        id: &str,
+        resume_until: Option<Instant>,
+    ) -> Result<ThreadedProducer<Delivered>> {
         let mut config = self.base.clone();
         config
             .set("transactional.id", id)
@@ -754,7 +766,16 @@ impl KafkaStore {
         let producer: ThreadedProducer<Delivered> = config
             .create_with_context(Delivered::default())
             .map_err(|e| unreachable(&self.topic, &e))?;
-        producer.init_transactions(TIMEOUT).map_err(|e| {
+        let mut asked = producer.init_transactions(TIMEOUT);
+        while let Err(KafkaError::Transaction(e)) = &asked {
+            let room = resume_until.map(|until| until.saturating_duration_since(Instant::now()));
+            if !e.is_retriable() || room.is_none_or(|room| room <= TIMEOUT + REWRITE_MARGIN) {
+                break;
+            }
+            tracing::warn!(error = %e, "the new checkpoint writer could not take its transactional id yet; asking again");
+            asked = producer.init_transactions(TIMEOUT);
+        }
+        asked.map_err(|e| {
             let error = Error::checkpoint(format!(
                 "cannot become the checkpoint writer of pipeline {:?} (transactional id {id}): {e}",
                 self.name,
@@ -816,17 +837,22 @@ impl KafkaStore {
             .superseded());
         };
         let until = until.unwrap_or_else(|| self.lead_until());
-        // Also within the transaction's own timeout (less a margin for the last attempt), past
-        // which the brokers abort it themselves and fence this writer.
-        let deadline = until.min(
-            Instant::now()
-                + self
-                    .transaction_timeout
-                    .saturating_sub(Duration::from_secs(5)),
-        );
+        // When the open transaction began: no standby hears its record earlier.
+        let begun = std::cell::Cell::new(Instant::now());
+        // Also within the open transaction's own timeout (less a margin for the last attempt),
+        // past which the brokers abort it themselves and fence this writer. A retry in a new
+        // transaction (after an abort, or by a new writer in place of a stuck one) has its own.
+        let deadline = || {
+            until.min(
+                begun.get()
+                    + self
+                        .transaction_timeout
+                        .saturating_sub(Duration::from_secs(5)),
+            )
+        };
         // rdkafka flushes, then commits, each within the timeout given: half of what is left.
         let left = || {
-            deadline
+            deadline()
                 .saturating_duration_since(Instant::now())
                 .min(TIMEOUT)
                 / 2
@@ -835,8 +861,6 @@ impl KafkaStore {
         // The record is in an open transaction that a retried commit may still complete;
         // `indexed`: the index's entry joined it too (or a record of another key needs none).
         let mut open = false;
-        // When the open transaction began: no standby hears its record earlier.
-        let mut begun = Instant::now();
         let mut indexed = false;
         let mut retried = 0u32;
         // A write stuck in librdkafka gets at most one new writer (its coordinator is likely
@@ -845,7 +869,7 @@ impl KafkaStore {
         let e = loop {
             let result = (|| {
                 if !open {
-                    begun = Instant::now();
+                    begun.set(Instant::now());
                     producer.begin_transaction()?;
                     open = true;
                     indexed = !live;
@@ -895,7 +919,7 @@ impl KafkaStore {
                         tracing::info!(retried, "wrote to the checkpoint topic again");
                     }
                     if renews {
-                        self.renewed(begun);
+                        self.renewed(begun.get());
                     }
                     return Ok(());
                 }
@@ -905,13 +929,15 @@ impl KafkaStore {
                     // new writer fences it (and aborts its transaction) while the lead is surely
                     // still held: its `init_transactions` ends well before the lead could lapse,
                     // so no standby can be taking over meanwhile. The lead stays where it is.
-                    let room = deadline
-                        .min(until)
-                        .saturating_duration_since(Instant::now());
+                    // Its write is a new transaction: only the lead bounds it.
+                    let room = until.saturating_duration_since(Instant::now());
                     if rewritable && room > TIMEOUT + 2 * REWRITE_MARGIN {
                         rewritable = false;
                         tracing::warn!("{what}; a new writer takes its place and writes again");
-                        match self.fencing_producer(&self.transactional_id()) {
+                        let resume_until = Instant::now() + room - REWRITE_MARGIN;
+                        match self
+                            .fencing_producer_until(&self.transactional_id(), Some(resume_until))
+                        {
                             Ok(fresh) => {
                                 producer = Arc::new(fresh);
                                 *writer = Some(producer.clone());
