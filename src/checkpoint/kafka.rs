@@ -767,12 +767,18 @@ impl KafkaStore {
             .create_with_context(Delivered::default())
             .map_err(|e| unreachable(&self.topic, &e))?;
         let mut asked = producer.init_transactions(TIMEOUT);
+        let mut told = false;
         while let Err(KafkaError::Transaction(e)) = &asked {
-            let room = resume_until.map(|until| until.saturating_duration_since(Instant::now()));
+            // A second between asks: a refusal may come back at once.
+            let next = Instant::now() + Duration::from_secs(1);
+            let room = resume_until.map(|until| until.saturating_duration_since(next));
             if !e.is_retriable() || room.is_none_or(|room| room <= TIMEOUT + REWRITE_MARGIN) {
                 break;
             }
-            tracing::warn!(error = %e, "the new checkpoint writer could not take its transactional id yet; asking again");
+            if !std::mem::replace(&mut told, true) {
+                tracing::warn!(error = %e, "the new checkpoint writer could not take its transactional id yet; asking again");
+            }
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
             asked = producer.init_transactions(TIMEOUT);
         }
         asked.map_err(|e| {
@@ -934,7 +940,7 @@ impl KafkaStore {
                     if rewritable && room > TIMEOUT + 2 * REWRITE_MARGIN {
                         rewritable = false;
                         tracing::warn!("{what}; a new writer takes its place and writes again");
-                        let resume_until = Instant::now() + room - REWRITE_MARGIN;
+                        let resume_until = until - REWRITE_MARGIN;
                         match self
                             .fencing_producer_until(&self.transactional_id(), Some(resume_until))
                         {
@@ -1149,6 +1155,13 @@ impl KafkaStore {
     /// lock does.
     pub fn ensure_no_leader(&self) -> Result<()> {
         if let Some((record, age)) = self.recent_leader()? {
+            if record.released {
+                return Err(Error::checkpoint(format!(
+                    "pipeline {:?} is stopping: {} released its lead, but the release is not committed yet",
+                    self.name, record.instance,
+                ))
+                .remedy("run the command again in a moment (a release that never commits counts as a lead until twice checkpoint.takeover_timeout_ms after it)"));
+            }
             return Err(Error::checkpoint(format!(
                 "pipeline {:?} is running: {} renewed its lead {:.1} s ago",
                 self.name,

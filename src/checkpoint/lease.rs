@@ -55,8 +55,7 @@ pub struct Lease {
 impl Lease {
     /// Starts listening to the checkpoint topic for pipeline renewals and checkpoints.
     pub fn listen(store: Arc<KafkaStore>, takeover: Duration) -> Result<Lease> {
-        let written = tail(&store, false)?;
-        let committed = tail(&store, true)?;
+        let written = tail(&store, false, Offset::End)?;
         let base = Instant::now();
         let heard = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
@@ -66,6 +65,13 @@ impl Lease {
             tracing::warn!(error = %e, "could not read who leads the pipeline; waiting out the takeover timeout");
             (false, None)
         });
+        // A release still open at the start is read again from its own offset once committed
+        // (from the end, a tail whose offset lookup ended after the commit would never see it).
+        let from = match newest {
+            Some((offset, true)) if !free => Offset::Offset(offset),
+            _ => Offset::End,
+        };
+        let committed = tail(&store, true, from)?;
         let released = Arc::new(AtomicBool::new(free));
         let reset = Arc::new(AtomicBool::new(false));
         let heard_of = Heard {
@@ -211,12 +217,12 @@ struct Heard {
 
 type Tail = BaseConsumer<super::kafka::QuietContext>;
 
-/// A consumer of the checkpoint topic from its end (`committed`: from the last stable offset, and
-/// only committed records).
-fn tail(store: &KafkaStore, committed: bool) -> Result<Tail> {
+/// A consumer of the checkpoint topic from `from` (`committed`: only committed records, and
+/// `Offset::End` is the last stable offset).
+fn tail(store: &KafkaStore, committed: bool, from: Offset) -> Result<Tail> {
     let consumer = store.tail_consumer(committed)?;
     let mut end = TopicPartitionList::new();
-    end.add_partition_offset(store.topic(), 0, Offset::End)
+    end.add_partition_offset(store.topic(), 0, from)
         .and_then(|()| consumer.assign(&end))
         .map_err(|e| {
             Error::checkpoint(format!("cannot listen on {}: {e}", store.topic()))
@@ -271,7 +277,13 @@ fn listen(
         // Everything committed meanwhile (a busy topic's committed records must not queue up
         // behind one poll per written one).
         while let Some(result) = committed.poll(Duration::ZERO) {
-            let Ok(message) = result else { continue };
+            let message = match result {
+                Ok(message) => message,
+                Err(e) => {
+                    tracing::debug!(error = %e, "listening for the pipeline's committed release");
+                    continue;
+                }
+            };
             if message.key().unwrap_or_default() != of.lead.as_bytes() {
                 continue;
             }
