@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
 # The one test command: installs what is missing, then runs every test (unit + integration against
-# private MariaDB and broker instances on loopback). Extra arguments go to `cargo test`.
+# private servers on loopback). Extra arguments go to `cargo test`. It prints how long each phase
+# took (install, build, tests), so a slow machine shows where its time went.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$SECONDS
+phase() { printf 'test.sh: %s took %d s\n' "$1" "$(($SECONDS - $2))" >&2; }
+
+at=$SECONDS
 ./scripts/install-test-deps.sh
-# Two tests at a time (libtest's default on two cores): 22.7 min for the integration tests here
-# (2026-11-28). Three finish in about 17 min, but under that load the rolling-restart test can
-# lose its lead (a stuck checkpoint write finds too little of the lead left: README "Not yet"),
-# so RUST_TEST_THREADS=3 is an option, not the default. The caller's value wins.
+phase "installing the test servers" "$at"
+
+# Two tests at a time (libtest's default on two cores). The caller's value wins.
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-2}"
 # `failpoints` compiles the fault-injection points into this test build (never into releases).
-cargo test --locked -j 2 --features failpoints "$@"
+at=$SECONDS
+cargo test --locked -j 2 --features failpoints --no-run "$@"
+phase "building the tests" "$at"
+
+at=$SECONDS
+status=0
+cargo test --locked -j 2 --features failpoints "$@" || status=$?
+phase "running the tests" "$at"
+phase "the whole run" "$started"
+exit "$status"
