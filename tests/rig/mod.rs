@@ -47,11 +47,30 @@ pub use postgres::Postgres;
 
 /// A free loopback port (bound and released; the server binds it right after).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    // Every port is handed out once per run: the kernel may give a port just closed to the very
+    // next bind, and two listeners of one server (a broker's PLAINTEXT and SASL_SSL) then asked
+    // for the same port and the server refused to start.
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if GIVEN.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
+}
+
+#[test]
+fn free_port_never_hands_out_a_port_twice() {
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..3000 {
+        let port = free_port();
+        assert!(seen.insert(port), "port {port} handed out twice");
+    }
 }
 
 /// Polls `condition` until it holds; panics with `what` after `limit`. The limit bounds the test, the
