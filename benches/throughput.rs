@@ -55,7 +55,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, FutureProducer, FutureRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use rig::scenario::{config_body, transactions, uuid_of, SCHEMA};
-use rig::{create_topic, wait_until, Broker, MariaDb, Outboxd, Postgres};
+use rig::{create_topic, wait_until, Broker, Mysqld, Outboxd, Postgres};
 
 const KEYS: u64 = 1000;
 const TOPIC: &str = "outbox.event.order";
@@ -405,7 +405,7 @@ fn main() {
     let record_bytes = payload(0, 0).len() as u64 + 40;
     // Sized like a small production server rather than the tests' minimal one: with a 64 MB buffer
     // pool the growing outbox table makes InnoDB stall commits, which the latency would then measure.
-    let db = MariaDb::start(&[
+    let db = Mysqld::mariadb(&[
         "binlog-row-metadata=FULL",
         "innodb-buffer-pool-size=1G",
         "innodb-log-file-size=512M",
@@ -913,7 +913,7 @@ impl Drop for CheckpointTail {
 /// With `--baseline`, that build drains the same backlog at-least-once and exactly-once too,
 /// interleaved with this build's runs.
 fn exactly_once_section(
-    db: &MariaDb,
+    db: &Mysqld,
     from: u64,
     n: u64,
     record_bytes: u64,
@@ -1044,14 +1044,14 @@ fn median_row(rows: Vec<Row>) -> Row {
     row
 }
 
-fn gtid_pos(db: &MariaDb) -> String {
+fn gtid_pos(db: &Mysqld) -> String {
     db.sql_socket("SELECT @@gtid_binlog_pos;")
         .trim()
         .to_string()
 }
 
 /// The raw source limit: the server's own tool reading the same binlog (10-row transactions).
-fn raw_source(db: &MariaDb, file: &str, n: u64, record_bytes: u64) -> Row {
+fn raw_source(db: &Mysqld, file: &str, n: u64, record_bytes: u64) -> Row {
     let peers_before = peer_cpu();
     let cpu_before = children_cpu_seconds();
     let start = Instant::now();
@@ -1151,7 +1151,7 @@ async fn raw_broker(broker: &Broker, n: u64, record_bytes: u64) -> Row {
     }
 }
 
-async fn polling_relay(db: &MariaDb, broker: &Broker) -> (u64, u64, f64) {
+async fn polling_relay(db: &Mysqld, broker: &Broker) -> (u64, u64, f64) {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", broker.bootstrap())
         .set("enable.idempotence", "true")
@@ -1571,7 +1571,7 @@ fn postgres_section(
 /// of outbox rows is written behind its checkpoint, then it starts again. Reports the time from the
 /// process start to the first record a consumer receives, and to the checkpoint reaching the end.
 fn restart_to_first_event(
-    db: &MariaDb,
+    db: &Mysqld,
     broker: &Broker,
     outboxd: &mut Outboxd,
     quick: bool,
@@ -1870,7 +1870,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 /// 10-row transactions of `app.df_outbox`) to the same fresh broker, interleaved run by run, each
 /// from a checkpoint taken before the load. DeltaForge's first run starts at the binlog's end, so
 /// it is started once before the load to write a checkpoint.
-fn peer_section(db: &MariaDb, binary: &std::path::Path, n: u64, record_bytes: u64) -> Vec<Row> {
+fn peer_section(db: &Mysqld, binary: &std::path::Path, n: u64, record_bytes: u64) -> Vec<Row> {
     let broker = Broker::start();
     create_topic(&broker.bootstrap(), TOPIC, 6);
     let saved_peers = std::mem::replace(
@@ -1902,7 +1902,7 @@ fn peer_section(db: &MariaDb, binary: &std::path::Path, n: u64, record_bytes: u6
         tables: ["app.df_outbox"]
       snapshot:
         mode: initial"#,
-        rig::mariadb::CDC_PASSWORD,
+        rig::mysqld::CDC_PASSWORD,
         db.port
     );
     let mut peer = DeltaForge::new(binary, &source, &broker.bootstrap());
@@ -2112,7 +2112,7 @@ fn peer_rows(runs: [PeerRuns<'_>; 2], n: u64, record_bytes: u64) -> Vec<Row> {
 /// publishing `n` messages of the same size with outboxd's settings; interleaved run by run, the
 /// queue purged before each.
 fn rabbitmq_section(
-    db: &MariaDb,
+    db: &Mysqld,
     rt: &tokio::runtime::Runtime,
     from: u64,
     n: u64,
@@ -2234,7 +2234,7 @@ async fn lapin_alone(url: &str, n: u64, body: &[u8]) {
 /// alone publishing `n` messages of the same size with outboxd's settings (`Nats-Msg-Id`, every
 /// `PubAck` awaited, 10,000 in flight); interleaved run by run, the stream purged before each.
 fn nats_section(
-    db: &MariaDb,
+    db: &Mysqld,
     rt: &tokio::runtime::Runtime,
     from: u64,
     n: u64,
@@ -2350,7 +2350,7 @@ async fn nats_alone(url: &str, n: u64, body: &[u8], run: usize) {
 /// batches (`MULTI`/`EXEC` of 1,000, one at a time); interleaved run by run, the stream deleted
 /// before each.
 fn redis_section(
-    db: &MariaDb,
+    db: &Mysqld,
     rt: &tokio::runtime::Runtime,
     from: u64,
     n: u64,

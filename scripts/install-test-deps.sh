@@ -8,6 +8,7 @@
 #  - Apache Kafka (KRaft), assembled once from its released jars on Maven Central into a cache dir
 #    outside the repo by scripts/apache-kafka.sh (Java 17+ and Maven: installed from Debian when
 #    missing); every test that produces to Kafka starts a private one.
+#  - Oracle MySQL 9 from Debian's unstable suite, into a private root by scripts/mysql-9.sh.
 #  - Debezium 3.5 and Kafka Connect, from Maven Central by scripts/debezium.sh (the tests that run it
 #    beside outboxd).
 set -euo pipefail
@@ -115,6 +116,12 @@ if [ "$BROKER_ONLY" = 0 ] && [ ! -x "$MOTO_HOME/bin/moto_server" ]; then
   echo "install-test-deps: moto $MOTO_VERSION installed in $MOTO_HOME"
 fi
 
+# Oracle MySQL 9 (the live MySQL source tests): from Debian's unstable suite into a private root in
+# the test cache, once (about 12 s, 55 MB of packages). When the suite cannot be reached, say so
+# loudly and go on: only the MySQL tests then skip, each printing why.
+if [ "$BROKER_ONLY" = 0 ] && ! "$(dirname "$0")/mysql-9.sh" install >/dev/null; then
+  echo "install-test-deps: WARNING: MySQL 9 could not be installed; the MySQL-live tests will SKIP" >&2
+fi
 # Apache Kafka: the jars from Maven Central and a formatted log directory, once (about 10 s).
 KAFKA_HOME=$("$(dirname "$0")/apache-kafka.sh" install)
 # Debezium under Kafka Connect (the conformance and cutover tests run it beside outboxd): its jars

@@ -12,7 +12,7 @@ use crate::rig::scenario::{
     check_per_key_order, check_records, insert_rows, kill_9_and_restart, n_of, spawn_writer,
     transactions, SCHEMA,
 };
-use crate::rig::{free_port, http_get, wait_until, Consumed, MariaDb, Outboxd};
+use crate::rig::{free_port, http_get, wait_until, Consumed, Mysqld, Outboxd};
 
 const READ_LIMIT: Duration = Duration::from_secs(90);
 
@@ -32,8 +32,8 @@ fn consumed(kind: &str, got: &[Got]) -> Vec<Consumed> {
         .collect()
 }
 
-fn servers() -> (MariaDb, Moto) {
-    let db = MariaDb::start(&[]);
+fn servers() -> (Mysqld, Moto) {
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let moto = Moto::start();
     for kind in ["order", "customer"] {
@@ -42,11 +42,11 @@ fn servers() -> (MariaDb, Moto) {
     (db, moto)
 }
 
-fn pipeline(name: &str, db: &MariaDb, moto: &Moto, extra: &str) -> Outboxd {
+fn pipeline(name: &str, db: &Mysqld, moto: &Moto, extra: &str) -> Outboxd {
     pipeline_listening(name, db, moto, extra, "")
 }
 
-fn pipeline_listening(name: &str, db: &MariaDb, moto: &Moto, extra: &str, http: &str) -> Outboxd {
+fn pipeline_listening(name: &str, db: &Mysqld, moto: &Moto, extra: &str, http: &str) -> Outboxd {
     let body = config_with_aws(&db.cdc_url(), "sqs", &moto.endpoint(), extra)
         .replace("listen = \"\"", &format!("listen = \"{http}\""));
     let mut outboxd = Outboxd::new(name, &format!("{body}{FIFO_ROUTE}"));
@@ -193,7 +193,7 @@ fn rows_reach_fifo_queues_with_the_key_as_group_and_the_id_as_dedup_id_in_key_or
 
 #[test]
 fn a_missing_queue_or_a_message_over_the_queues_size_is_dead_lettered_or_stops_outboxd() {
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let moto = Moto::start();
     // Only orders have a queue, and it takes 2 KiB at most; customer rows have none.
@@ -263,7 +263,7 @@ const BATCH_FAULTS: &str =
 /// meets [`BATCH_FAULTS`] and `kills` kill -9s; every row read back from the FIFO queues in
 /// per-key order, each repeat inside the de-duplication window. Returns the messages read.
 fn rows_survive_batch_faults_and_kills(
-    db: &MariaDb,
+    db: &Mysqld,
     moto: &Moto,
     section: &str,
     total: u64,
@@ -338,7 +338,7 @@ fn sns_fifo_topics_lose_nothing_and_keep_each_keys_order_across_batch_faults_and
 /// transactions of `per_txn`, while reading the queues; returns what was read, once every row
 /// arrived.
 fn hot_rows(
-    db: &MariaDb,
+    db: &Mysqld,
     moto: &Moto,
     outboxd: &Outboxd,
     total: u64,
@@ -576,7 +576,7 @@ fn postgres_rows_reach_sqs_fifo_queues_in_key_order_across_kill_9s_each_resend_i
 
 #[test]
 fn rows_reach_sns_fifo_topics_in_key_order_and_a_missing_topic_is_dead_lettered() {
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let moto = Moto::start();
     // Orders have a FIFO topic, read through a FIFO queue subscribed to it; customers none.

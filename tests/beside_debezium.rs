@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::rig::debezium::{Connect, Connector};
-use crate::rig::{consume, create_topic, Broker, Consumed, MariaDb, Outboxd, Postgres};
+use crate::rig::{consume, create_topic, Broker, Consumed, Mysqld, Outboxd, Postgres};
 
 const LIMIT: Duration = Duration::from_secs(120);
 const PARTITIONS: i32 = 4;
@@ -255,7 +255,7 @@ fn compare_both_and_stop(
 
 #[test]
 fn mariadb_outbox_rows_reach_kafka_exactly_as_debeziums_outbox_event_router_writes_them() {
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(
         "CREATE DATABASE app;
          CREATE TABLE app.outbox (
@@ -489,7 +489,7 @@ fn import_offsets(outboxd: &Outboxd, connect: &Connect) {
 #[test]
 fn a_mariadb_cutover_from_debezium_under_load_loses_nothing_and_repeats_only_what_its_offset_had_not_committed(
 ) {
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(
         "CREATE DATABASE app;
          CREATE TABLE app.outbox (
@@ -524,7 +524,7 @@ fn a_mariadb_cutover_from_debezium_under_load_loses_nothing_and_repeats_only_wha
     std::thread::scope(|s| {
         let writer = s.spawn(|| {
             for tx in 0..TXS {
-                crate::rig::mariadb::sql_at(&socket, &cut_tx("app.outbox", tx));
+                crate::rig::mysqld::sql_at(&socket, &cut_tx("app.outbox", tx));
                 written.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
         });

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::rig::{consume, create_topic, Broker, MariaDb, Outboxd, Postgres};
+use crate::rig::{consume, create_topic, Broker, Mysqld, Outboxd, Postgres};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -29,7 +29,7 @@ fn header(r: &crate::rig::Consumed, name: &str) -> String {
 
 #[test]
 fn mariadb_rows_are_routed_by_regex_with_envelope_header_partition_timestamp_and_trace_context() {
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(
         "CREATE DATABASE app;
          CREATE TABLE app.events (
@@ -165,7 +165,7 @@ fn postgres_records_carry_the_commit_time_and_are_routed_like_debeziums() {
 #[test]
 fn an_update_of_an_outbox_row_stops_outboxd_under_on_update_delete_fatal_and_again_after_a_restart()
 {
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(crate::rig::scenario::SCHEMA);
     let broker = Broker::start();
     create_topic(&broker.bootstrap(), "outbox.event.order", 1);
@@ -212,7 +212,7 @@ fn ns(records: &[crate::rig::Consumed]) -> Vec<u64> {
 #[test]
 fn a_mariadb_debezium_offset_imports_and_outboxd_resumes_with_nothing_lost() {
     use crate::rig::scenario::{config_body, consume_events, insert_rows, SCHEMA};
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let broker = Broker::start();
     create_topic(&broker.bootstrap(), "outbox.event.order", 1);

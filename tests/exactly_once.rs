@@ -8,7 +8,7 @@ use crate::operate::output;
 use crate::postgres_pipeline::{insert_sql as pg_insert_sql, pg_payload, SCHEMA as PG_SCHEMA};
 use crate::rig::broker::Broker;
 use crate::rig::kafka::{consume_to_end, PAUSE, ROUND};
-use crate::rig::mariadb::MariaDb;
+use crate::rig::mysqld::Mysqld;
 use crate::rig::outboxd::Outboxd;
 use crate::rig::scenario::*;
 use crate::rig::{create_topic, free_port, http_get, wait_until, Consumed, Postgres};
@@ -32,8 +32,8 @@ fn broker_with_topics() -> Broker {
 }
 
 /// A MariaDB with the outbox schema, and Apache Kafka with the event topics.
-fn mariadb_and_broker() -> (MariaDb, Broker) {
-    let db = MariaDb::start(&[]);
+fn mariadb_and_broker() -> (Mysqld, Broker) {
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     (db, broker_with_topics())
 }
@@ -97,7 +97,7 @@ fn assert_exactly_once(
     records
 }
 
-fn mariadb_outboxd(db: &MariaDb, broker: &Broker, name: &str, kafka: &str, http: &str) -> Outboxd {
+fn mariadb_outboxd(db: &Mysqld, broker: &Broker, name: &str, kafka: &str, http: &str) -> Outboxd {
     Outboxd::with_checkpoint(
         name,
         &config_body(&db.cdc_url(), &broker.bootstrap(), kafka, http),

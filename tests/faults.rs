@@ -501,7 +501,7 @@ fn per_key_order_holds_when_records_outlive_message_timeout_behind_a_frozen_brok
                 script.push_str(&insert_sql(n));
             }
             script.push_str("COMMIT;");
-            rig::mariadb::sql_at(&socket, &script);
+            rig::mysqld::sql_at(&socket, &script);
             std::thread::sleep(Duration::from_millis(40));
         }
     });

@@ -9,7 +9,7 @@ use rdkafka::ClientConfig;
 
 use crate::rig::certs::{Ca, VALID};
 use crate::rig::scenario::{config_with_kafka, consume_events, insert_rows, LIMIT, SCHEMA};
-use crate::rig::{consume, create_topic, create_topic_with, wait_until, Broker, MariaDb, Outboxd};
+use crate::rig::{consume, create_topic, create_topic_with, wait_until, Broker, Mysqld, Outboxd};
 use crate::tls::output;
 
 const USER: &str = "outboxd";
@@ -108,8 +108,8 @@ fn pipeline(
     ca: &Ca,
     kafka: &str,
     kafka_store: bool,
-) -> (MariaDb, Outboxd) {
-    let db = MariaDb::start(&[]);
+) -> (Mysqld, Outboxd) {
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let body = config_with_kafka(
         &db.cdc_url(),

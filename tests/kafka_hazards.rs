@@ -7,7 +7,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
 use crate::rig::scenario::*;
-use crate::rig::{create_topic, free_port, http_get, wait_until, Broker, MariaDb, Outboxd};
+use crate::rig::{create_topic, free_port, http_get, wait_until, Broker, Mysqld, Outboxd};
 
 const CHECKPOINTS: &str = "outboxd.checkpoints";
 
@@ -26,8 +26,8 @@ fn checkpoint_watermarks(broker: &Broker, isolation: &str) -> (i64, i64) {
 }
 
 /// A MariaDB with the outbox schema, and Apache Kafka with `topics` (one partition each).
-fn mariadb_and_broker_with(broker: Broker, topics: &[&str]) -> (MariaDb, Broker) {
-    let db = MariaDb::start(&[]);
+fn mariadb_and_broker_with(broker: Broker, topics: &[&str]) -> (Mysqld, Broker) {
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     for topic in topics {
         create_topic(&broker.bootstrap(), topic, 1);
@@ -524,14 +524,14 @@ impl Drop for StopOnDrop {
 
 /// Rows written in transactions of 5 at a steady pace until `stop` is set; returns how many.
 fn steady_writer(
-    db: &MariaDb,
+    db: &Mysqld,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<u64> {
     let socket = db.socket_path();
     std::thread::spawn(move || {
         let mut n = 0;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            crate::rig::mariadb::sql_at(&socket, &transactions(n, n + 20, 5, insert_sql));
+            crate::rig::mysqld::sql_at(&socket, &transactions(n, n + 20, 5, insert_sql));
             n += 20;
             // Pacing the load across the restarts, not waiting for anything.
             std::thread::sleep(Duration::from_millis(50));
@@ -551,7 +551,7 @@ fn steady_writer(
 fn a_rolling_restart_of_a_three_broker_cluster_moves_no_lead_and_loses_nothing() {
     use crate::operate::output;
     use crate::rig::cluster::Cluster;
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let mut cluster = Cluster::start();
     for topic in ["outbox.event.order", "outbox.event.customer"] {
@@ -669,7 +669,7 @@ fn a_rolling_restart_of_a_three_broker_cluster_moves_no_lead_and_loses_nothing()
 }
 
 /// Waits until the Kafka checkpoint of `outboxd`'s pipeline names MariaDB's last transaction.
-fn checkpoint_at_binlog_end(db: &MariaDb, outboxd: &Outboxd) {
+fn checkpoint_at_binlog_end(db: &Mysqld, outboxd: &Outboxd) {
     let end = db
         .sql_socket("SELECT @@gtid_binlog_pos;")
         .trim()
@@ -853,7 +853,7 @@ fn settled_lead_with_hangs(
     name: &str,
     takeover_ms: u64,
     more: &[(&str, &str)],
-) -> (MariaDb, Broker, Outboxd) {
+) -> (Mysqld, Broker, Outboxd) {
     let (db, broker) = mariadb_and_broker_with(Broker::start(), &EVENT_TOPICS);
     let body = config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
     let mut outboxd = Outboxd::with_checkpoint(
@@ -876,7 +876,7 @@ fn settled_lead_with_hangs(
 
 /// After rows 0..10 made a checkpoint write hang: its new writer writes in place and the lead
 /// never moves; rows 10..20 reach the checkpoint; every row arrived.
-fn written_in_place(db: &MariaDb, broker: &Broker, mut outboxd: Outboxd) {
+fn written_in_place(db: &Mysqld, broker: &Broker, mut outboxd: Outboxd) {
     wait_until(
         "the stuck write's new writer to write",
         Duration::from_secs(120),

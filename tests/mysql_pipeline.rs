@@ -1,5 +1,6 @@
-//! End-to-end: private MariaDB (ROW binlog) -> outboxd binary -> real broker -> real consumer.
+//! End-to-end: private MariaDB or MySQL 9 (ROW binlog) -> outboxd binary -> real broker -> real consumer.
 
+use crate::on_both_servers;
 use crate::rig;
 
 use std::time::Duration;
@@ -7,9 +8,9 @@ use std::time::Duration;
 use crate::rig::scenario::*;
 use crate::rig::{consume, wait_until};
 
-#[test]
-fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_in_order() {
-    let mut env = setup("mixed", "");
+on_both_servers! {
+fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_in_order(flavor: Flavor) {
+    let mut env = setup_on(flavor, "mixed", "");
     env.outboxd.start();
     // Other-table writes hold latin1 text and binary values; outbox updates are ignored.
     let script = mixed_transactions(&MixedSql {
@@ -43,10 +44,11 @@ fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_in_order() {
     );
     env.outboxd.stop();
 }
+}
 
-#[test]
-fn sigterm_then_restart_forwards_rows_written_while_down_and_checkpoints_the_last_boundary() {
-    let mut env = setup("restart", "");
+on_both_servers! {
+fn sigterm_then_restart_forwards_rows_written_while_down_and_checkpoints_the_last_boundary(flavor: Flavor) {
+    let mut env = setup_on(flavor, "restart", "");
     env.outboxd.start();
     insert_rows(&env.db, 0, 10, 1);
     assert_eq!(consume_all(&env, 10).len(), 10);
@@ -62,11 +64,7 @@ fn sigterm_then_restart_forwards_rows_written_while_down_and_checkpoints_the_las
     env.outboxd.stop();
 
     let (file, pos) = env.db.binlog_end();
-    let gtid = env
-        .db
-        .sql_socket("SELECT @@gtid_binlog_pos;")
-        .trim()
-        .to_string();
+    let gtid = env.db.gtid();
     let checkpoint = env.outboxd.checkpoint();
     assert_eq!(
         checkpoint["position"]["file"],
@@ -81,12 +79,13 @@ fn sigterm_then_restart_forwards_rows_written_while_down_and_checkpoints_the_las
     );
     assert_eq!(checkpoint["source"]["kind"], "mysql");
 }
+}
 
-#[test]
-fn kill_9_under_load_loses_nothing_and_duplicates_stay_within_the_window() {
+on_both_servers! {
+fn kill_9_under_load_loses_nothing_and_duplicates_stay_within_the_window(flavor: Flavor) {
     let max_in_flight = 100u64;
     let largest_txn = 5u64;
-    let mut env = setup("kill9", &format!("max_in_flight = {max_in_flight}"));
+    let mut env = setup_on(flavor, "kill9", &format!("max_in_flight = {max_in_flight}"));
     env.outboxd.start();
     let total = 1500u64;
     let writer = spawn_writer(env.db.socket_path(), total, &[1, 2, 3, 4, 5], 1);
@@ -113,6 +112,7 @@ fn kill_9_under_load_loses_nothing_and_duplicates_stay_within_the_window() {
     );
     check_per_key_order(&records);
     env.outboxd.stop();
+}
 }
 
 #[test]
@@ -152,9 +152,9 @@ fn a_17_mb_payload_and_the_row_after_it_are_forwarded_without_a_reconnect_loop_o
     env.outboxd.stop();
 }
 
-#[test]
-fn a_server_restart_mid_stream_loses_nothing() {
-    let mut env = setup("srvrestart", "");
+on_both_servers! {
+fn a_server_restart_mid_stream_loses_nothing(flavor: Flavor) {
+    let mut env = setup_on(flavor, "srvrestart", "");
     env.outboxd.start();
     insert_rows(&env.db, 0, 300, 3);
     env.db.restart();
@@ -177,6 +177,7 @@ fn a_server_restart_mid_stream_loses_nothing() {
     );
     env.outboxd.stop();
 }
+}
 
 #[test]
 fn a_corrupt_checkpoint_stops_run_with_the_file_and_the_remedy() {
@@ -194,7 +195,7 @@ fn a_corrupt_checkpoint_stops_run_with_the_file_and_the_remedy() {
         "{stderr}"
     );
     assert!(stderr.contains("checkpoint set"), "{stderr}");
-    assert!(!stderr.contains(rig::mariadb::CDC_PASSWORD), "{stderr}");
+    assert!(!stderr.contains(rig::mysqld::CDC_PASSWORD), "{stderr}");
     // The damaged file is left for the operator, not replaced.
     assert!(std::fs::read_to_string(env.outboxd.checkpoint_path())
         .unwrap()

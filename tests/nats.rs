@@ -10,14 +10,14 @@ use crate::rig::scenario::{
     check_per_key_order, check_records, insert_rows, kill_9_and_restart, spawn_writer, uuid_of,
     SCHEMA,
 };
-use crate::rig::{free_port, http_get, wait_until, Consumed, MariaDb, Outboxd};
+use crate::rig::{free_port, http_get, wait_until, Consumed, Mysqld, Outboxd};
 
 const READ_LIMIT: Duration = Duration::from_secs(90);
 
 /// MariaDB with the outbox schema and a NATS server whose stream EVENTS captures both aggregate
 /// types' subjects.
-fn servers() -> (MariaDb, Nats) {
-    let db = MariaDb::start(&[]);
+fn servers() -> (Mysqld, Nats) {
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let nats = Nats::start();
     nats.add_stream("EVENTS", &["outbox.event.order", "outbox.event.customer"]);
@@ -112,7 +112,7 @@ fn rows_reach_jetstream_acked_with_their_ids_as_msg_ids_keys_and_headers_in_key_
 
 #[test]
 fn a_subject_no_stream_captures_is_dead_lettered_and_without_a_dead_letter_subject_outboxd_stops() {
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let nats = Nats::start();
     // Only orders are captured: customer rows (every third) have no stream.
@@ -299,7 +299,7 @@ fn nats_credentials_are_never_printed_and_a_refused_login_stops_without_looping(
     const PASSWORD: &str = "planted-nats-pw-91";
     const WRONG: &str = "planted-nats-wrong-92";
     const TOKEN: &str = "planted-nats-token-93";
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let nats = Nats::start_with(Auth::User("outboxd".into(), PASSWORD.into()), "", None);
     nats.add_stream("EVENTS", &["outbox.event.>"]);
@@ -376,7 +376,7 @@ fn tls_verifies_the_servers_certificate_against_the_ca_file_and_refuses_a_wrong_
     let ca = Ca::new(dir.path(), "outboxd test CA", "ca");
     let other_ca = Ca::new(dir.path(), "some other CA", "other-ca");
     let server = ca.server(dir.path(), "server", &["127.0.0.1"], VALID);
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let nats = Nats::start_with(
         Auth::Token("tls-token-1".into()),
@@ -457,7 +457,7 @@ fn postgres_rows_reach_nats_in_key_order_across_kill_9s_without_duplicates() {
 
 #[test]
 fn a_payload_over_the_limit_or_the_servers_max_payload_is_dead_lettered_or_stops_outboxd() {
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let nats = Nats::start();
     nats.add_stream("EVENTS", &["outbox.event.>"]);

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use crate::rig::mariadb::CDC_PASSWORD;
+use crate::rig::mysqld::CDC_PASSWORD;
 use crate::rig::netns::NetNs;
 use crate::rig::scenario::{n_of, SCHEMA};
-use crate::rig::{consume_to_end, create_topic, wait_until, Broker, MariaDb, Outboxd, ROUND};
+use crate::rig::{consume_to_end, create_topic, wait_until, Broker, Mysqld, Outboxd, ROUND};
 
 /// A row of about `size` bytes with sequence number `n` (id and key as `scenario::event`).
 fn insert(n: u64, size: usize) -> String {
@@ -28,13 +28,13 @@ fn distinct_rows(bootstrap: &str) -> std::collections::BTreeSet<u64> {
 
 /// MariaDB (with `extra` server options) and Apache Kafka on the host end of a fresh namespace's
 /// veth, and outboxd (1 s heartbeats) inside it, started.
-fn setup(name: &str, extra: &[&str]) -> (NetNs, MariaDb, Broker, Outboxd) {
+fn setup(name: &str, extra: &[&str]) -> (NetNs, Mysqld, Broker, Outboxd) {
     let ns = NetNs::create();
     let host = ns.host_ip().to_string();
     let bind = format!("bind-address=127.0.0.1,{host}");
     let mut options = vec![bind.as_str()];
     options.extend_from_slice(extra);
-    let db = MariaDb::start(&options);
+    let db = Mysqld::mariadb(&options);
     db.sql_socket(SCHEMA);
     db.sql_socket(&format!(
         "SET SESSION sql_log_bin = 0; CREATE USER 'cdc'@'{ip}' IDENTIFIED BY '{CDC_PASSWORD}'; \
@@ -61,7 +61,7 @@ fn setup(name: &str, extra: &[&str]) -> (NetNs, MariaDb, Broker, Outboxd) {
 
 /// Waits (bounded) until rows `0..count` all arrived; on failure shows the server's threads and
 /// outboxd's log.
-fn wait_for_rows(db: &MariaDb, broker: &Broker, outboxd: &Outboxd, count: usize, what: &str) {
+fn wait_for_rows(db: &Mysqld, broker: &Broker, outboxd: &Outboxd, count: usize, what: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     while distinct_rows(&broker.bootstrap()).len() < count {
         assert!(

@@ -3,7 +3,7 @@
 use crate::rig;
 
 use crate::rig::scenario::*;
-use crate::rig::{wait_until, Broker, MariaDb, Outboxd};
+use crate::rig::{wait_until, Broker, Mysqld, Outboxd};
 
 /// Runs `outboxd ARGS`; (success, stdout + stderr).
 pub(crate) fn output(outboxd: &Outboxd, args: &[&str]) -> (bool, String) {
@@ -36,7 +36,7 @@ fn check_passes_on_a_correct_setup() {
 
 #[test]
 fn check_and_run_refuse_statement_based_binlogs() {
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     db.sql_socket("SET GLOBAL binlog_format = 'STATEMENT';");
     let (_broker, outboxd) = pipeline_on("stmt", &db.cdc_url());
@@ -57,7 +57,7 @@ fn check_and_run_refuse_statement_based_binlogs() {
 
 #[test]
 fn check_fails_when_the_binlog_is_off() {
-    let db = MariaDb::start(&["skip-log-bin"]);
+    let db = Mysqld::mariadb(&["skip-log-bin"]);
     db.sql_socket(SCHEMA);
     let (_broker, outboxd) = pipeline_on("nolog", &db.cdc_url());
     let (ok, text) = output(&outboxd, &["check"]);
@@ -67,11 +67,11 @@ fn check_fails_when_the_binlog_is_off() {
 
 #[test]
 fn check_fails_for_a_user_without_replication_privileges() {
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     db.sql_socket(&format!(
         "CREATE USER 'weak'@'127.0.0.1' IDENTIFIED BY '{}'; GRANT SELECT ON *.* TO 'weak'@'127.0.0.1';",
-        rig::mariadb::CDC_PASSWORD
+        rig::mysqld::CDC_PASSWORD
     ));
     let url = format!("mysql://weak@127.0.0.1:{}/app", db.port);
     let (_broker, outboxd) = pipeline_on("weak", &url);
@@ -83,9 +83,9 @@ fn check_fails_for_a_user_without_replication_privileges() {
 
 #[test]
 fn check_fails_on_a_replica_that_does_not_log_replicated_rows() {
-    let primary = MariaDb::start(&[]);
+    let primary = Mysqld::mariadb(&[]);
     primary.sql_socket(SCHEMA);
-    let replica = MariaDb::start(&["server-id=2"]);
+    let replica = Mysqld::mariadb(&["server-id=2"]);
     replica.sql_socket(SCHEMA);
     let gtid = primary
         .sql_socket("SELECT @@gtid_binlog_pos;")
@@ -96,7 +96,7 @@ fn check_fails_on_a_replica_that_does_not_log_replicated_rows() {
          CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={}, MASTER_USER='cdc', MASTER_PASSWORD='{}', MASTER_USE_GTID=slave_pos;
          START SLAVE;",
         primary.port,
-        rig::mariadb::CDC_PASSWORD
+        rig::mysqld::CDC_PASSWORD
     ));
     let (_broker, outboxd) = pipeline_on("replica", &replica.cdc_url());
     let (ok, text) = output(&outboxd, &["check"]);
@@ -517,7 +517,7 @@ fn run_on_a_terminal_prints_a_progress_line_a_person_can_read() {
     let child = std::process::Command::new("script")
         .args(["-q", "-f", "-e", "-c", &command])
         .arg(&screen)
-        .env("OUTBOXD_SOURCE__PASSWORD", rig::mariadb::CDC_PASSWORD)
+        .env("OUTBOXD_SOURCE__PASSWORD", rig::mysqld::CDC_PASSWORD)
         .env_remove("OUTBOXD_CONFIG")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::rig::kafka::{check_java_partitions, java_murmur2, java_partition, java_produce};
 use crate::rig::scenario::{config_body, consume_events, LIMIT, SCHEMA};
-use crate::rig::{consume, create_topic, Broker, MariaDb, Outboxd};
+use crate::rig::{consume, create_topic, Broker, Mysqld, Outboxd};
 
 #[test]
 fn the_test_murmur2_matches_the_java_clients_own_vectors() {
@@ -27,7 +27,7 @@ fn the_test_murmur2_matches_the_java_clients_own_vectors() {
 
 #[test]
 fn keyed_records_land_on_the_java_clients_murmur2_partition_of_a_six_partition_topic() {
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let broker = Broker::start();
     for topic in ["outbox.event.order", "outbox.event.customer"] {
@@ -78,7 +78,7 @@ fn thousand_keys() -> Vec<String> {
 #[test]
 fn a_thousand_keys_land_on_the_partitions_kafkas_java_producer_picks_on_six_and_seven_partitions() {
     let keys = thousand_keys();
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let broker = Broker::start();
     let bootstrap = broker.bootstrap();

@@ -578,7 +578,7 @@ fn a_scram_login_streams_rows_and_a_wrong_password_stops_with_the_remedy() {
         "app",
         &format!(
             "ALTER ROLE cdc PASSWORD '{}'; SELECT pg_reload_conf();",
-            rig::mariadb::CDC_PASSWORD
+            rig::mysqld::CDC_PASSWORD
         ),
     );
     env.outboxd.start();
@@ -599,5 +599,5 @@ fn a_scram_login_streams_rows_and_a_wrong_password_stops_with_the_remedy() {
         stderr.contains("password authentication failed"),
         "{stderr}"
     );
-    assert!(!stderr.contains(rig::mariadb::CDC_PASSWORD), "{stderr}");
+    assert!(!stderr.contains(rig::mysqld::CDC_PASSWORD), "{stderr}");
 }

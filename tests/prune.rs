@@ -8,12 +8,12 @@ use crate::postgres_pipeline::{self as pg_rows, PgEnv};
 use crate::rig::scenario::{
     config_body, consume_distinct_events, insert_rows, insert_sql, Env, SCHEMA,
 };
-use crate::rig::{create_topic, wait_until, Broker, MariaDb, Outboxd};
+use crate::rig::{create_topic, wait_until, Broker, Mysqld, Outboxd};
 
 const ROUNDS: &str = "[prune]\nevery = \"1s\"\nolder_than = \"0s\"\nbatch = 50\n";
 
 fn maria_env(name: &str, schema: &str, prune: &str) -> Env {
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(schema);
     // Pruning needs DELETE on the outbox, and PROCESS to see the open transactions.
     db.sql_socket(
@@ -45,7 +45,7 @@ fn append_config(outboxd: &Outboxd, section: &str) {
     file.write_all(section.as_bytes()).unwrap();
 }
 
-fn maria_count(db: &MariaDb, sql: &str) -> u64 {
+fn maria_count(db: &Mysqld, sql: &str) -> u64 {
     db.sql_socket(sql).trim().parse().unwrap_or(u64::MAX)
 }
 
@@ -487,7 +487,7 @@ GRANT CREATE ON SCHEMA public TO cdc;
 /// missing; with the grants in place the lines pass. The password never shows.
 #[test]
 fn check_names_the_grants_prune_lacks_and_passes_once_granted() {
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(MARIA_PARTITIONED);
     let broker = Broker::start();
     let maria = |name: &str, prune: &str| {
@@ -509,7 +509,7 @@ fn check_names_the_grants_prune_lacks_and_passes_once_granted() {
         assert!(!ok, "{text}");
         assert!(text.contains("FAIL  prune:"), "{text}");
         assert!(text.contains("GRANT PROCESS"), "{text}");
-        assert!(!text.contains(crate::rig::mariadb::CDC_PASSWORD), "{text}");
+        assert!(!text.contains(crate::rig::mysqld::CDC_PASSWORD), "{text}");
     }
     let (_, text) = output(&deleting, &["check"]);
     assert!(text.contains("DELETE command denied"), "{text}");
@@ -590,7 +590,7 @@ fn postgres_prune_refuses_a_checkpoint_of_another_cluster() {
 #[test]
 fn a_prune_user_without_the_log_end_grant_is_named_by_check_and_heals_once_granted() {
     const PRUNE_PASSWORD: &str = "prune-pw-35";
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     db.sql_socket(&format!(
         "CREATE USER 'pruner'@'127.0.0.1' IDENTIFIED BY '{PRUNE_PASSWORD}';\

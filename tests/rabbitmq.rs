@@ -10,14 +10,14 @@ use crate::rig::scenario::{
     check_per_key_order, check_records, insert_rows, kill_9_and_restart, spawn_writer, uuid_of,
     SCHEMA,
 };
-use crate::rig::{free_port, http_get, wait_until, Consumed, MariaDb, Outboxd};
+use crate::rig::{free_port, http_get, wait_until, Consumed, Mysqld, Outboxd};
 
 const READ_LIMIT: Duration = Duration::from_secs(90);
 
 /// MariaDB with the outbox schema and a RabbitMQ whose exchange `outbox` routes each aggregate
 /// type to its own queue (`bindings`: queue, binding key).
-fn servers(bindings: &[(&str, &str)]) -> (MariaDb, RabbitMq) {
-    let db = MariaDb::start(&[]);
+fn servers(bindings: &[(&str, &str)]) -> (Mysqld, RabbitMq) {
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let rabbit = RabbitMq::start();
     rabbit.declare("outbox", bindings);
@@ -213,7 +213,7 @@ fn kill_9_of_outboxd_and_of_rabbitmq_under_load_loses_nothing_and_keeps_key_orde
 fn a_rabbitmq_password_is_never_printed_and_a_refused_login_stops_without_looping() {
     const PASSWORD: &str = "planted-amqp-pw-81";
     const WRONG: &str = "planted-amqp-wrong-82";
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let rabbit = RabbitMq::start_with_user("outboxd", PASSWORD);
     rabbit.declare("outbox", &[("orders", "outbox.event.#")]);
@@ -338,7 +338,7 @@ fn amqps_verifies_the_brokers_certificate_against_the_ca_file_and_refuses_a_wron
     let ca = Ca::new(dir.path(), "outboxd test CA", "ca");
     let other_ca = Ca::new(dir.path(), "some other CA", "other-ca");
     let server = ca.server(dir.path(), "server", &["127.0.0.1"], VALID);
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let rabbit = RabbitMq::start_tls(&ca.pem, &server);
     rabbit.declare("outbox", &[("orders", "outbox.event.#")]);
@@ -428,7 +428,7 @@ fn postgres_rows_reach_rabbitmq_in_key_order_across_kill_9s() {
 
 #[test]
 fn a_payload_over_the_message_size_is_dead_lettered_and_one_the_broker_refuses_stops_outboxd() {
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let rabbit = RabbitMq::start_with_conf("max_message_size = 1048576\n");
     rabbit.declare(
@@ -488,7 +488,7 @@ fn a_payload_over_the_message_size_is_dead_lettered_and_one_the_broker_refuses_s
 fn sigterm_exits_at_the_drain_deadline_while_a_memory_alarm_blocks_publishing() {
     // A broker over its memory watermark blocks publishing connections: it stops reading them but
     // answers heartbeats, so nothing fails; once the socket buffers are full a publish waits.
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let rabbit = RabbitMq::start_with_conf("vm_memory_high_watermark.absolute = 1\n");
     rabbit.declare("outbox", &[("orders", "outbox.event.#")]);

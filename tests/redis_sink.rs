@@ -10,13 +10,13 @@ use crate::rig::scenario::{
     check_per_key_order, check_records, insert_rows, kill_9_and_restart, spawn_writer, uuid_of,
     SCHEMA,
 };
-use crate::rig::{free_port, http_get, wait_until, Consumed, MariaDb, Outboxd};
+use crate::rig::{free_port, http_get, wait_until, Consumed, Mysqld, Outboxd};
 
 const READ_LIMIT: Duration = Duration::from_secs(90);
 const STREAMS: [&str; 2] = ["outbox.event.order", "outbox.event.customer"];
 
-fn servers() -> (MariaDb, Redis) {
-    let db = MariaDb::start(&[]);
+fn servers() -> (Mysqld, Redis) {
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     (db, Redis::start())
 }
@@ -275,7 +275,7 @@ fn a_full_redis_delays_rows_without_reordering_them_and_a_frozen_one_is_left_at_
 fn a_redis_password_is_never_printed_and_a_refused_login_stops_without_looping() {
     const PASSWORD: &str = "planted-redis-pw-61";
     const WRONG: &str = "planted-redis-wrong-62";
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let redis = Redis::start_with(Some(PASSWORD), &[], None);
     let no_secret = |what: &str, text: &str| {
@@ -339,7 +339,7 @@ fn rediss_verifies_the_servers_certificate_against_the_ca_file_and_refuses_a_wro
     let ca = Ca::new(dir.path(), "outboxd test CA", "ca");
     let other_ca = Ca::new(dir.path(), "some other CA", "other-ca");
     let server = ca.server(dir.path(), "server", &["127.0.0.1"], VALID);
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let redis = Redis::start_with(None, &[], Some((&ca.pem, &server)));
     let pipeline = |name: &str, trusted: &std::path::Path| {

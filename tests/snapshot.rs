@@ -10,10 +10,10 @@ use crate::rig::scenario::{
     check_records_by, config_body, consume_distinct_events, event, insert_rows, insert_sql, n_of,
     transactions, Env, SCHEMA,
 };
-use crate::rig::{create_topic, mariadb::sql_at, Broker, Consumed, MariaDb, Outboxd, Postgres};
+use crate::rig::{create_topic, mysqld::sql_at, Broker, Consumed, Mysqld, Outboxd, Postgres};
 
 fn maria_env(name: &str, source_extra: &str) -> Env {
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let broker = Broker::start();
     for topic in ["outbox.event.order", "outbox.event.customer"] {

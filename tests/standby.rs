@@ -10,7 +10,7 @@ use crate::operate::output;
 use crate::rig::broker::Broker;
 use crate::rig::certs::{Ca, VALID};
 use crate::rig::kafka::{consume_to_end, ROUND};
-use crate::rig::mariadb::MariaDb;
+use crate::rig::mysqld::Mysqld;
 use crate::rig::outboxd::Outboxd;
 use crate::rig::scenario::*;
 use crate::rig::{create_topic, free_port, http_get, wait_until};
@@ -18,7 +18,7 @@ use crate::rig::{create_topic, free_port, http_get, wait_until};
 const TOPIC: &str = "outboxd.checkpoints";
 
 struct KafkaEnv {
-    db: MariaDb,
+    db: Mysqld,
     broker: Broker,
     instances: Vec<(Outboxd, u16)>,
 }
@@ -26,7 +26,7 @@ struct KafkaEnv {
 /// MariaDB, Apache Kafka and `count` instances of pipeline `name` sharing a Kafka checkpoint, each
 /// with its own HTTP port (`checkpoint` holds more keys of that section).
 fn kafka_env(name: &str, count: usize, checkpoint: &str) -> KafkaEnv {
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let broker = Broker::start();
     for topic in ["outbox.event.order", "outbox.event.customer"] {
@@ -431,7 +431,7 @@ fn the_kafka_store_without_a_grant_on_its_transactional_id_stops_with_the_grant_
             name,
         ]);
     }
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let body = config_with_kafka(
         &db.cdc_url(),

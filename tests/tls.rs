@@ -8,10 +8,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use crate::rig::certs::{Ca, Issued, EXPIRED, VALID};
-use crate::rig::mariadb::CDC_PASSWORD;
+use crate::rig::mysqld::CDC_PASSWORD;
 use crate::rig::scenario::{config_with_kafka, consume_events, insert_rows, SCHEMA};
 use crate::rig::{
-    consume, consume_using, create_topic, create_topic_using, wait_until, Broker, MariaDb, Outboxd,
+    consume, consume_using, create_topic, create_topic_using, wait_until, Broker, Mysqld, Outboxd,
     Postgres,
 };
 
@@ -136,8 +136,8 @@ fn mysql_body(url: &str, tls: &str, bootstrap: &str) -> String {
 }
 
 /// A MariaDB that refuses plain text over TCP, whose `cdc` account needs a client certificate.
-fn tls_mariadb(c: &Certs) -> MariaDb {
-    let db = MariaDb::start(&[
+fn tls_mariadb(c: &Certs) -> Mysqld {
+    let db = Mysqld::mariadb(&[
         &format!("ssl-ca={}", c.ca.pem.display()),
         &format!("ssl-cert={}", c.server.cert.display()),
         &format!("ssl-key={}", c.server.key.display()),
@@ -508,7 +508,7 @@ fn kafka_reached_only_through_tls_works_with_the_right_ca_and_fails_clearly_with
     for topic in ["outbox.event.order", "outbox.event.customer"] {
         create_topic_using(&client, topic, 3, &[]);
     }
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let kafka = |ca: &Path| {
         format!(
@@ -553,7 +553,7 @@ fn kafka_reached_only_through_tls_works_with_the_right_ca_and_fails_clearly_with
 #[test]
 fn a_server_without_tls_is_used_in_plain_text_under_prefer_and_refused_under_require() {
     let broker = Broker::start();
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let pg = Postgres::start(&[]);
     pg.sql("postgres", "CREATE DATABASE app;");
@@ -621,7 +621,7 @@ fn kafka_whose_certificate_names_another_host_is_refused_by_check_and_run() {
         c.ca.server(dir.path(), "elsewhere", &["elsewhere.invalid"], VALID);
     let broker = Broker::start_tls(&elsewhere);
     let bootstrap = broker.tls_bootstrap();
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let outboxd = Outboxd::new(
         "tls-kafka-name",
@@ -666,7 +666,7 @@ fn kafka_over_sasl_ssl_with_scram_sha_512_delivers_and_a_wrong_password_is_refus
         ]);
     }
     let bootstrap = broker.tls_bootstrap();
-    let db = MariaDb::start(&[]);
+    let db = Mysqld::mariadb(&[]);
     db.sql_socket(SCHEMA);
     let config = |password: &str| {
         config_with_kafka(

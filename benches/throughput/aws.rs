@@ -18,7 +18,7 @@ use futures_util::stream::{self, StreamExt};
 
 use super::rig::moto::{config_with_aws, Moto};
 use super::rig::scenario::uuid_of;
-use super::rig::{MariaDb, Outboxd};
+use super::rig::{Mysqld, Outboxd};
 use super::{
     at_gtid, first_checkpoint, gtid_pos, load_script, median, payload, stat_cpu_seconds, timed_run,
     Row,
@@ -38,7 +38,7 @@ pub fn rows(quick: bool) -> u64 {
 }
 
 pub fn section(
-    db: &MariaDb,
+    db: &Mysqld,
     rt: &tokio::runtime::Runtime,
     from: u64,
     n: u64,

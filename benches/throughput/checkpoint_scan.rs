@@ -11,7 +11,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::ClientConfig;
 
 use crate::rig::scenario::config_body;
-use crate::rig::{Broker, MariaDb, Outboxd};
+use crate::rig::{Broker, Mysqld, Outboxd};
 
 const CHECKPOINTS: &str = "outboxd.checkpoints";
 
@@ -76,7 +76,7 @@ fn timed_show(outboxd: &Outboxd) -> f64 {
     seconds[1]
 }
 
-pub fn run(db: &MariaDb, quick: bool, baseline: Option<&(std::path::PathBuf, String)>) {
+pub fn run(db: &Mysqld, quick: bool, baseline: Option<&(std::path::PathBuf, String)>) {
     let broker = Broker::start();
     let mut quiet = Outboxd::with_checkpoint(
         "quiet",

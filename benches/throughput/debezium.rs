@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::rig::debezium::{Connect, Connector};
 use super::rig::scenario::config_body;
-use super::rig::{create_topic, wait_until, Broker, MariaDb, Outboxd, Postgres};
+use super::rig::{create_topic, wait_until, Broker, Mysqld, Outboxd, Postgres};
 use super::{
     at_gtid, gtid_pos, latency, load_script, median, peer_cpu, peer_cpu_since, pg_load_script,
     process_stats, timed_run, topic_end, topic_probe, ProcessStats, Row, PEERS, REPEATS, TOPIC,
@@ -44,7 +44,7 @@ pub fn settings() -> String {
 }
 
 /// One transaction size: the backlog of `n` rows from `from`, drained by both REPEATS times.
-pub fn section(db: &MariaDb, from: u64, n: u64, record_bytes: u64) -> (Vec<Row>, u64) {
+pub fn section(db: &Mysqld, from: u64, n: u64, record_bytes: u64) -> (Vec<Row>, u64) {
     let mut rows = Vec::new();
     let mut loaded = from;
     std::env::set_var("DEBEZIUM_HEAP_OPTS", "-Xms256M -Xmx2G");
@@ -138,7 +138,7 @@ const LATENCY_RATES: [u64; 2] = [1_000, 5_000];
 /// `first` is the next row's sequence number; returns the rows and the one after.
 pub fn latency(
     rt: &tokio::runtime::Runtime,
-    db: &MariaDb,
+    db: &Mysqld,
     broker: &Broker,
     quick: bool,
     first: u64,

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::{free_port, http_get, wait_until, MariaDb, Postgres};
+use super::{free_port, http_get, wait_until, Mysqld, Postgres};
 
 /// Password of the `debezium` user the connectors log in as (it is no secret of outboxd's).
 pub const PASSWORD: &str = "dbz-pass";
@@ -24,7 +24,7 @@ pub struct Connector {
 impl Connector {
     /// Debezium's MariaDB connector on `db`'s `table`, with the Outbox Event Router routing to
     /// `<prefix>.${routedByValue}`. A `debezium` user with the grants Debezium documents is created.
-    pub fn mariadb(name: &str, db: &MariaDb, server_id: u32, table: &str, prefix: &str) -> Self {
+    pub fn mariadb(name: &str, db: &Mysqld, server_id: u32, table: &str, prefix: &str) -> Self {
         db.sql_socket(&format!(
             "SET SESSION sql_log_bin = 0; CREATE USER IF NOT EXISTS 'debezium'@'127.0.0.1' IDENTIFIED BY '{PASSWORD}'; \
              GRANT SELECT, RELOAD, SHOW DATABASES, REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR, LOCK TABLES \
@@ -62,7 +62,7 @@ impl Connector {
     }
 
     /// Where [`Connector::mariadb`]'s schema history lives (a file beside the server's data).
-    pub fn mariadb_history(db: &MariaDb, name: &str) -> PathBuf {
+    pub fn mariadb_history(db: &Mysqld, name: &str) -> PathBuf {
         db.dir().join(format!("debezium-{name}.history"))
     }
 

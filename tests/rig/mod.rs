@@ -1,6 +1,7 @@
 //! The test rig: private servers on free loopback ports in temp dirs, torn down on drop (also on panic).
 //!
-//! - [`MariaDb`]: `mariadb-install-db` + `mariadbd` with a ROW binlog.
+//! - [`Mysqld`]: MariaDB (`mariadb-install-db` + `mariadbd`) or Oracle MySQL 9 (`scripts/mysql-9.sh`),
+//!   with a ROW binlog; [`on_both_servers`] runs a test against each.
 //! - [`Postgres`]: PostgreSQL 15 `initdb` + `pg_ctl` with `wal_level=logical` (run as the `postgres` OS user).
 //! - [`Broker`]: Apache Kafka 4.x (KRaft, one node), assembled from Maven jars by `scripts/apache-kafka.sh`.
 //! - [`cluster::Cluster`]: three Apache Kafka nodes, for replicated topics and rolling restarts.
@@ -22,8 +23,8 @@ pub mod cluster;
 pub mod debezium;
 pub mod disk;
 pub mod kafka;
-pub mod mariadb;
 pub mod moto;
+pub mod mysqld;
 pub mod nats;
 pub mod netns;
 pub mod outboxd;
@@ -41,9 +42,40 @@ pub use kafka::{
     consume, consume_to_end, consume_using, create_topic, create_topic_using, create_topic_with,
     topic_end, Consumed, PAUSE, ROUND,
 };
-pub use mariadb::MariaDb;
+pub use mysqld::{Flavor, Mysqld};
 pub use outboxd::Outboxd;
 pub use postgres::Postgres;
+
+/// One test, run against each MySQL-protocol server: `fn name(flavor: Flavor) { … }` becomes the
+/// module `name` with the tests `mariadb` and `mysql`, so `cargo test` lists each server's run. The
+/// MySQL run skips, printing why on the terminal, only when its installer could not reach Debian's
+/// unstable suite (see [`Flavor::available`]).
+#[macro_export]
+macro_rules! on_both_servers {
+    ($(#[$meta:meta])* fn $name:ident($flavor:ident: Flavor) $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            use $crate::rig::Flavor;
+
+            $(#[$meta])*
+            fn run($flavor: Flavor) $body
+
+            #[test]
+            fn mariadb() {
+                run(Flavor::MariaDb)
+            }
+
+            #[test]
+            fn mysql() {
+                match Flavor::MySql.available() {
+                    Ok(()) => run(Flavor::MySql),
+                    Err(why) => $crate::rig::mysqld::skip(module_path!(), &why),
+                }
+            }
+        }
+    };
+}
 
 /// A free loopback port (bound and released; the server binds it right after).
 pub fn free_port() -> u16 {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::mariadb::CDC_PASSWORD;
+use super::mysqld::CDC_PASSWORD;
 use super::wait_until;
 
 pub struct Outboxd {

@@ -4,7 +4,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use super::{consume_to_end, create_topic, Broker, Consumed, MariaDb, Outboxd, PAUSE, ROUND};
+use super::{
+    consume_to_end, create_topic, Broker, Consumed, Flavor, Mysqld, Outboxd, PAUSE, ROUND,
+};
 
 pub const LIMIT: Duration = Duration::from_secs(120);
 
@@ -27,7 +29,7 @@ CREATE TABLE app.legacy (
 ";
 
 pub struct Env {
-    pub db: MariaDb,
+    pub db: Mysqld,
     pub broker: Broker,
     pub outboxd: Outboxd,
 }
@@ -36,8 +38,22 @@ pub fn setup(name: &str, extra_config: &str) -> Env {
     setup_with_http(name, extra_config, "")
 }
 
+/// [`setup`] on the server `flavor` names.
+pub fn setup_on(flavor: Flavor, name: &str, extra_config: &str) -> Env {
+    setup_on_with_http(flavor, name, extra_config, "")
+}
+
 pub fn setup_with_http(name: &str, extra_config: &str, http_listen: &str) -> Env {
-    let db = MariaDb::start(&[]);
+    setup_on_with_http(Flavor::MariaDb, name, extra_config, http_listen)
+}
+
+pub fn setup_on_with_http(
+    flavor: Flavor,
+    name: &str,
+    extra_config: &str,
+    http_listen: &str,
+) -> Env {
+    let db = Mysqld::start(flavor, &[]);
     db.sql_socket(SCHEMA);
     let broker = Broker::start();
     for topic in ["outbox.event.order", "outbox.event.customer"] {
@@ -110,7 +126,7 @@ pub fn transactions(from: u64, to: u64, per_txn: u64, insert: impl Fn(u64) -> St
 }
 
 /// Commits rows `from..to` in transactions of `per_txn` rows.
-pub fn insert_rows(db: &MariaDb, from: u64, to: u64, per_txn: u64) {
+pub fn insert_rows(db: &Mysqld, from: u64, to: u64, per_txn: u64) {
     db.sql_socket(&transactions(from, to, per_txn, insert_sql));
 }
 
@@ -168,15 +184,30 @@ pub fn n_of(record: &Consumed) -> u64 {
 /// Asserts every row in `range` arrived (at least once), correctly formed; returns the duplicate count.
 pub fn check_records(records: &[Consumed], range: std::ops::Range<u64>) -> usize {
     for r in records {
+        let position = r.header("outboxd.position").unwrap();
         assert!(
-            r.header("outboxd.position")
-                .unwrap()
-                .starts_with("gtid:0-1-"),
-            "position header of row {}",
+            is_gtid_origin(&position),
+            "position header {position:?} of row {}",
             n_of(r)
         );
     }
     check_records_by(records, range, |n| event(n).3)
+}
+
+/// The transaction's GTID as the `outboxd.position` header names it: MariaDB's `gtid:0-1-SEQ` (the
+/// rig's domain 0, server 1) or MySQL's `gtid:UUID:GNO`.
+fn is_gtid_origin(position: &str) -> bool {
+    let number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if let Some(seq) = position.strip_prefix("gtid:0-1-") {
+        return number(seq);
+    }
+    let Some((uuid, gno)) = position
+        .strip_prefix("gtid:")
+        .and_then(|g| g.rsplit_once(':'))
+    else {
+        return false;
+    };
+    uuid::Uuid::parse_str(uuid).is_ok() && number(gno)
 }
 
 /// Like [`check_records`], with the payload bytes each row is expected to arrive with (Postgres
@@ -367,7 +398,7 @@ pub fn spawn_writer_from(
                 script.push_str("COMMIT;\n");
                 n = end;
             }
-            super::mariadb::sql_at(&socket, &script);
+            super::mysqld::sql_at(&socket, &script);
         }
     })
 }

@@ -83,7 +83,7 @@ pub fn run(options: &Options) {
     // Stops the load after a panic too (the test binary goes on with other tests).
     let _stop_the_load = StopOnDrop(stop.clone());
     let insert = match options.source {
-        Source::MariaDb => mariadb_insert,
+        Source::Mysqld => mariadb_insert,
         Source::Postgres => postgres_insert,
     };
     let producers = load::start(PRODUCERS, options.seed, world.exec(), insert, stop.clone());
@@ -205,7 +205,7 @@ fn mariadb_to_kafka_at_least_once_loses_nothing_under_a_three_minute_fault_sched
     run(&Options {
         minutes: 3.0,
         seed: CI_MARIADB_SEED,
-        source: Source::MariaDb,
+        source: Source::Mysqld,
         sink: Sink::Kafka,
         exactly_once: false,
         out: out_dir("ci-mariadb"),
@@ -232,7 +232,7 @@ fn postgres_to_kafka_exactly_once_loses_and_repeats_nothing_under_a_three_minute
 #[test]
 fn the_ci_seeds_draw_every_kind_of_fault_their_world_takes_within_two_minutes() {
     for (source, exactly_once, seed) in [
-        (Source::MariaDb, false, CI_MARIADB_SEED),
+        (Source::Mysqld, false, CI_MARIADB_SEED),
         (Source::Postgres, true, CI_POSTGRES_SEED),
     ] {
         let after = plan::all_drawn_after(seed, &world::kinds(source, Sink::Kafka, exactly_once));
@@ -249,7 +249,7 @@ fn the_ci_seeds_draw_every_kind_of_fault_their_world_takes_within_two_minutes() 
 fn from_the_command_line() {
     let var = |name: &str| std::env::var(format!("OUTBOXD_SOAK_{name}")).ok();
     let source = match var("SOURCE").as_deref() {
-        None | Some("mariadb") => Source::MariaDb,
+        None | Some("mariadb") => Source::Mysqld,
         Some("postgres") => Source::Postgres,
         Some(other) => panic!("--source {other}: use mariadb or postgres"),
     };

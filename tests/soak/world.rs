@@ -17,18 +17,18 @@ use super::operator::Operator;
 use super::plan::{Kind, Step};
 use super::sink::{Sink, SinkServer};
 use crate::rig::disk::SmallDisk;
-use crate::rig::mariadb::{try_sql_at, CDC_PASSWORD};
+use crate::rig::mysqld::{try_sql_at, CDC_PASSWORD};
 use crate::rig::netns::NetNs;
-use crate::rig::{MariaDb, Outboxd, Postgres};
+use crate::rig::{Mysqld, Outboxd, Postgres};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
-    MariaDb,
+    Mysqld,
     Postgres,
 }
 
 pub enum Db {
-    MariaDb(MariaDb),
+    Mysqld(Mysqld),
     Postgres(Arc<Postgres>),
 }
 
@@ -64,7 +64,7 @@ pub struct World {
     pub sink: SinkServer,
     pub db: Db,
     /// MariaDB's two replicas outboxd reads (its URL lists both), empty for Postgres.
-    replicas: Vec<MariaDb>,
+    replicas: Vec<Mysqld>,
     /// Declared after the servers: dropped (links and namespace deleted) once they are gone.
     pub ns: NetNs,
     /// The checkpoint directory's tmpfs (file store), filled by [`Kind::DiskFull`]; unmounted
@@ -106,7 +106,7 @@ pub fn kinds(source: Source, sink: Sink, exactly_once: bool) -> Vec<Kind> {
     if !exactly_once {
         kinds.push(Kind::DiskFull);
     }
-    if source == Source::MariaDb {
+    if source == Source::Mysqld {
         kinds.push(Kind::ReplicaFailover);
     }
     kinds
@@ -119,12 +119,12 @@ impl World {
         let server = SinkServer::start_on(sink, &host);
         let mut replicas = Vec::new();
         let (db, source_section) = match source {
-            Source::MariaDb => {
+            Source::Mysqld => {
                 let bind = format!("bind-address=127.0.0.1,{host}");
-                let db = MariaDb::start(&[&bind]);
+                let db = Mysqld::mariadb(&[&bind]);
                 for server_id in [2, 3] {
                     let replica =
-                        MariaDb::start_replica(&db, server_id, &["log-slave-updates=ON", &bind]);
+                        Mysqld::start_replica(&db, server_id, &["log-slave-updates=ON", &bind]);
                     // Not replicated (sql_log_bin = 0): a user of each replica's own.
                     replica.sql_socket(&format!(
                         "SET SESSION sql_log_bin = 0; \
@@ -155,7 +155,7 @@ impl World {
                      server_id = 99\n",
                     hosts.join(",")
                 );
-                (Db::MariaDb(db), section)
+                (Db::Mysqld(db), section)
             }
             Source::Postgres => {
                 let pg = Postgres::start(&[&format!("listen_addresses = '127.0.0.1,{host}'")]);
@@ -448,7 +448,7 @@ impl World {
                     }
                 }
                 match &mut self.db {
-                    Db::MariaDb(db) => {
+                    Db::Mysqld(db) => {
                         if db.stop_forced() {
                             killed.push("the primary".to_string());
                         }
@@ -457,7 +457,7 @@ impl World {
                 }
                 self.idle(hold);
                 match &mut self.db {
-                    Db::MariaDb(db) => db.boot(),
+                    Db::Mysqld(db) => db.boot(),
                     Db::Postgres(pg) => pg.start_again(),
                 }
                 for replica in &mut self.replicas {
@@ -595,7 +595,7 @@ impl World {
     /// Every row id the database holds: the truth the checker compares against.
     pub fn committed_ids(&self) -> Vec<u128> {
         let text = match &self.db {
-            Db::MariaDb(db) => db.sql_socket("SELECT HEX(id) FROM app.outbox;"),
+            Db::Mysqld(db) => db.sql_socket("SELECT HEX(id) FROM app.outbox;"),
             Db::Postgres(pg) => pg.sql(
                 "app",
                 "SELECT replace(id::text, '-', '') FROM public.outbox;",
@@ -612,7 +612,7 @@ impl World {
     /// never faulted).
     pub fn exec(&self) -> super::load::Exec {
         match &self.db {
-            Db::MariaDb(db) => {
+            Db::Mysqld(db) => {
                 let socket = db.socket_path();
                 Arc::new(move |sql: &str| try_sql_at(&socket, sql))
             }
@@ -637,7 +637,7 @@ impl World {
         }
         self.sink.save_logs(dir);
         let server_log = match &self.db {
-            Db::MariaDb(db) => db.dir().join("error.log"),
+            Db::Mysqld(db) => db.dir().join("error.log"),
             Db::Postgres(pg) => pg.dir().join("postgres.log"),
         };
         let _ = std::fs::copy(server_log, dir.join("database.log"));
