@@ -57,26 +57,35 @@ use crate::source::{Change, Ignored, Position, SourceIdentity};
 /// `ER_MASTER_FATAL_ERROR_READING_BINLOG`: the requested position is not (or no longer) on the server.
 const ER_BINLOG_GONE: u16 = 1236;
 
-/// Parses a position typed by a user: `FILE:POS` or `gtid:DOMAIN-SERVER-SEQ[,…]` (MariaDB).
+/// Parses a position typed by a user: `FILE:POS`, `gtid:DOMAIN-SERVER-SEQ[,…]` (MariaDB) or
+/// `gtid:UUID:1-100[,…]` (MySQL's executed set: the transactions already delivered).
 pub fn parse_position(text: &str) -> Result<Position> {
     let text = text.trim();
     let bad = || {
-        Error::config(format!("{text:?} is not a binlog position"))
-            .remedy("write FILE:POS (e.g. mysql-bin.000003:1234) or gtid:0-1-42 (MariaDB)")
+        Error::config(format!("{text:?} is not a binlog position")).remedy(
+            "write FILE:POS (e.g. mysql-bin.000003:1234), gtid:0-1-42 (MariaDB) or gtid:UUID:1-42 (MySQL)",
+        )
     };
     let position = if let Some(gtid) = text.strip_prefix("gtid:") {
-        let state = MariaGtidState::parse(gtid).map_err(|e| {
-            Error::config(e.message().to_string())
-                .remedy("MySQL GTID sets (uuid:1-100) are not supported yet; use FILE:POS")
-        })?;
-        if state.is_empty() {
+        let as_config = |e: Error| {
+            let fix = e.remedy_text().unwrap_or_default().to_string();
+            Error::config(e.message().to_string()).remedy(fix)
+        };
+        let (gtid, mysql_gtids) = if gtid.contains(':') {
+            let set = MysqlGtidSet::parse(gtid).map_err(as_config)?;
+            (None, (!set.is_empty()).then_some(set))
+        } else {
+            let state = MariaGtidState::parse(gtid).map_err(as_config)?;
+            ((!state.is_empty()).then_some(state), None)
+        };
+        if gtid.is_none() && mysql_gtids.is_none() {
             return Err(bad());
         }
         BinlogPosition {
             file: String::new(),
             pos: 4,
-            gtid: Some(state),
-            mysql_gtids: None,
+            gtid,
+            mysql_gtids,
         }
     } else {
         let (file, pos) = text.rsplit_once(':').ok_or_else(bad)?;
@@ -178,7 +187,7 @@ impl MysqlSource {
         // by hand names none, and may be read on any host).
         let gtid_resume = resume.is_some_and(|(_, p)| {
             p.binlog()
-                .is_ok_and(|b| server.is_mariadb && b.gtid.as_ref().is_some_and(|g| !g.is_empty()))
+                .is_ok_and(|b| b.resumes_by_gtid(server.is_mariadb))
         });
         let own_checkpoint = !gtid_resume
             || resume.is_some_and(|(stored, _)| {
@@ -203,16 +212,23 @@ impl MysqlSource {
                 end
             }
         };
-        if start.file.is_empty() && !(server.is_mariadb && start.gtid.is_some()) {
+        if start.file.is_empty() && !start.resumes_by_gtid(server.is_mariadb) {
+            let wanted = if start.gtid.is_some() {
+                "MariaDB server (a domain-server-seq GTID)"
+            } else {
+                "MySQL server with gtid_mode=ON (a uuid:N GTID set)"
+            };
             return Err(Error::checkpoint(format!(
-                "position {start} needs a GTID-capable MariaDB server; this is {}",
+                "position {start} needs a {wanted}; this is {}",
                 server.version
             ))
-            .remedy("use a FILE:POS position on this server"));
+            .remedy(
+                "use a FILE:POS position on this server, or a GTID in this server's notation",
+            ));
         }
         let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
         let mut replica = open(config).await?;
-        let use_gtid = server.is_mariadb && start.gtid.as_ref().is_some_and(|g| !g.is_empty());
+        let use_gtid = start.resumes_by_gtid(server.is_mariadb);
         let setup = async {
             replica
                 .query_drop(format!(
@@ -225,7 +241,7 @@ impl MysqlSource {
                     .query_drop("SET @mariadb_slave_capability = 4")
                     .await?;
             }
-            if use_gtid {
+            if use_gtid && server.is_mariadb {
                 let state = start
                     .gtid
                     .as_ref()
@@ -245,7 +261,19 @@ impl MysqlSource {
         };
         setup.await.map_err(|e| map_err(e, config))?;
         let server_id = own.server_id(pipeline);
-        let request = if use_gtid {
+        // MySQL: COM_BINLOG_DUMP_GTID with the executed set; the server sends every transaction
+        // not in it, from whichever file holds the first (the file and offset are its own).
+        let mysql_sids = match &start.mysql_gtids {
+            Some(set) if use_gtid && !server.is_mariadb => set.sids()?,
+            _ => Vec::new(),
+        };
+        let request = if use_gtid && !server.is_mariadb {
+            BinlogStreamRequest::new(server_id)
+                .with_gtid()
+                .with_gtid_set(mysql_sids)
+                .with_filename(b"")
+                .with_pos(4u64)
+        } else if use_gtid {
             BinlogStreamRequest::new(server_id)
                 .with_filename(b"")
                 .with_pos(4u64)
@@ -641,8 +669,7 @@ fn check_identity(
     if same_server {
         return Ok(());
     }
-    let portable = is_mariadb && start.gtid.as_ref().is_some_and(|g| !g.is_empty());
-    if portable {
+    if start.resumes_by_gtid(is_mariadb) {
         tracing::warn!(
             checkpoint_server = ?stored.server_id,
             server = ?current.server_id,
@@ -682,6 +709,26 @@ async fn current_end(conn: &mut Conn, info: &ServerInfo) -> mysql_async::Result<
     })?;
     let file: String = row.get(0).unwrap_or_default();
     let pos: u64 = row.get(1).unwrap_or(4);
+    // MySQL prints the executed set beside the file and offset, read at the same instant: the
+    // set a reader starting at that offset has seen. None with gtid_mode OFF (no GTIDs to keep).
+    let mysql_gtids = if is_mariadb {
+        None
+    } else {
+        let text: String = row
+            .get::<Option<String>, _>(4)
+            .flatten()
+            .unwrap_or_default();
+        let text: String = text.split_whitespace().collect();
+        let mode: Option<String> = conn.query_first("SELECT @@GLOBAL.gtid_mode").await?;
+        if mode.as_deref() == Some("ON") || !text.is_empty() {
+            Some(
+                MysqlGtidSet::parse(&text)
+                    .map_err(|e| mysql_async::Error::Other(e.message().to_string().into()))?,
+            )
+        } else {
+            None
+        }
+    };
     let gtid = if is_mariadb {
         let text: Option<String> = conn
             .exec_first("SELECT BINLOG_GTID_POS(?, ?)", (file.clone(), pos))
@@ -697,7 +744,7 @@ async fn current_end(conn: &mut Conn, info: &ServerInfo) -> mysql_async::Result<
         file,
         pos,
         gtid,
-        mysql_gtids: None,
+        mysql_gtids,
     })
 }
 
@@ -760,7 +807,28 @@ fn server_is_behind(message: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{binlog_status_statement, server_is_behind};
+    use super::{binlog_status_statement, parse_position, server_is_behind};
+
+    #[test]
+    fn a_typed_gtid_position_is_read_in_the_notation_it_is_written_in() {
+        let mysql = parse_position("gtid:3E11FA47-71CA-11E1-9E33-C80AA9429562:1-5:7").unwrap();
+        let mysql = mysql.binlog().unwrap();
+        assert!(mysql.resumes_by_gtid(false) && !mysql.resumes_by_gtid(true));
+        assert_eq!(
+            mysql.gtid_text().unwrap(),
+            "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5:7"
+        );
+        let maria = parse_position("gtid:0-1-42").unwrap();
+        assert!(maria.binlog().unwrap().resumes_by_gtid(true));
+        for bad in [
+            "gtid:",
+            "gtid:nonsense:1-5",
+            "gtid:3e11fa47-71ca-11e1-9e33-c80aa9429562:0",
+        ] {
+            let e = parse_position(bad).unwrap_err();
+            assert!(e.remedy_text().is_some(), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn a_server_behind_the_checkpoint_is_told_apart_from_a_purged_or_diverged_binlog() {

@@ -154,6 +154,25 @@ impl MysqlGtidSet {
         self.sources.is_empty()
     }
 
+    /// The set as COM_BINLOG_DUMP_GTID sends it: one block per source (tagged ones in the TSID
+    /// format the driver picks by itself).
+    pub fn sids(&self) -> Result<Vec<mysql_common::packets::Sid<'static>>> {
+        self.sources
+            .iter()
+            .map(|(source, intervals)| {
+                let mut text = source.clone();
+                for (a, b) in intervals {
+                    text.push_str(&format!(":{a}-{b}"));
+                }
+                text.parse().map_err(|e| {
+                    Error::source(format!(
+                        "GTID set {text:?} cannot be sent to the server: {e}"
+                    ))
+                })
+            })
+            .collect()
+    }
+
     /// Every transaction of `other` is in this set.
     pub fn covers(&self, other: &MysqlGtidSet) -> bool {
         other.sources.iter().all(|(source, intervals)| {
@@ -214,6 +233,16 @@ impl BinlogPosition {
             (Some(g), _) => Some(g.to_string()),
             (None, Some(m)) if !m.is_empty() => Some(m.to_string()),
             _ => None,
+        }
+    }
+
+    /// Whether the position names transactions (GTIDs) a server of this kind resumes by, so it
+    /// means the same on every server of the replication topology.
+    pub fn resumes_by_gtid(&self, is_mariadb: bool) -> bool {
+        if is_mariadb {
+            self.gtid.as_ref().is_some_and(|g| !g.is_empty())
+        } else {
+            self.mysql_gtids.as_ref().is_some_and(|g| !g.is_empty())
         }
     }
 
