@@ -6,7 +6,7 @@ use crate::rig;
 use std::time::Duration;
 
 use crate::rig::scenario::*;
-use crate::rig::{consume, wait_until};
+use crate::rig::{consume, wait_until, Flavor};
 
 on_both_servers! {
 fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_in_order(flavor: Flavor) {
@@ -244,6 +244,37 @@ fn compressed_row_events_for_the_outbox_stop_the_pipeline_and_are_never_skipped(
     assert!(after["position"]["pos"].as_u64() >= before["position"]["pos"].as_u64());
 }
 
+/// MySQL compresses whole transactions (`binlog_transaction_compression`): the driver expands each
+/// TRANSACTION_PAYLOAD into its events, and every row arrives (a payload that were dropped instead
+/// stops the pipeline: the decoder's check, proven on files in binlog_files).
+#[test]
+fn mysql_compressed_transactions_are_expanded_and_every_row_arrives_in_order() {
+    if let Err(why) = Flavor::MySql.available() {
+        return rig::mysqld::skip(module_path!(), &why);
+    }
+    let mut env = setup_on(Flavor::MySql, "mysql-zstd", "");
+    env.db
+        .sql_socket("SET GLOBAL binlog_transaction_compression = ON;");
+    env.outboxd.start();
+    // Small and large transactions, one of 200 rows (one payload holding them all).
+    insert_rows(&env.db, 0, 100, 1);
+    insert_rows(&env.db, 100, 300, 200);
+    insert_rows(&env.db, 300, 400, 7);
+    let events = env.db.sql_socket("SHOW BINLOG EVENTS;");
+    assert!(
+        events.contains("Transaction_payload"),
+        "the server did not compress: {events}"
+    );
+    let records = consume_all(&env, 400);
+    assert_eq!(check_records(&records, 0..400), 0, "{}", env.outboxd.log());
+    check_per_key_order(&records);
+    env.outboxd.stop();
+    assert_eq!(
+        env.outboxd.checkpoint()["position"]["gtid_set"],
+        env.db.gtid().as_str()
+    );
+}
+
 #[test]
 fn a_record_the_broker_refuses_as_too_large_stops_with_the_remedy_instead_of_looping() {
     let mut env = setup(
@@ -413,9 +444,9 @@ fn metrics_move_with_traffic_and_readyz_follows_the_source() {
     env.outboxd.stop();
 }
 
-#[test]
-fn a_column_missing_from_a_minimal_row_image_is_null_and_shifts_nothing() {
-    let mut env = setup("minimal-image", "");
+on_both_servers! {
+fn a_column_missing_from_a_minimal_row_image_is_null_and_shifts_nothing(flavor: Flavor) {
+    let mut env = setup_on(flavor, "minimal-image", "");
     env.outboxd.start();
     // With binlog_row_image=MINIMAL the after-image leaves out columns the INSERT did not name: here
     // `payload`, which sits between `type` and `created_at`. Its value must not be taken from the
@@ -453,6 +484,7 @@ fn a_column_missing_from_a_minimal_row_image_is_null_and_shifts_nothing() {
     assert_eq!(full.value.as_deref(), Some(&br#"{"n":171}"#[..]));
     env.outboxd.stop();
 }
+}
 
 /// `XA START xid; rows; XA END xid; XA PREPARE xid;`
 fn xa_prepare(xid: &str, rows: std::ops::Range<u64>) -> String {
@@ -464,10 +496,9 @@ fn xa_prepare(xid: &str, rows: std::ops::Range<u64>) -> String {
     sql
 }
 
-#[test]
-fn xa_rows_are_published_at_xa_commit_never_after_xa_rollback_and_survive_a_restart_while_prepared()
-{
-    let mut env = setup("xa", "");
+on_both_servers! {
+fn xa_rows_are_published_at_xa_commit_never_after_xa_rollback_and_survive_a_restart_while_prepared(flavor: Flavor) {
+    let mut env = setup_on(flavor, "xa", "");
     env.outboxd.start();
     // Prepared and undecided: 0 and 1 under 'a', 2 under 'b' (xid with a branch and a format id).
     env.db.sql_socket(&xa_prepare("'a'", 0..2));
@@ -522,6 +553,7 @@ fn xa_rows_are_published_at_xa_commit_never_after_xa_rollback_and_survive_a_rest
     // Committed XA rows land once (the restart re-reads them, but they are sent at XA COMMIT only).
     assert_eq!(ns.iter().filter(|&&n| n == 0).count(), 1, "{ns:?}");
     env.outboxd.stop();
+}
 }
 
 /// A broker that does not create topics on demand (the producer asks it not to, as
