@@ -275,6 +275,90 @@ fn mysql_compressed_transactions_are_expanded_and_every_row_arrives_in_order() {
     );
 }
 
+/// `checkpoint set gtid:UUID:…` by hand: a set naming transactions the server has not executed
+/// would skip them when they come, so `run` refuses it with the remedy; one within the server's
+/// set resumes there by GTID and sends exactly the transactions after it.
+#[test]
+fn a_typed_mysql_gtid_set_ahead_of_the_server_is_refused_and_one_within_it_resumes_there() {
+    if let Err(why) = Flavor::MySql.available() {
+        return rig::mysqld::skip(module_path!(), &why);
+    }
+    let mut env = setup_on(Flavor::MySql, "typed-gtid", "");
+    env.outboxd.start();
+    insert_rows(&env.db, 0, 5, 1);
+    let after_five = env.db.gtid();
+    insert_rows(&env.db, 5, 10, 1);
+    assert_eq!(consume_all(&env, 10).len(), 10);
+    env.outboxd.stop();
+
+    let uuid = env
+        .db
+        .sql_socket("SELECT @@server_uuid;")
+        .trim()
+        .to_string();
+    let ahead = format!("gtid:{uuid}:1-100000");
+    let set = env.outboxd.command_output(&["checkpoint", "set", &ahead]);
+    assert!(set.status.success(), "{set:?}");
+    // Bounded: a run that took the set would not exit.
+    env.outboxd.start();
+    let status = env.outboxd.wait_exit(LIMIT);
+    let log = env.outboxd.log();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("names transactions this server has not executed")
+            && log.contains("checkpoint set gtid:"),
+        "{log}"
+    );
+
+    let set = env
+        .outboxd
+        .command_output(&["checkpoint", "set", &format!("gtid:{after_five}")]);
+    assert!(set.status.success(), "{set:?}");
+    env.outboxd.start();
+    let records = consume_all(&env, 15);
+    let mut resent: Vec<u64> = records.iter().map(n_of).collect();
+    resent.sort();
+    assert_eq!(
+        resent,
+        [0, 1, 2, 3, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9],
+        "{}",
+        env.outboxd.log()
+    );
+    let log = env.outboxd.log();
+    assert!(
+        log.contains("binlog stream opened") && log.contains("\"gtid\""),
+        "{log}"
+    );
+    env.outboxd.stop();
+}
+
+/// A MySQL set in the checkpoint, and the server's gtid_mode moved off ON (the first step of
+/// turning GTIDs off): the server refuses a GTID dump then, so outboxd resumes its own
+/// checkpoint by FILE:POS and loses nothing.
+#[test]
+fn a_mysql_server_whose_gtid_mode_left_on_is_resumed_by_file_pos() {
+    if let Err(why) = Flavor::MySql.available() {
+        return rig::mysqld::skip(module_path!(), &why);
+    }
+    let mut env = setup_on(Flavor::MySql, "gtid-permissive", "");
+    env.outboxd.start();
+    insert_rows(&env.db, 0, 10, 2);
+    assert_eq!(consume_all(&env, 10).len(), 10);
+    env.outboxd.stop();
+    assert!(env.outboxd.checkpoint()["position"]["gtid_set"].is_string());
+    env.db.sql_socket("SET GLOBAL gtid_mode = ON_PERMISSIVE;");
+    insert_rows(&env.db, 10, 20, 2);
+    env.outboxd.start();
+    let records = consume_all(&env, 20);
+    assert_eq!(check_records(&records, 0..20), 0, "{}", env.outboxd.log());
+    assert!(
+        env.outboxd.log().contains("file:pos"),
+        "{}",
+        env.outboxd.log()
+    );
+    env.outboxd.stop();
+}
+
 #[test]
 fn a_record_the_broker_refuses_as_too_large_stops_with_the_remedy_instead_of_looping() {
     let mut env = setup(

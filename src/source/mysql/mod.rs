@@ -185,10 +185,8 @@ impl MysqlSource {
         // identity in the checkpoint. A FILE:POS position always belongs to this server (see
         // `check_identity`); a GTID position only when the checkpoint names this server (one set
         // by hand names none, and may be read on any host).
-        let gtid_resume = resume.is_some_and(|(_, p)| {
-            p.binlog()
-                .is_ok_and(|b| b.resumes_by_gtid(server.is_mariadb))
-        });
+        let gtid_resume =
+            resume.is_some_and(|(_, p)| p.binlog().is_ok_and(|b| server.resumes_by_gtid(b)));
         let own_checkpoint = !gtid_resume
             || resume.is_some_and(|(stored, _)| {
                 stored.server_id.is_some()
@@ -198,7 +196,11 @@ impl MysqlSource {
         let start = match resume {
             Some((stored, position)) => {
                 let start = position.binlog()?.clone();
-                check_identity(stored, &identity, &start, server.is_mariadb)?;
+                check_identity(stored, &identity, &start, &server)?;
+                if server.resumes_by_gtid(&start) {
+                    check_mysql_set(&mut control, &start, stored.server_id.is_none(), config)
+                        .await?;
+                }
                 start
             }
             None => {
@@ -212,11 +214,11 @@ impl MysqlSource {
                 end
             }
         };
-        if start.file.is_empty() && !start.resumes_by_gtid(server.is_mariadb) {
+        if start.file.is_empty() && !server.resumes_by_gtid(&start) {
             let wanted = if start.gtid.is_some() {
                 "MariaDB server (a domain-server-seq GTID)"
             } else {
-                "MySQL server with gtid_mode=ON (a uuid:N GTID set)"
+                "MySQL server with gtid_mode = ON (a uuid:N GTID set)"
             };
             return Err(Error::checkpoint(format!(
                 "position {start} needs a {wanted}; this is {}",
@@ -228,7 +230,7 @@ impl MysqlSource {
         }
         let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
         let mut replica = open(config).await?;
-        let use_gtid = start.resumes_by_gtid(server.is_mariadb);
+        let use_gtid = server.resumes_by_gtid(&start);
         let setup = async {
             replica
                 .query_drop(format!(
@@ -512,6 +514,9 @@ struct ServerInfo {
     is_mariadb: bool,
     server_id: u32,
     server_uuid: Option<String>,
+    /// MySQL's `gtid_mode` is ON: only then does the server take a GTID dump (OFF_PERMISSIVE and
+    /// ON_PERMISSIVE refuse it). Always false on MariaDB, whose GTIDs are always on.
+    mysql_gtid_mode_on: bool,
     log_bin: bool,
     binlog_format: String,
     row_image: String,
@@ -532,23 +537,39 @@ impl ServerInfo {
             .await?
             .unwrap_or_default();
         let is_mariadb = version.to_ascii_lowercase().contains("mariadb");
-        let server_uuid = if is_mariadb {
-            None
+        let (server_uuid, mysql_gtid_mode_on) = if is_mariadb {
+            (None, false)
         } else {
-            conn.query_first::<String, _>("SELECT @@server_uuid")
+            let uuid = conn
+                .query_first::<String, _>("SELECT @@server_uuid")
                 .await
                 .ok()
-                .flatten()
+                .flatten();
+            // MySQL 5.6 and later have gtid_mode; a server without it has no GTIDs.
+            let mode = conn
+                .query_first::<String, _>("SELECT @@GLOBAL.gtid_mode")
+                .await
+                .ok()
+                .flatten();
+            (uuid, mode.as_deref() == Some("ON"))
         };
         Ok(ServerInfo {
             version,
             is_mariadb,
             server_id,
             server_uuid,
+            mysql_gtid_mode_on,
             log_bin: log_bin == 1,
             binlog_format,
             row_image,
         })
+    }
+
+    /// Whether a stream from `start` asks this server by GTID: MariaDB's state, or MySQL's set
+    /// when the server's gtid_mode is ON (otherwise by FILE:POS, which only this server's own
+    /// checkpoint has).
+    fn resumes_by_gtid(&self, start: &BinlogPosition) -> bool {
+        start.resumes_by_gtid(self.is_mariadb) && (self.is_mariadb || self.mysql_gtid_mode_on)
     }
 
     /// The binlog settings outboxd depends on, judged once for both `run` (which refuses the first
@@ -650,7 +671,7 @@ fn check_identity(
     stored: &SourceIdentity,
     current: &SourceIdentity,
     start: &BinlogPosition,
-    is_mariadb: bool,
+    server: &ServerInfo,
 ) -> Result<()> {
     if stored.kind != current.kind {
         return Err(Error::checkpoint(format!(
@@ -669,7 +690,7 @@ fn check_identity(
     if same_server {
         return Ok(());
     }
-    if start.resumes_by_gtid(is_mariadb) {
+    if server.resumes_by_gtid(start) {
         tracing::warn!(
             checkpoint_server = ?stored.server_id,
             server = ?current.server_id,
@@ -684,6 +705,51 @@ fn check_identity(
         stored.server_id, stored.server_uuid, current.server_id, current.server_uuid
     ))
     .remedy("point source.url back at that server, or set a position valid on this one with `outboxd checkpoint set FILE:POS`"))
+}
+
+/// A MySQL set is sent as it is, and the server sends every transaction not in it. A set typed by
+/// hand that names transactions this server has not executed would skip them when they come: it
+/// is refused. A server holding transactions of a server uuid the set never saw (a replica's own
+/// writes, or a wrong host) sends that uuid's whole history: outboxd says so before it reads.
+async fn check_mysql_set(
+    conn: &mut Conn,
+    start: &BinlogPosition,
+    typed: bool,
+    config: &SourceConfig,
+) -> Result<()> {
+    let Some(set) = start.mysql_gtids.as_ref().filter(|s| !s.is_empty()) else {
+        return Ok(());
+    };
+    let text = set.to_string();
+    let row: Option<(String, String)> = conn
+        .exec_first(
+            "SELECT GTID_SUBTRACT(?, @@GLOBAL.gtid_executed), GTID_SUBTRACT(@@GLOBAL.gtid_executed, ?)",
+            (text.clone(), text.clone()),
+        )
+        .await
+        .map_err(|e| map_err(e, config))?;
+    let (ahead, unseen) = row.unwrap_or_default();
+    let ahead: String = ahead.split_whitespace().collect();
+    if typed && !ahead.is_empty() {
+        return Err(Error::checkpoint(format!(
+            "the position gtid:{text} names transactions this server has not executed ({ahead}): outboxd would skip them when they come"
+        ))
+        .remedy("set the GTID set of the last transaction delivered, a part of this server's SELECT @@GLOBAL.gtid_executed: `outboxd checkpoint set gtid:SET`"));
+    }
+    let unseen: String = unseen.split_whitespace().collect();
+    if unseen.is_empty() {
+        return Ok(());
+    }
+    let unseen = MysqlGtidSet::parse(&unseen)?;
+    let strangers: Vec<&str> = unseen.sources().filter(|s| !set.has_source(s)).collect();
+    if !strangers.is_empty() {
+        tracing::warn!(
+            sources = %strangers.join(","),
+            transactions = %unseen,
+            "this server holds transactions of server uuids the checkpoint never saw: outboxd sends every outbox row among them (if they are a replica's own writes or another database's, stop outboxd and add them to the position with `outboxd checkpoint set`)"
+        );
+    }
+    Ok(())
 }
 
 /// `SHOW BINARY LOG STATUS` replaced `SHOW MASTER STATUS` in MySQL 8.4 (8.2 added it, 8.4 removed
@@ -709,8 +775,12 @@ async fn current_end(conn: &mut Conn, info: &ServerInfo) -> mysql_async::Result<
     })?;
     let file: String = row.get(0).unwrap_or_default();
     let pos: u64 = row.get(1).unwrap_or(4);
-    // MySQL prints the executed set beside the file and offset, read at the same instant: the
-    // set a reader starting at that offset has seen. None with gtid_mode OFF (no GTIDs to keep).
+    // MySQL prints the executed set beside the file and offset. The server reads the set first
+    // and the offset after it, and a GTID joins the set only once its transaction is in the
+    // binlog: every transaction in the set lies before the offset, so a GTID resume from it
+    // skips nothing. (A commit racing the statement may lie before the offset without being in
+    // the set: a GTID resume then also sends that row from before the start.) None with
+    // gtid_mode OFF.
     let mysql_gtids = if is_mariadb {
         None
     } else {
@@ -719,8 +789,7 @@ async fn current_end(conn: &mut Conn, info: &ServerInfo) -> mysql_async::Result<
             .flatten()
             .unwrap_or_default();
         let text: String = text.split_whitespace().collect();
-        let mode: Option<String> = conn.query_first("SELECT @@GLOBAL.gtid_mode").await?;
-        if mode.as_deref() == Some("ON") || !text.is_empty() {
+        if info.mysql_gtid_mode_on {
             Some(
                 MysqlGtidSet::parse(&text)
                     .map_err(|e| mysql_async::Error::Other(e.message().to_string().into()))?,
@@ -802,6 +871,8 @@ fn server_is_behind(message: &str) -> bool {
         && (m.contains("not in the master's binlog")
             || m.contains("impossible position")
             || m.contains("position > file size")
+            // MySQL: the server lacks transactions of its own uuid that outboxd already read.
+            || m.contains("more gtids than the")
             || m.contains("beyond the end"))
 }
 
@@ -824,6 +895,9 @@ mod tests {
             "gtid:",
             "gtid:nonsense:1-5",
             "gtid:3e11fa47-71ca-11e1-9e33-c80aa9429562:0",
+            "gtid:3e11fa47-71ca-11e1-9e33-c80aa9429562:1-9223372036854775807",
+            "gtid:3e11fa47-71ca-11e1-9e33-c80aa9429562:bad-tag:1",
+            "gtid:3e11fa47-71ca-11e1-9e33-c80aa9429562:9tag:1",
         ] {
             let e = parse_position(bad).unwrap_err();
             assert!(e.remedy_text().is_some(), "{bad}: {e}");
@@ -839,6 +913,12 @@ mod tests {
         assert!(server_is_behind(
             "Client requested master to start replication from position > file size"
         ));
+        // MySQL 8.0.26+ and the older wording.
+        assert!(server_is_behind("Replica has more GTIDs than the source has, using the source's SERVER_UUID. This may indicate that the end of the binary log was truncated or that the last binary log file was lost, e.g., after a power or disk failure when sync_binlog != 1. The source may or may not have rolled back transactions that were already replicated to the replica."));
+        assert!(server_is_behind(
+            "Slave has more GTIDs than the master has, using the master's SERVER_UUID."
+        ));
+        assert!(!server_is_behind("Cannot replicate because the source purged required binary logs. Replicate the missing transactions from elsewhere, or provision a new replica from backup. Consider increasing the source's binary log expiration period. The GTID set sent by the replica is 'x:1-5', and the missing transactions are 'x:6-9'"));
         assert!(!server_is_behind("Error: connecting slave requested to start from GTID 0-1-57, which is not in the master's binlog. Since the master's binlog contains GTIDs with higher sequence numbers, it probably means that the slave has diverged due to executing extra erroneous transactions"));
         assert!(!server_is_behind("Could not find GTID state requested by slave in any binlog files. Probably the slave state is too old and required binlog files have been purged."));
         assert!(!server_is_behind(

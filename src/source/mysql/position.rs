@@ -79,6 +79,9 @@ impl fmt::Display for MariaGtidState {
     }
 }
 
+/// The largest transaction number MySQL hands out (`GNO_END - 1`).
+const MAX_GNO: u64 = (1 << 63) - 2;
+
 /// A MySQL GTID set: for each source (`uuid`, or `uuid:tag` from 8.4 on), the transaction numbers
 /// executed, as sorted, merged, inclusive intervals. Printed the way MySQL prints `gtid_executed`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -124,7 +127,11 @@ impl MysqlGtidSet {
             let mut intervals = 0;
             for piece in pieces {
                 if !piece.starts_with(|c: char| c.is_ascii_digit()) {
-                    if piece.is_empty() {
+                    // MySQL's tags: a letter or _, then letters, digits or _; 32 at most.
+                    let tag_ok = piece.len() <= 32
+                        && piece.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                        && piece.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                    if !tag_ok {
                         return Err(bad());
                     }
                     source = format!("{uuid}:{}", piece.to_ascii_lowercase());
@@ -137,7 +144,8 @@ impl MysqlGtidSet {
                         (n, n)
                     }
                 };
-                if a > b || a == 0 {
+                // MySQL's transaction numbers run from 1 to 2^63 - 2.
+                if a > b || a == 0 || b > MAX_GNO {
                     return Err(bad());
                 }
                 set.add_interval(&source, a, b);
@@ -152,6 +160,15 @@ impl MysqlGtidSet {
 
     pub fn is_empty(&self) -> bool {
         self.sources.is_empty()
+    }
+
+    /// The sources (`uuid` or `uuid:tag`) the set names.
+    pub fn sources(&self) -> impl Iterator<Item = &str> {
+        self.sources.keys().map(String::as_str)
+    }
+
+    pub fn has_source(&self, source: &str) -> bool {
+        self.sources.contains_key(source)
     }
 
     /// The set as COM_BINLOG_DUMP_GTID sends it: one block per source (tagged ones in the TSID

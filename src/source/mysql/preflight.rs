@@ -132,7 +132,12 @@ async fn check_replica(conn: &mut Conn, info: &ServerInfo, items: &mut Vec<Item>
         return;
     }
     if logs_replicated_rows(conn).await == Some(true) {
-        items.push(Item::pass(SUBJECT, "replica with log_slave_updates = ON"));
+        let variable = if info.is_mariadb {
+            "log_slave_updates"
+        } else {
+            "log_replica_updates"
+        };
+        items.push(Item::pass(SUBJECT, format!("replica with {variable} = ON")));
     } else {
         let (problem, remedy) = without_updates(info.is_mariadb);
         items.push(Item::fail(SUBJECT, problem, remedy));
@@ -221,10 +226,16 @@ async fn check_checkpoint(conn: &mut Conn, checkpoint: Option<&Position>, items:
             SUBJECT,
             format!("the checkpoint's binlog {} is on the server", position.file),
         ));
-    } else if position.gtid.as_ref().is_some_and(|g| !g.is_empty()) {
+    } else if position.resumes_by_gtid(true) || position.resumes_by_gtid(false) {
+        // A position typed as a GTID names no file at all.
+        let file = if position.file.is_empty() {
+            "(none: a GTID position)".to_string()
+        } else {
+            position.file.clone()
+        };
         items.push(Item::warn(
             SUBJECT,
-            format!("binlog {} is not on this server; resuming relies on GTID {}", position.file, position.gtid.as_ref().map(|g| g.to_string()).unwrap_or_default()),
+            format!("binlog {file} is not on this server; resuming relies on GTID {}", position.gtid_text().unwrap_or_default()),
             "fine after a failover; if the server purged those GTIDs, restore the binlogs or set the checkpoint deliberately",
         ));
     } else {
