@@ -376,7 +376,7 @@ async fn round_on(
         return Err(Error::config(
             "prune.url names another server, and its binlog position cannot be compared with the checkpoint's without GTIDs",
         )
-        .remedy("leave prune.url unset (prune where outboxd reads), or use MariaDB GTIDs (outboxd compares MySQL GTID sets only from the stream so far)"));
+        .remedy("leave prune.url unset (prune where outboxd reads), or use GTIDs (MariaDB's, or MySQL's with gtid_mode = ON)"));
     }
     let compare = Compare {
         elsewhere: prune.elsewhere,

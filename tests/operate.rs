@@ -2,6 +2,7 @@
 
 use crate::rig;
 
+use crate::on_both_servers;
 use crate::rig::scenario::*;
 use crate::rig::{wait_until, Broker, Mysqld, Outboxd};
 
@@ -17,9 +18,9 @@ fn pipeline_on(name: &str, url: &str) -> (Broker, Outboxd) {
     (broker, outboxd)
 }
 
-#[test]
-fn check_passes_on_a_correct_setup() {
-    let env = setup("check-ok", "");
+on_both_servers! {
+fn check_passes_on_a_correct_setup(flavor: Flavor) {
+    let env = setup_on(flavor, "check-ok", "");
     let (ok, text) = output(&env.outboxd, &["check"]);
     assert!(ok, "{text}");
     assert!(!text.contains("FAIL"), "{text}");
@@ -33,10 +34,11 @@ fn check_passes_on_a_correct_setup() {
         assert!(text.contains(line), "missing {line:?} in:\n{text}");
     }
 }
+}
 
-#[test]
-fn check_and_run_refuse_statement_based_binlogs() {
-    let db = Mysqld::mariadb(&[]);
+on_both_servers! {
+fn check_and_run_refuse_statement_based_binlogs(flavor: Flavor) {
+    let db = Mysqld::start(flavor, &[]);
     db.sql_socket(SCHEMA);
     db.sql_socket("SET GLOBAL binlog_format = 'STATEMENT';");
     let (_broker, outboxd) = pipeline_on("stmt", &db.cdc_url());
@@ -54,20 +56,22 @@ fn check_and_run_refuse_statement_based_binlogs() {
         "{text}"
     );
 }
+}
 
-#[test]
-fn check_fails_when_the_binlog_is_off() {
-    let db = Mysqld::mariadb(&["skip-log-bin"]);
+on_both_servers! {
+fn check_fails_when_the_binlog_is_off(flavor: Flavor) {
+    let db = Mysqld::start(flavor, &["skip-log-bin"]);
     db.sql_socket(SCHEMA);
     let (_broker, outboxd) = pipeline_on("nolog", &db.cdc_url());
     let (ok, text) = output(&outboxd, &["check"]);
     assert!(!ok, "{text}");
     assert!(text.contains("FAIL  mysql: log_bin = OFF"), "{text}");
 }
+}
 
-#[test]
-fn check_fails_for_a_user_without_replication_privileges() {
-    let db = Mysqld::mariadb(&[]);
+on_both_servers! {
+fn check_fails_for_a_user_without_replication_privileges(flavor: Flavor) {
+    let db = Mysqld::start(flavor, &[]);
     db.sql_socket(SCHEMA);
     db.sql_socket(&format!(
         "CREATE USER 'weak'@'127.0.0.1' IDENTIFIED BY '{}'; GRANT SELECT ON *.* TO 'weak'@'127.0.0.1';",
@@ -80,32 +84,30 @@ fn check_fails_for_a_user_without_replication_privileges() {
     assert!(text.contains("lacks REPLICATION SLAVE"), "{text}");
     assert!(text.contains("GRANT REPLICATION SLAVE"), "{text}");
 }
+}
 
-#[test]
-fn check_fails_on_a_replica_that_does_not_log_replicated_rows() {
-    let primary = Mysqld::mariadb(&[]);
+on_both_servers! {
+fn check_fails_on_a_replica_that_does_not_log_replicated_rows(flavor: Flavor) {
+    // Off by default on MariaDB, on by default on MySQL.
+    let (off, variable) = match flavor {
+        Flavor::MariaDb => ("log-slave-updates=OFF", "log_slave_updates"),
+        Flavor::MySql => ("log-replica-updates=OFF", "log_replica_updates"),
+    };
+    let primary = Mysqld::start(flavor, &[]);
+    let replica = Mysqld::start_replica(&primary, 2, &[off]);
     primary.sql_socket(SCHEMA);
-    let replica = Mysqld::mariadb(&["server-id=2"]);
-    replica.sql_socket(SCHEMA);
-    let gtid = primary
-        .sql_socket("SELECT @@gtid_binlog_pos;")
-        .trim()
-        .to_string();
-    replica.sql_socket(&format!(
-        "SET GLOBAL gtid_slave_pos = '{gtid}';
-         CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={}, MASTER_USER='cdc', MASTER_PASSWORD='{}', MASTER_USE_GTID=slave_pos;
-         START SLAVE;",
-        primary.port,
-        rig::mysqld::CDC_PASSWORD
-    ));
+    replica.catch_up(&primary);
     let (_broker, outboxd) = pipeline_on("replica", &replica.cdc_url());
     let (ok, text) = output(&outboxd, &["check"]);
     assert!(!ok, "{text}");
     assert!(
-        text.contains("FAIL  mysql: this server is a replica with log_slave_updates = OFF"),
+        text.contains(&format!(
+            "FAIL  mysql: this server is a replica with {variable} = OFF"
+        )),
         "{text}"
     );
-    assert!(text.contains("log_slave_updates=ON"), "{text}");
+    assert!(text.contains(&format!("{variable}=ON")), "{text}");
+}
 }
 
 #[test]

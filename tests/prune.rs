@@ -1,8 +1,9 @@
-//! Retention (`[prune]` and `outboxd prune`) on real MariaDB and Postgres: forwarded rows are
+//! Retention (`[prune]` and `outboxd prune`) on real MariaDB, MySQL 9 and Postgres: forwarded rows are
 //! deleted (or their partitions dropped), and while Kafka acknowledges nothing, nothing is.
 
 use std::time::Duration;
 
+use crate::on_both_servers;
 use crate::operate::output;
 use crate::postgres_pipeline::{self as pg_rows, PgEnv};
 use crate::rig::scenario::{
@@ -172,6 +173,76 @@ PARTITION BY RANGE COLUMNS(created_at) (
   PARTITION pnow VALUES LESS THAN (MAXVALUE)
 );
 ";
+
+on_both_servers! {
+/// `prune.url` names the primary while outboxd reads a replica: the two servers' positions compare
+/// by GTID (MariaDB's state, MySQL's executed set). Rows delivered from the replica are deleted on
+/// the primary; while Kafka acknowledges nothing, nothing is.
+fn prune_on_the_primary_deletes_what_was_delivered_from_a_replica_and_nothing_while_the_broker_is_frozen(flavor: Flavor) {
+    const PRUNE_PASSWORD: &str = "prune-pw-57";
+    let primary = Mysqld::start(flavor, &[]);
+    let (logs, log_end) = match flavor {
+        Flavor::MariaDb => ("log-slave-updates=ON", "BINLOG MONITOR"),
+        Flavor::MySql => ("log-replica-updates=ON", "REPLICATION CLIENT"),
+    };
+    let replica = Mysqld::start_replica(&primary, 2, &[logs]);
+    primary.sql_socket(SCHEMA);
+    primary.sql_socket(&format!(
+        "CREATE USER 'pruner'@'127.0.0.1' IDENTIFIED BY '{PRUNE_PASSWORD}';\
+         GRANT SELECT, DELETE ON app.* TO 'pruner'@'127.0.0.1';\
+         GRANT PROCESS, {log_end} ON *.* TO 'pruner'@'127.0.0.1';"
+    ));
+    replica.catch_up(&primary);
+    let broker = Broker::start();
+    for topic in ["outbox.event.order", "outbox.event.customer"] {
+        create_topic(&broker.bootstrap(), topic, 3);
+    }
+    let prune_url = format!("mysql://pruner:{PRUNE_PASSWORD}@127.0.0.1:{}/app", primary.port);
+    let body = format!(
+        "{}{ROUNDS}url = \"{prune_url}\"\n",
+        config_body(&replica.cdc_url(), &broker.bootstrap(), "", "")
+    );
+    let mut outboxd = Outboxd::new("prune-primary", &body);
+    outboxd.start();
+    insert_rows(&primary, 0, 200, 10);
+    consume_distinct_events(&broker.bootstrap(), 200);
+    let count = "SELECT COUNT(*) FROM app.outbox";
+    wait_until(
+        "the rounds delete the delivered rows on the primary",
+        Duration::from_secs(60),
+        || maria_count(&primary, count) == 0,
+    );
+
+    broker.freeze();
+    let mut script = String::new();
+    for n in 200..300 {
+        script.push_str(&maria_insert_at(n, "2000-01-01 00:00:00"));
+    }
+    primary.sql_socket(&script);
+    replica.catch_up(&primary);
+    let mark = outboxd.log().len();
+    wait_until(
+        "prune rounds while the broker is frozen",
+        Duration::from_secs(60),
+        || rounds_since(&outboxd, mark) >= 3,
+    );
+    assert_eq!(
+        maria_count(&primary, count),
+        100,
+        "undelivered rows were deleted:\n{}",
+        outboxd.log()
+    );
+    broker.thaw();
+    consume_distinct_events(&broker.bootstrap(), 300);
+    wait_until(
+        "the rest is deleted once Kafka acknowledged it",
+        Duration::from_secs(60),
+        || maria_count(&primary, count) == 0,
+    );
+    assert!(!outboxd.log().contains(PRUNE_PASSWORD));
+    outboxd.stop();
+}
+}
 
 fn maria_insert_at(n: u64, created_at: &str) -> String {
     insert_sql(n)

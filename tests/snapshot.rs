@@ -5,15 +5,22 @@
 
 use std::collections::HashMap;
 
+use crate::on_both_servers;
 use crate::postgres_pipeline as pg_rows;
 use crate::rig::scenario::{
     check_records_by, config_body, consume_distinct_events, event, insert_rows, insert_sql, n_of,
     transactions, Env, SCHEMA,
 };
-use crate::rig::{create_topic, mysqld::sql_at, Broker, Consumed, Mysqld, Outboxd, Postgres};
+use crate::rig::{
+    create_topic, mysqld::sql_at, Broker, Consumed, Flavor, Mysqld, Outboxd, Postgres,
+};
 
 fn maria_env(name: &str, source_extra: &str) -> Env {
-    let db = Mysqld::mariadb(&[]);
+    binlog_env(Flavor::MariaDb, name, source_extra)
+}
+
+fn binlog_env(flavor: Flavor, name: &str, source_extra: &str) -> Env {
+    let db = Mysqld::start(flavor, &[]);
     db.sql_socket(SCHEMA);
     let broker = Broker::start();
     for topic in ["outbox.event.order", "outbox.event.customer"] {
@@ -83,7 +90,12 @@ fn assert_streaming_checkpoint(outboxd: &Outboxd) {
 /// Rows 0..2000 exist before the first start; 2000..3000 are written while it starts and reads;
 /// 3000..3100 after it is done. Each arrives exactly once.
 fn mariadb_first_start(name: &str, grants: &str, env_vars: &[(&str, &str)]) {
-    let mut env = maria_env(
+    first_start(Flavor::MariaDb, name, grants, env_vars)
+}
+
+fn first_start(flavor: Flavor, name: &str, grants: &str, env_vars: &[(&str, &str)]) {
+    let mut env = binlog_env(
+        flavor,
         name,
         "snapshot = \"initial\"\nsnapshot_chunk = 150\n[route]\nheaders = { state = \"state\" }",
     );
@@ -131,6 +143,11 @@ fn mariadb_first_start(name: &str, grants: &str, env_vars: &[(&str, &str)]) {
     assert!(log.contains("snapshot done: streaming the log"), "{log}");
     assert_streaming_checkpoint(&env.outboxd);
     env.outboxd.stop();
+    // The log position the snapshot paired its read with carries the server's GTIDs on.
+    assert_eq!(
+        env.outboxd.checkpoint()["position"]["gtid_set"],
+        env.db.gtid().as_str()
+    );
 }
 
 #[test]
@@ -138,15 +155,22 @@ fn mariadb_first_start_sends_the_rows_already_there_once_then_streams() {
     mariadb_first_start("snap-maria", "", &[]);
 }
 
+on_both_servers! {
 /// MySQL has no `Binlog_snapshot_file`: its path (a brief LOCK TABLES … READ pairing the read with
-/// the binlog end) runs here against MariaDB, which understands the same statements.
-#[test]
-fn the_mysql_lock_pairing_also_sends_each_row_exactly_once() {
-    mariadb_first_start(
+/// the binlog end and, with GTIDs, the executed set) runs on MySQL 9, and is forced on MariaDB,
+/// which understands the same statements.
+fn the_mysql_lock_pairing_also_sends_each_row_exactly_once(flavor: Flavor) {
+    let forced: &[(&str, &str)] = match flavor {
+        Flavor::MariaDb => &[("OUTBOXD_TEST_SNAPSHOT_LOCK", "1")],
+        Flavor::MySql => &[],
+    };
+    first_start(
+        flavor,
         "snap-lock",
         "GRANT LOCK TABLES ON app.* TO 'cdc'@'127.0.0.1';",
-        &[("OUTBOXD_TEST_SNAPSHOT_LOCK", "1")],
+        forced,
     );
+}
 }
 
 #[test]

@@ -7,12 +7,13 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use crate::on_both_servers;
 use crate::rig::certs::{Ca, Issued, EXPIRED, VALID};
 use crate::rig::mysqld::CDC_PASSWORD;
 use crate::rig::scenario::{config_with_kafka, consume_events, insert_rows, SCHEMA};
 use crate::rig::{
-    consume, consume_using, create_topic, create_topic_using, wait_until, Broker, Mysqld, Outboxd,
-    Postgres,
+    consume, consume_using, create_topic, create_topic_using, wait_until, Broker, Flavor, Mysqld,
+    Outboxd, Postgres,
 };
 
 /// `outboxd ARGS`, bounded: (success, stdout + stderr). A run that does not exit in 60 s is killed
@@ -137,25 +138,37 @@ fn mysql_body(url: &str, tls: &str, bootstrap: &str) -> String {
 
 /// A MariaDB that refuses plain text over TCP, whose `cdc` account needs a client certificate.
 fn tls_mariadb(c: &Certs) -> Mysqld {
-    let db = Mysqld::mariadb(&[
-        &format!("ssl-ca={}", c.ca.pem.display()),
-        &format!("ssl-cert={}", c.server.cert.display()),
-        &format!("ssl-key={}", c.server.key.display()),
-        "require-secure-transport=ON",
-    ]);
+    tls_server(Flavor::MariaDb, c)
+}
+
+/// [`tls_mariadb`] of `flavor`.
+fn tls_server(flavor: Flavor, c: &Certs) -> Mysqld {
+    let monitor = match flavor {
+        Flavor::MariaDb => ", BINLOG MONITOR",
+        Flavor::MySql => "",
+    };
+    let db = Mysqld::start(
+        flavor,
+        &[
+            &format!("ssl-ca={}", c.ca.pem.display()),
+            &format!("ssl-cert={}", c.server.cert.display()),
+            &format!("ssl-key={}", c.server.key.display()),
+            "require-secure-transport=ON",
+        ],
+    );
     db.sql_socket(SCHEMA);
     db.sql_socket(&format!(
         "ALTER USER 'cdc'@'127.0.0.1' REQUIRE X509; \
          CREATE USER 'plain'@'127.0.0.1' IDENTIFIED BY '{CDC_PASSWORD}'; \
-         GRANT REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR, SELECT ON *.* TO 'plain'@'127.0.0.1';"
+         GRANT REPLICATION SLAVE, REPLICATION CLIENT{monitor}, SELECT ON *.* TO 'plain'@'127.0.0.1';"
     ));
     db
 }
 
-#[test]
-fn mariadb_over_tls_only_with_a_client_certificate_forwards_rows_under_verify_full() {
+on_both_servers! {
+fn over_tls_only_with_a_client_certificate_rows_flow_under_verify_full(flavor: Flavor) {
     let c = certs();
-    let db = tls_mariadb(&c);
+    let db = tls_server(flavor, &c);
     let broker = Broker::start();
     for topic in ["outbox.event.order", "outbox.event.customer"] {
         create_topic(&broker.bootstrap(), topic, 3);
@@ -182,6 +195,7 @@ fn mariadb_over_tls_only_with_a_client_certificate_forwards_rows_under_verify_fu
     assert_eq!(consume_events(&broker.bootstrap(), 50).len(), 50);
     outboxd.stop();
     assert!(!outboxd.log().contains(CDC_PASSWORD));
+}
 }
 
 #[test]
