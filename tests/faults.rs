@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::rig::disk::SmallDisk;
 use crate::rig::scenario::*;
-use crate::rig::{consume, wait_until};
+use crate::rig::{consume, wait_until, Flavor};
 
 #[test]
 fn crash_loop_of_ten_kill_9s_under_load_loses_nothing() {
@@ -134,6 +134,56 @@ fn a_purged_binlog_is_an_error_with_a_remedy_not_a_restart_from_zero() {
     assert!(!ok && text.contains("no longer on the server"), "{text}");
     // Still the same checkpoint: nothing restarted from zero or moved by itself.
     assert_eq!(env.outboxd.checkpoint()["position"]["file"], file.as_str());
+}
+
+/// MySQL: the checkpoint's GTID set lacks transactions the server has purged since. The GTID
+/// resume is refused with the remedy, `check` names the missing transactions, and the checkpoint
+/// stays where it was.
+#[test]
+fn a_mysql_gtid_set_whose_next_transactions_were_purged_is_refused_with_the_remedy() {
+    if let Err(why) = Flavor::MySql.available() {
+        return crate::rig::mysqld::skip(module_path!(), &why);
+    }
+    let mut env = setup_on(Flavor::MySql, "purged-gtid", "");
+    env.outboxd.start();
+    insert_rows(&env.db, 0, 10, 1);
+    assert_eq!(consume_all(&env, 10).len(), 10);
+    env.outboxd.stop();
+    let checkpoint = env.outboxd.checkpoint();
+    // Written while outboxd was down, then purged with their binlog file.
+    insert_rows(&env.db, 10, 20, 1);
+    env.db.sql_socket("FLUSH BINARY LOGS;");
+    let (current, _) = env.db.binlog_end();
+    let file = checkpoint["position"]["file"].as_str().unwrap().to_string();
+    wait_until(
+        "the binlog with the undelivered rows to be purged",
+        Duration::from_secs(60),
+        || {
+            env.db
+                .sql_socket(&format!("PURGE BINARY LOGS TO '{current}';"));
+            !env.db.sql_socket("SHOW BINARY LOGS;").contains(&file)
+        },
+    );
+    let (ok, text) = {
+        let out = env.outboxd.command_output(&["check"]);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    assert!(
+        !ok && text.contains("the server purged transactions the checkpoint has not delivered yet"),
+        "{text}"
+    );
+    env.outboxd.start_with_env(&["--skip-checks"], &[]);
+    let status = env.outboxd.wait_exit(LIMIT);
+    let log = env.outboxd.log();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("purged") && log.contains("checkpoint set"),
+        "{log}"
+    );
+    assert_eq!(env.outboxd.checkpoint()["position"], checkpoint["position"]);
 }
 
 /// Writes a checkpoint by hand: pipeline `name`, written against `server_id`, at the top of the first

@@ -300,7 +300,7 @@ fn a_typed_mysql_gtid_set_ahead_of_the_server_is_refused_and_one_within_it_resum
     let set = env.outboxd.command_output(&["checkpoint", "set", &ahead]);
     assert!(set.status.success(), "{set:?}");
     // Bounded: a run that took the set would not exit.
-    env.outboxd.start();
+    env.outboxd.spawn(&[]);
     let status = env.outboxd.wait_exit(LIMIT);
     let log = env.outboxd.log();
     assert!(!status.success(), "{log}");

@@ -8,7 +8,7 @@ use crate::source::tls::TlsSettings;
 
 use super::connect::{map_err, open_raw, ConnectFailure};
 use super::replica::{logs_replicated_rows, without_updates, Replication};
-use super::ServerInfo;
+use super::{BinlogPosition, ServerInfo};
 use crate::preflight::{routed_columns_item, Item};
 use crate::source::config::{redact_url, SourceConfig};
 use crate::source::Position;
@@ -243,6 +243,32 @@ async fn check_checkpoint(conn: &mut Conn, checkpoint: Option<&Position>, items:
             SUBJECT,
             format!("the checkpoint's binlog {} is no longer on the server (oldest: {})", position.file, names.first().cloned().unwrap_or_default()),
             "restore the purged binlogs (outboxd replay from a backup), or move the checkpoint deliberately with `outboxd checkpoint set`",
+        ));
+    }
+    check_purged_gtids(conn, position, items).await;
+}
+
+/// MySQL: transactions the checkpoint has not seen that the server already purged are gone from
+/// its binlog: a GTID resume there is refused (and would lose them anywhere they are not kept).
+async fn check_purged_gtids(conn: &mut Conn, position: &BinlogPosition, items: &mut Vec<Item>) {
+    let Some(set) = position.mysql_gtids.as_ref().filter(|s| !s.is_empty()) else {
+        return;
+    };
+    let purged: Option<String> = conn
+        .exec_first::<Option<String>, _, _>(
+            "SELECT GTID_SUBTRACT(@@GLOBAL.gtid_purged, ?)",
+            (set.to_string(),),
+        )
+        .await
+        .ok()
+        .flatten()
+        .flatten();
+    let missing: String = purged.unwrap_or_default().split_whitespace().collect();
+    if !missing.is_empty() {
+        items.push(Item::fail(
+            SUBJECT,
+            format!("the server purged transactions the checkpoint has not delivered yet: {missing}"),
+            "read a server that still has them (another host in source.url), restore the binlogs holding them (outboxd replay --binlog-file), or move the checkpoint deliberately with `outboxd checkpoint set`",
         ));
     }
 }
