@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 use crate::source::config::SourceKind;
-use crate::source::mysql::{BinlogPosition, MariaGtidState, MysqlGtidSet};
+use crate::source::mysql::{BinlogPosition, MariaGtidState};
 use crate::source::postgres::lsn::{lsn_to_string, Lsn};
 use crate::source::Position;
 
@@ -128,7 +128,6 @@ fn mysql(offset: &Map<String, Value>) -> Result<Imported> {
         "binlog {file}:{pos}: the start of the transaction Debezium was in; it is sent again whole (duplicates carry their row's id)"
     )];
     let mut gtid = None;
-    let mut mysql_gtids = None;
     // Debezium stopped inside a transaction (it would skip `event` events and `row` rows of it):
     // its GTID set may already hold that transaction, so resuming by GTID would skip the rest of
     // it. Resume at the transaction's start by FILE:POS instead.
@@ -148,26 +147,14 @@ fn mysql(offset: &Map<String, Value>) -> Result<Imported> {
                 ));
                 gtid = Some(state);
             }
-            Ok(_) => {}
-            Err(_) => match MysqlGtidSet::parse(gtids) {
-                Ok(_) if inside => notes.push(format!(
-                    "Debezium stopped inside a transaction, which its GTID set {gtids} may already count: resuming by FILE:POS on that server"
-                )),
-                Ok(set) if !set.is_empty() => {
-                    notes.push(format!(
-                        "MySQL GTID set {gtids}: resumed by GTID on a server with gtid_mode = ON, so any server of the topology will do"
-                    ));
-                    mysql_gtids = Some(set);
-                }
-                _ => notes.push(format!(
-                    "{gtids:?} is neither a MariaDB GTID state nor a MySQL GTID set: resuming by FILE:POS, so point source.url at the server Debezium read"
-                )),
-            },
+            _ => notes.push(format!(
+                "GTID set {gtids} (MySQL): outboxd resumes a live MySQL server by FILE:POS, so point source.url at the server Debezium read"
+            )),
         }
     }
     // Debezium's `server_id` is the server that wrote the last event (the primary, when Debezium
     // read a replica), not necessarily the one it read: it cannot pin the checkpoint to a server.
-    if gtid.is_none() && mysql_gtids.is_none() {
+    if gtid.is_none() {
         let origin = number(offset, "server_id")
             .map(|id| format!(" (its last event was written by server_id {id})"))
             .unwrap_or_default();
@@ -179,7 +166,7 @@ fn mysql(offset: &Map<String, Value>) -> Result<Imported> {
         file: file.to_string(),
         pos,
         gtid,
-        mysql_gtids,
+        mysql_gtids: None,
     };
     Ok(Imported {
         position: position.to_position(),
@@ -256,32 +243,11 @@ mod tests {
     }
 
     #[test]
-    fn a_mysql_offset_resumes_by_its_gtid_set_unless_debezium_stopped_inside_a_transaction() {
+    fn a_mysql_offset_keeps_file_pos_and_says_why_the_gtid_set_is_not_used() {
         let json = br#"{"file":"binlog.000003","pos":154,"gtids":"3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5"}"#;
         let imported = import(SourceKind::Mysql, json).unwrap();
-        let position = imported.position.binlog().unwrap();
-        assert_eq!(position.gtid, None);
-        assert_eq!(
-            position.mysql_gtids.as_ref().unwrap().to_string(),
-            "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5"
-        );
-        assert_eq!(
-            (position.file.as_str(), position.pos),
-            ("binlog.000003", 154)
-        );
-        assert!(
-            imported.notes[1].contains("resumed by GTID"),
-            "{:?}",
-            imported.notes
-        );
-        let inside = br#"{"file":"binlog.000003","pos":154,"event":2,"row":1,"gtids":"3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5"}"#;
-        let imported = import(SourceKind::Mysql, inside).unwrap();
-        assert_eq!(imported.position.binlog().unwrap().mysql_gtids, None);
-        assert!(
-            imported.notes[1].contains("FILE:POS"),
-            "{:?}",
-            imported.notes
-        );
+        assert_eq!(imported.position.binlog().unwrap().gtid, None);
+        assert!(imported.notes[1].contains("FILE:POS"));
     }
 
     #[test]
