@@ -332,6 +332,41 @@ fn a_typed_mysql_gtid_set_ahead_of_the_server_is_refused_and_one_within_it_resum
     env.outboxd.stop();
 }
 
+/// A checkpoint's GTID set on a MySQL server of another topology (a wrong host in source.url):
+/// they share no server uuid, and that server would send its whole history. Refused, naming both.
+#[test]
+fn a_mysql_gtid_checkpoint_is_refused_on_a_server_of_another_topology() {
+    if let Err(why) = Flavor::MySql.available() {
+        return rig::mysqld::skip(module_path!(), &why);
+    }
+    let mut env = setup_on(Flavor::MySql, "other-topology", "");
+    env.outboxd.start();
+    insert_rows(&env.db, 0, 5, 1);
+    assert_eq!(consume_all(&env, 5).len(), 5);
+    env.outboxd.stop();
+    let other = rig::Mysqld::start(Flavor::MySql, &[]);
+    other.sql_socket(SCHEMA);
+    insert_rows(&other, 100, 105, 1);
+    env.outboxd.rewrite_config(&config_body(
+        &other.cdc_url(),
+        &env.broker.bootstrap(),
+        "",
+        "",
+    ));
+    let before = env.outboxd.checkpoint()["position"].clone();
+    env.outboxd.spawn(&[]);
+    let status = env.outboxd.wait_exit(LIMIT);
+    let log = env.outboxd.log();
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("share no server uuid"), "{log}");
+    assert_eq!(env.outboxd.checkpoint()["position"], before);
+    assert_eq!(
+        consume_all(&env, 5).len(),
+        5,
+        "no row of the other server was sent"
+    );
+}
+
 /// A MySQL set in the checkpoint, and the server's gtid_mode moved off ON (the first step of
 /// turning GTIDs off): the server refuses a GTID dump then, so outboxd resumes its own
 /// checkpoint by FILE:POS and loses nothing.

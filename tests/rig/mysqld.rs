@@ -48,7 +48,9 @@ pub fn skip(test: &str, why: &str) {
 
 /// Where `scripts/mysql-9.sh` keeps MySQL 9 (the same cache the other servers use).
 fn mysql_home() -> PathBuf {
+    // Empty counts as unset, as in the scripts' ${OUTBOXD_TEST_CACHE:-…}.
     let cache = std::env::var_os("OUTBOXD_TEST_CACHE")
+        .filter(|c| !c.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/outboxd-test")
@@ -166,10 +168,19 @@ impl Mysqld {
         self.child = Some(child);
         let socket = self.socket();
         // 120 s: a loaded 2-core machine once kept a fresh server from accepting for over 60.
+        let error_log = self.dir.path().join("error.log");
+        let child = self.child.as_mut().unwrap();
         wait_until(
-            "mariadbd to accept connections",
+            "the server to accept connections",
             Duration::from_secs(120),
             || {
+                // A server that exits (a bad option, a port taken) says why in its error log.
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!(
+                        "the server exited with {status} before accepting connections:\n{}",
+                        std::fs::read_to_string(&error_log).unwrap_or_default()
+                    );
+                }
                 Command::new("mariadb")
                     .arg(format!("--socket={}", socket.display()))
                     .args(["-uroot", "-e", "select 1"])

@@ -736,6 +736,21 @@ async fn check_mysql_set(
         ))
         .remedy("set the GTID set of the last transaction delivered, a part of this server's SELECT @@GLOBAL.gtid_executed: `outboxd checkpoint set gtid:SET`"));
     }
+    // Nothing in common: not a server of the checkpoint's topology (a wrong host in source.url),
+    // whose whole history would be sent. The next host may be the right one.
+    let executed: Option<String> = conn
+        .query_first("SELECT @@GLOBAL.gtid_executed")
+        .await
+        .map_err(|e| map_err(e, config))?;
+    let executed: String = executed.unwrap_or_default().split_whitespace().collect();
+    let executed = MysqlGtidSet::parse(&executed)?;
+    if !executed.is_empty() && !executed.sources().any(|s| set.has_source(s)) {
+        return Err(Error::source(format!(
+            "this server's transactions ({executed}) share no server uuid with the checkpoint's GTID set {text}: it is not a server of the topology the checkpoint was read from"
+        ))
+        .remedy("point source.url at a server of that topology, or set a position valid on this server deliberately with `outboxd checkpoint set`")
+        .refused_by_host());
+    }
     let unseen: String = unseen.split_whitespace().collect();
     if unseen.is_empty() {
         return Ok(());
@@ -824,8 +839,13 @@ fn map_stream_err(e: mysql_async::Error, at: &BinlogPosition, own_checkpoint: bo
         // recovery rolled those transactions back, new ones reuse their positions and GTIDs, and
         // waiting would resume after the new ones (skipping them) or never. Stop and say where to
         // resume.
+        // MySQL says it lacks transactions of its own uuid that outboxd read: only a server that
+        // lost them sends this, whichever server wrote the checkpoint (a lagging replica lacks
+        // another server's transactions, which MySQL waits for). The same stop and remedy.
         mysql_async::Error::Server(se)
-            if se.code == ER_BINLOG_GONE && server_is_behind(&se.message) && own_checkpoint =>
+            if se.code == ER_BINLOG_GONE
+                && (lost_own_gtids(&se.message)
+                    || (server_is_behind(&se.message) && own_checkpoint)) =>
         {
             Error::source(format!(
                 "the server is behind the checkpoint {at}, which it wrote itself: its binlog lost events outboxd had already read (a crash with sync_binlog=0?): {}",
@@ -860,6 +880,12 @@ fn map_stream_err(e: mysql_async::Error, at: &BinlogPosition, own_checkpoint: bo
     }
 }
 
+/// Whether an error 1236 is MySQL's "Replica has more GTIDs than the source has, using the
+/// source's SERVER_UUID" (older: "Slave … master"): the server lost transactions it wrote itself.
+fn lost_own_gtids(message: &str) -> bool {
+    message.to_ascii_lowercase().contains("more gtids than the")
+}
+
 /// Whether an error 1236 says the server's binlog has not reached the requested position (as opposed
 /// to having purged it, or having diverged from it).
 fn server_is_behind(message: &str) -> bool {
@@ -871,14 +897,12 @@ fn server_is_behind(message: &str) -> bool {
         && (m.contains("not in the master's binlog")
             || m.contains("impossible position")
             || m.contains("position > file size")
-            // MySQL: the server lacks transactions of its own uuid that outboxd already read.
-            || m.contains("more gtids than the")
             || m.contains("beyond the end"))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{binlog_status_statement, parse_position, server_is_behind};
+    use super::{binlog_status_statement, lost_own_gtids, parse_position, server_is_behind};
 
     #[test]
     fn a_typed_gtid_position_is_read_in_the_notation_it_is_written_in() {
@@ -913,10 +937,13 @@ mod tests {
         assert!(server_is_behind(
             "Client requested master to start replication from position > file size"
         ));
-        // MySQL 8.0.26+ and the older wording.
-        assert!(server_is_behind("Replica has more GTIDs than the source has, using the source's SERVER_UUID. This may indicate that the end of the binary log was truncated or that the last binary log file was lost, e.g., after a power or disk failure when sync_binlog != 1. The source may or may not have rolled back transactions that were already replicated to the replica."));
-        assert!(server_is_behind(
+        // MySQL 8.0.26+ and the older wording: a lost tail of the server's own, not a lag.
+        assert!(lost_own_gtids("Replica has more GTIDs than the source has, using the source's SERVER_UUID. This may indicate that the end of the binary log was truncated or that the last binary log file was lost, e.g., after a power or disk failure when sync_binlog != 1. The source may or may not have rolled back transactions that were already replicated to the replica."));
+        assert!(lost_own_gtids(
             "Slave has more GTIDs than the master has, using the master's SERVER_UUID."
+        ));
+        assert!(!lost_own_gtids(
+            "Cannot replicate because the source purged required binary logs."
         ));
         assert!(!server_is_behind("Cannot replicate because the source purged required binary logs. Replicate the missing transactions from elsewhere, or provision a new replica from backup. Consider increasing the source's binary log expiration period. The GTID set sent by the replica is 'x:1-5', and the missing transactions are 'x:6-9'"));
         assert!(!server_is_behind("Error: connecting slave requested to start from GTID 0-1-57, which is not in the master's binlog. Since the master's binlog contains GTIDs with higher sequence numbers, it probably means that the slave has diverged due to executing extra erroneous transactions"));
