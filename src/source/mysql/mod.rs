@@ -721,14 +721,15 @@ async fn check_mysql_set(
         return Ok(());
     };
     let text = set.to_string();
-    let row: Option<(String, String)> = conn
+    // One read of gtid_executed for all three answers.
+    let row: Option<(String, String, String)> = conn
         .exec_first(
-            "SELECT GTID_SUBTRACT(?, @@GLOBAL.gtid_executed), GTID_SUBTRACT(@@GLOBAL.gtid_executed, ?)",
+            "SELECT GTID_SUBTRACT(?, e.s), GTID_SUBTRACT(e.s, ?), e.s FROM (SELECT @@GLOBAL.gtid_executed AS s) e",
             (text.clone(), text.clone()),
         )
         .await
         .map_err(|e| map_err(e, config))?;
-    let (ahead, unseen) = row.unwrap_or_default();
+    let (ahead, unseen, executed) = row.unwrap_or_default();
     let ahead: String = ahead.split_whitespace().collect();
     if typed && !ahead.is_empty() {
         return Err(Error::checkpoint(format!(
@@ -738,11 +739,7 @@ async fn check_mysql_set(
     }
     // Nothing in common: not a server of the checkpoint's topology (a wrong host in source.url),
     // whose whole history would be sent. The next host may be the right one.
-    let executed: Option<String> = conn
-        .query_first("SELECT @@GLOBAL.gtid_executed")
-        .await
-        .map_err(|e| map_err(e, config))?;
-    let executed: String = executed.unwrap_or_default().split_whitespace().collect();
+    let executed: String = executed.split_whitespace().collect();
     let executed = MysqlGtidSet::parse(&executed)?;
     if !executed.is_empty() && !executed.sources().any(|s| set.has_source(s)) {
         return Err(Error::source(format!(
@@ -838,17 +835,16 @@ fn map_stream_err(e: mysql_async::Error, at: &BinlogPosition, own_checkpoint: bo
         // the checkpoint, that means it lost a binlog tail in a crash (`sync_binlog=0`): its crash
         // recovery rolled those transactions back, new ones reuse their positions and GTIDs, and
         // waiting would resume after the new ones (skipping them) or never. Stop and say where to
-        // resume.
-        // MySQL says it lacks transactions of its own uuid that outboxd read: only a server that
-        // lost them sends this, whichever server wrote the checkpoint (a lagging replica lacks
-        // another server's transactions, which MySQL waits for). The same stop and remedy.
+        // resume. MySQL's "more GTIDs than the source" says the same of its own uuid's
+        // transactions, whichever server wrote the checkpoint (a lagging replica lacks another
+        // server's, and MySQL waits for those).
         mysql_async::Error::Server(se)
             if se.code == ER_BINLOG_GONE
                 && (lost_own_gtids(&se.message)
                     || (server_is_behind(&se.message) && own_checkpoint)) =>
         {
             Error::source(format!(
-                "the server is behind the checkpoint {at}, which it wrote itself: its binlog lost events outboxd had already read (a crash with sync_binlog=0?): {}",
+                "the server is behind the checkpoint {at} in transactions it wrote itself: its binlog lost events outboxd had already read (a crash with sync_binlog=0?): {}",
                 se.message
             ))
             .remedy("those transactions were rolled back by the server's crash recovery, and new ones may reuse their GTIDs/positions. Resume where the binlog continues after the restart: `outboxd checkpoint set FILE:4` with the first binlog file the server opened after the crash (SHOW BINARY LOGS)")
