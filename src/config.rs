@@ -31,37 +31,52 @@ pub use crate::source::config::{
 pub const CONFIG_ENV: &str = "OUTBOXD_CONFIG";
 const ENV_PREFIX: &str = "OUTBOXD_";
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// Pipeline name: names the checkpoint file and labels metrics.
+    /// Pipeline name: names the checkpoint (file, record or key) and labels every metric. One per
+    /// pipeline; instances sharing a name and a Kafka checkpoint are standbys of each other.
     pub name: String,
+    /// The database whose log is read, and the outbox tables.
     pub source: SourceConfig,
+    /// How a row becomes a record: destination, key, value, id and headers. The defaults are
+    /// those of Debezium's Outbox Event Router.
     #[serde(default)]
     pub route: RouteConfig,
-    /// The sink: exactly one of these sections (see [`Config::sink`]).
+    /// The Kafka sink (idempotent producer, `acks=all`; exactly-once with `exactly_once`). The
+    /// sink is exactly one of `[kafka]`, `[rabbitmq]`, `[nats]`, `[redis]`, `[sqs]`, `[sns]`.
     #[serde(default)]
     pub kafka: Option<KafkaConfig>,
+    /// The RabbitMQ sink (AMQP 0.9.1, publisher confirms, mandatory publishing to an existing
+    /// exchange).
     #[serde(default)]
     pub rabbitmq: Option<RabbitMqConfig>,
+    /// The NATS JetStream sink (each message acknowledged by the stream, de-duplicated by
+    /// `Nats-Msg-Id`).
     #[serde(default)]
     pub nats: Option<NatsConfig>,
+    /// The Redis Streams sink (`XADD`; exactly-once with `checkpoint.store = "redis"`).
     #[serde(default)]
     pub redis: Option<RedisConfig>,
+    /// The Amazon SQS sink (standard and FIFO queues; `SendMessageBatch`).
     #[serde(default)]
     pub sqs: Option<AwsConfig>,
+    /// The Amazon SNS sink (standard and FIFO topics; `PublishBatch`).
     #[serde(default)]
     pub sns: Option<AwsConfig>,
+    /// Where the position of what the broker acknowledged is kept, and how often it is written.
     #[serde(default)]
     pub checkpoint: CheckpointConfig,
+    /// The HTTP server for `/metrics`, `/healthz` and `/readyz`.
     #[serde(default)]
     pub http: HttpConfig,
-    /// Deleting forwarded rows (`crate::retention`); absent: outboxd never deletes.
+    /// Deleting forwarded rows from the outbox tables (in `run` and `outboxd prune`); without this
+    /// section outboxd never deletes.
     #[serde(default)]
     pub prune: Option<PruneConfig>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointConfig {
     /// Where the checkpoint lives: a file in `dir`, a record in a compacted Kafka topic, or a key
@@ -69,6 +84,9 @@ pub struct CheckpointConfig {
     pub store: StoreKind,
     /// `store = "file"`: the directory of `<name>.json`.
     pub dir: PathBuf,
+    /// How often the checkpoint is written: the delay between an acknowledgement and the durable
+    /// write that covers it. After a crash, what was acknowledged since the last write is sent again
+    /// (with what was in flight).
     pub interval_ms: u64,
     /// `store = "kafka"`: the compacted topic holding one checkpoint record per pipeline name.
     pub topic: String,
@@ -78,7 +96,9 @@ pub struct CheckpointConfig {
 }
 
 /// `checkpoint.store`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
     File,
@@ -99,7 +119,7 @@ impl Default for CheckpointConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
     /// `host:port` for /metrics, /healthz, /readyz; empty disables the server.
@@ -148,7 +168,7 @@ impl Config {
             .map_err(|e| {
                 let path = e.path().to_string();
                 Error::config(format!("{origin}: key `{path}`: {}", e.into_inner())).remedy(
-                    "correct or remove that key (see the configuration reference in README.md)",
+                    "correct or remove that key (docs/reference/configuration.md lists every key)",
                 )
             })?;
         if let Some(kafka) = config.kafka.as_mut() {
@@ -314,7 +334,7 @@ impl Config {
         match present.as_slice() {
             [one] => Ok(*one),
             [] => Err(Error::config("no sink section: outboxd has nowhere to send the rows")
-                .remedy("add one of [kafka] (brokers = \"host:9092\"), [rabbitmq] (url, exchange), [nats] (url), [redis] (url), [sqs] or [sns] (region); README \"Configuration\"")),
+                .remedy("add one of [kafka] (brokers = \"host:9092\"), [rabbitmq] (url, exchange), [nats] (url), [redis] (url), [sqs] or [sns] (region); docs/reference/configuration.md")),
             many => Err(Error::config(format!(
                 "{} sink sections ({}): outboxd sends each pipeline to exactly one",
                 many.len(),

@@ -15,6 +15,7 @@ pub mod http;
 pub mod metrics;
 pub mod pipeline;
 pub mod preflight;
+pub mod reference;
 pub mod retention;
 pub mod route;
 pub mod runtime;

@@ -19,12 +19,13 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(
     name = "outboxd",
     version,
-    about = "Transactional outbox forwarder: database log -> Kafka, checkpointed after ack",
+    about = "The transactional outbox without polling: database log -> Kafka, RabbitMQ, NATS, Redis, SQS or SNS, checkpointed after the broker's ack",
     long_about = "outboxd tails the database's own log (the MySQL/MariaDB binlog, or Postgres logical \
-replication through pgoutput), keeps the INSERTs into the outbox table(s), produces each row to \
-Kafka with idempotence and acks=all, and only after Kafka acknowledges it writes the log position \
-to a checkpoint. A restart resumes from the checkpoint: nothing committed is lost, and a duplicate \
-after a crash carries the row's id. Records look like those of Debezium's Outbox Event Router.\n\n\
+replication through pgoutput), keeps the INSERTs into the outbox table(s), publishes each row to \
+one sink (Kafka, RabbitMQ, NATS JetStream, Redis Streams, Amazon SQS or SNS), and only after the \
+broker acknowledges it writes the log position to a checkpoint. A restart resumes from the \
+checkpoint: nothing committed is lost, and a duplicate after a crash carries the row's id. Records \
+look like those of Debezium's Outbox Event Router.\n\n\
 Configuration is one TOML file (--config, default ./outboxd.toml, or OUTBOXD_CONFIG); any key can \
 be set from the environment as OUTBOXD_SECTION__KEY (e.g. OUTBOXD_SOURCE__PASSWORD).",
     after_long_help = "EXAMPLES:\n  \
@@ -35,7 +36,8 @@ outboxd --config orders.toml checkpoint show  # where it is\n  \
 outboxd completions bash > ~/.local/share/bash-completion/completions/outboxd\n\n\
 EXIT STATUS:\n  0 success; 1 an error (its message names what broke and the fix; `check`: a FAIL); \
 2 a command-line usage error.\n\n\
-SEE ALSO:\n  README.md (configuration, guarantees, troubleshooting), deploy/outboxd.example.toml"
+SEE ALSO:\n  docs/ (guides, guarantees, troubleshooting), docs/reference/configuration.md (every key), \
+deploy/outboxd.example.toml"
 )]
 struct Cli {
     /// Config file (default ./outboxd.toml).
@@ -68,7 +70,7 @@ enum Command {
 refuses to start on a misconfiguration; a server that does not answer is waited for. Without a \
 checkpoint the stream starts at the log's current end (or, with source.snapshot, after sending the \
 rows already in the outbox tables). On SIGTERM outboxd stops reading, waits up to \
-kafka.drain_timeout_ms for the open acknowledgements, writes the final checkpoint and exits 0.\n\n\
+the sink's drain_timeout_ms for the open acknowledgements, writes the final checkpoint and exits 0.\n\n\
 On a terminal (text logs) a progress line every 10 s shows rows/s, records forwarded, how far behind \
 the source the reading is, and the records in flight.",
         after_long_help = "EXAMPLES:\n  \
@@ -140,7 +142,7 @@ outboxd replay --binlog-file /backup/mariadb-bin.000042 --dry-run | head")]
     },
     /// Delete forwarded rows from the outbox tables once ([prune] settings), then exit.
     #[command(
-        long_about = "Delete outbox rows that outboxd has forwarded and Kafka acknowledged, once, with the [prune] settings (defaults without that section: older_than 1h, batches of 1000, mode delete), then exit. It samples the server (the log end, and the oldest open transaction), waits up to --wait for the live checkpoint to cover that sample, and only then deletes (or, with mode = \"drop_partitions\", drops whole partitions behind it). If the checkpoint does not get there (outboxd not running, Kafka not acknowledging, a snapshot in progress) nothing is deleted and the exit status is 1. `run` does the same every prune.every when the config has a [prune] section.",
+        long_about = "Delete outbox rows that outboxd has forwarded and the broker acknowledged, once, with the [prune] settings (defaults without that section: older_than 1h, batches of 1000, mode delete), then exit. It samples the server (the log end, and the oldest open transaction), waits up to --wait for the live checkpoint to cover that sample, and only then deletes (or, with mode = \"drop_partitions\", drops whole partitions behind it). If the checkpoint does not get there (outboxd not running, the broker not acknowledging, a snapshot in progress) nothing is deleted and the exit status is 1. `run` does the same every prune.every when the config has a [prune] section.",
         after_long_help = "EXAMPLES:\n  outboxd prune\n  outboxd prune --older-than 7d\n  outboxd prune --older-than 0s --wait 5m"
     )]
     Prune {
@@ -159,6 +161,17 @@ outboxd replay --binlog-file /backup/mariadb-bin.000042 --dry-run | head")]
         #[arg(long, value_enum)]
         kind: Kind,
     },
+    /// Configuration tools (need no config file).
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+    /// Print a generated reference page (docs/reference/; scripts/gen-docs.sh writes them).
+    #[command(hide = true)]
+    Reference {
+        #[arg(value_enum)]
+        page: ReferencePage,
+    },
     /// Print a shell completion script (needs no config).
     #[command(after_long_help = "EXAMPLES:\n  \
 outboxd completions bash > ~/.local/share/bash-completion/completions/outboxd\n  \
@@ -168,6 +181,25 @@ outboxd completions fish > ~/.config/fish/completions/outboxd.fish")]
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+}
+
+#[derive(Subcommand)]
+enum ConfigAction {
+    /// Print the JSON Schema of the config file (for editors and validators).
+    #[command(after_long_help = "EXAMPLES:\n  \
+outboxd config schema > outboxd.schema.json\n  \
+# Taplo (VS Code's Even Better TOML): first line of outboxd.toml\n  \
+#:schema ./outboxd.schema.json")]
+    Schema,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ReferencePage {
+    Config,
+    Schema,
+    Cli,
+    Man,
+    Metrics,
 }
 
 #[derive(Subcommand)]
@@ -275,6 +307,15 @@ fn shutdown_signal(config: &Config) -> tokio::sync::watch::Receiver<bool> {
     stopped
 }
 
+/// The config's JSON Schema, pretty-printed, one trailing newline.
+fn print_schema() {
+    let schema = outboxd::reference::config::schema();
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&schema).expect("a schema is always JSON")
+    );
+}
+
 fn run(cli: Cli) -> Result<ExitCode, Error> {
     if let Command::Completions { shell } = cli.command {
         use clap::CommandFactory;
@@ -284,6 +325,30 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             "outboxd",
             &mut std::io::stdout(),
         );
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Command::Config {
+        action: ConfigAction::Schema,
+    } = cli.command
+    {
+        print_schema();
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Command::Reference { page } = cli.command {
+        use clap::CommandFactory;
+        use outboxd::reference;
+        match page {
+            ReferencePage::Config => print!("{}", reference::config::markdown()),
+            ReferencePage::Schema => print_schema(),
+            ReferencePage::Cli => print!("{}", reference::cli::markdown(&Cli::command())),
+            ReferencePage::Man => {
+                use std::io::Write;
+                std::io::stdout()
+                    .write_all(&reference::cli::man(&Cli::command()))
+                    .map_err(|e| Error::config(format!("cannot write the man page: {e}")))?;
+            }
+            ReferencePage::Metrics => print!("{}", reference::metrics::markdown()),
+        }
         return Ok(ExitCode::SUCCESS);
     }
     if let Command::Schema { kind } = cli.command {
@@ -298,7 +363,10 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
     // Loading registers the config's secrets for scrubbing (see `outboxd::secrets`).
     let config = Config::load(&path)?;
     match cli.command {
-        Command::Schema { .. } | Command::Completions { .. } => unreachable!("handled above"),
+        Command::Schema { .. }
+        | Command::Completions { .. }
+        | Command::Config { .. }
+        | Command::Reference { .. } => unreachable!("handled above"),
         Command::Run { skip_checks } => {
             let runtime = outboxd::runtime::build()?;
             let result = runtime.block_on(async {

@@ -80,7 +80,7 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Every series carries `pipeline` and `sink` (`kafka`, `rabbitmq`, `nats`, `redis`: the same
+    /// Every series carries `pipeline` and `sink` (one of [`crate::sink::SINK_NAMES`]: the same
     /// names on every sink, told apart by the label). `heartbeat` is the source's heartbeat
     /// interval; readiness fails after three of them.
     pub fn new(pipeline: &str, sink: &str, heartbeat: Duration) -> Arc<Metrics> {
@@ -139,7 +139,7 @@ impl Metrics {
         );
         registry.register(
             "events_forwarded",
-            "Records acknowledged by Kafka, per topic",
+            "Records acknowledged by the broker, per topic",
             forwarded.clone(),
         );
         registry.register(
@@ -149,7 +149,7 @@ impl Metrics {
         );
         registry.register(
             "dead_letter",
-            "Unroutable rows sent to the dead-letter topic, per reason",
+            "Rows that could not be delivered, sent to the dead-letter destination, per reason",
             dead_letter.clone(),
         );
         registry.register(
@@ -184,12 +184,12 @@ impl Metrics {
         );
         registry.register(
             "delivery_errors",
-            "Records Kafka failed to acknowledge",
+            "Records the broker failed to acknowledge (refused, or not acknowledged in time)",
             delivery_errors.clone(),
         );
         registry.register(
             "delivery_seconds",
-            "Time from handing a record to the producer to Kafka's acknowledgement (batching, network, broker)",
+            "Time from handing a record to the sink's client to the broker's acknowledgement (batching, network, broker)",
             delivery_seconds.clone(),
         );
         registry.register(

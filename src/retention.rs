@@ -61,7 +61,9 @@ async fn bounded<T>(
 /// How often a round looks at the checkpoint while it waits for it to reach the sample.
 const CHECKPOINT_POLL: Duration = Duration::from_millis(200);
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum PruneMode {
     /// Batched `DELETE`s.
@@ -72,7 +74,7 @@ pub enum PruneMode {
 }
 
 /// `[prune]`.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PruneConfig {
     /// Time between rounds in `run`.
@@ -87,6 +89,7 @@ pub struct PruneConfig {
     /// The server to delete on (the primary, when `source.url` is a replica); default `source.url`.
     #[serde(default)]
     pub url: Option<String>,
+    /// How rows are removed.
     #[serde(default)]
     pub mode: PruneMode,
     /// The outbox tables' creation-time column.

@@ -22,18 +22,26 @@ use regex::Regex;
 use crate::source::{Row, Value};
 
 /// How a row becomes a Kafka record. Defaults are those of Debezium's Outbox Event Router.
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RouteConfig {
+    /// The column whose value is `${routedByValue}` in `topic` (Debezium `route.by.field`).
     pub by: String,
     /// The topic: a template (`${routedByValue}`), or with `topic_regex` the replacement (`$1`,
     /// `${name}`).
     pub topic: String,
     /// A regular expression the whole routing value must match; its groups feed `topic`.
     pub topic_regex: Option<String>,
+    /// The column that becomes the record key (Debezium `table.field.event.key`); NULL: no key.
+    /// Records of one key keep their commit order.
     pub key: String,
+    /// The column that becomes the record value, bytes as stored (Debezium
+    /// `table.field.event.payload`); NULL: a tombstone.
     pub payload: String,
+    /// The column that becomes the `id` header (Debezium `table.field.event.id`), which consumers
+    /// de-duplicate by; a BINARY(16) id is written as `binary_16` says.
     pub id: String,
+    /// More headers from columns: `{ eventType = "type" }` puts column `type` in header `eventType`.
     pub headers: BTreeMap<String, String>,
     /// Column holding the record timestamp; default the source transaction's commit time.
     pub timestamp: Option<String>,
@@ -58,7 +66,17 @@ pub struct RouteConfig {
 /// 16-byte binaries as text: a UUID, or base64 as Debezium writes every binary column by default
 /// (`binary.handling.mode=bytes` through the `SimpleHeaderConverter`). Other binaries are always
 /// base64.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Binary16 {
     /// Canonical UUID text (`00010203-0405-…`).
@@ -71,7 +89,17 @@ pub enum Binary16 {
 /// UPDATEs of outbox rows are never forwarded; this says how loudly (DELETEs, the usual cleanup, are
 /// only counted). MySQL/MariaDB: Postgres publications made by outboxd publish inserts only, so
 /// updates never reach it there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum OnUpdateDelete {
     /// Counted (`outboxd_ignored_total`) and logged as a warning.
@@ -106,10 +134,12 @@ impl Default for RouteConfig {
 }
 
 /// One extra column and where it goes (Debezium `table.fields.additional.placement`).
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Additional {
+    /// The outbox column.
     pub column: String,
+    /// Where its value goes.
     pub placement: Placement,
     /// The header or envelope field name; default the column's name.
     #[serde(rename = "as", default)]
@@ -122,9 +152,12 @@ impl Additional {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Placement {
+    /// A header named `as`.
     Header,
     /// A field of the value, which becomes `{"payload": …, "<as>": …}`.
     Envelope,
@@ -132,7 +165,9 @@ pub enum Placement {
     Partition,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Missing {
     /// The row is unroutable (dead-lettered or stopping outboxd).

@@ -79,8 +79,11 @@ pub enum SinkConfig<'a> {
     Sns(&'a AwsConfig),
 }
 
+/// Every sink's section name, as [`SinkConfig::name`] gives it (the `sink` label's values).
+pub const SINK_NAMES: [&str; 6] = ["kafka", "rabbitmq", "nats", "redis", "sqs", "sns"];
+
 impl SinkConfig<'_> {
-    /// The section's name (`kafka`, `rabbitmq`, `nats`, `redis`).
+    /// The section's name (one of [`SINK_NAMES`]).
     pub fn name(&self) -> &'static str {
         match self {
             SinkConfig::Kafka(_) => "kafka",

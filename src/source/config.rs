@@ -11,7 +11,9 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 use crate::secrets::is_secret_key;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceKind {
     Mysql,
@@ -52,7 +54,9 @@ pub struct SourceConfig {
 }
 
 /// `source.snapshot`: what a first start does with the rows already in the outbox tables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum SnapshotMode {
     /// Start at the log's end (rows written before are not sent).
@@ -97,33 +101,68 @@ pub struct PostgresOptions {
     pub message_prefixes: Vec<String>,
 }
 
+/// The schema of `[source]` is the schema of what is written ([`RawSource`]).
+impl schemars::JsonSchema for SourceConfig {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "SourceConfig".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        RawSource::json_schema(generator)
+    }
+}
+
 /// `[source]` as written: one flat table, so configs keep their shape.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawSource {
+    /// The database: `mysql` (MySQL 5.7/8/9, MariaDB 10.5+) or `postgres` (13+).
     kind: SourceKind,
+    /// The reader's user and the server: `mysql://cdc@db:3306/app` or `postgres://cdc@db:5432/app`
+    /// (a replica is fine). MySQL/MariaDB: several hosts (`mysql://cdc@r1:3306,r2:3306/app`) are
+    /// tried in order on failover. The password may ride in it, but `password_file` or
+    /// `OUTBOXD_SOURCE__PASSWORD` keep it out of the file.
     url: String,
+    /// The password (set it as `OUTBOXD_SOURCE__PASSWORD` rather than in the file); never logged.
     #[serde(default)]
     password: Option<String>,
+    /// A file holding the password (a mounted secret); trailing newlines are ignored.
     #[serde(default)]
     password_file: Option<PathBuf>,
+    /// The outbox tables, schema-qualified (`app.outbox`, `public.outbox`); only their INSERTs are
+    /// forwarded.
     tables: Vec<String>,
+    /// MySQL/MariaDB: this reader's replica server id, unique among the server's replicas;
+    /// derived from `name` when unset.
     #[serde(default)]
     server_id: Option<u32>,
+    /// TLS to the database (`{ mode = "verify-full", ca = "/path/ca.pem" }`); with a Postgres URL,
+    /// libpq's `sslmode`/`sslrootcert` parameters work too.
     #[serde(default)]
     tls: Option<TlsConfig>,
+    /// Postgres: the logical replication slot (pgoutput), created when missing. Default `outboxd`.
     #[serde(default)]
     slot: Option<String>,
+    /// Postgres: the publication, created when missing as `FOR TABLE <tables> WITH (publish =
+    /// 'insert')`. Default `outboxd`.
     #[serde(default)]
     publication: Option<String>,
+    /// Postgres: forward logical decoding messages with these prefixes
+    /// (`pg_logical_emit_message(true, 'outbox', …)`), the table-less outbox.
     #[serde(default)]
     message_prefixes: Option<Vec<String>>,
+    /// The heartbeat the server sends when idle (MySQL: the binlog heartbeat; Postgres: a status
+    /// request); a stream silent for three of them is treated as dead and reconnected.
     #[serde(default = "default_heartbeat_ms")]
     heartbeat_interval_ms: u64,
+    /// What a first start (no checkpoint) sends of the rows already in the outbox tables.
     #[serde(default)]
     snapshot: SnapshotMode,
+    /// `snapshot = "initial_where"`: the SQL condition choosing the rows still to send
+    /// (`published = false`).
     #[serde(default)]
     snapshot_where: Option<String>,
+    /// Rows per snapshot read (one key-ordered chunk, one checkpointed step).
     #[serde(default = "default_snapshot_chunk")]
     snapshot_chunk: usize,
 }
@@ -192,19 +231,27 @@ impl std::fmt::Debug for SourceConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum TlsMode {
+    /// Plain text.
     Disable,
+    /// TLS when the server offers it, unverified; plain text otherwise.
     Prefer,
+    /// TLS always; the certificate is checked only when `ca` is given (as libpq does).
     Require,
+    /// TLS, the certificate's chain checked against `ca` (required); any host name.
     VerifyCa,
+    /// TLS, the certificate and the host name verified.
     VerifyFull,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
+    /// How much of TLS to require and verify.
     pub mode: TlsMode,
     /// The CA certificate(s) (PEM) that signed the server's certificate; the system roots when absent.
     #[serde(default)]

@@ -32,7 +32,7 @@ impl Service {
 }
 
 /// `[sqs]` or `[sns]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AwsConfig {
     /// The AWS region (else `AWS_REGION` or the profile's, as every AWS tool reads them).
@@ -50,11 +50,16 @@ pub struct AwsConfig {
     /// is the topic's name, found with `sns:ListTopics`.
     #[serde(default)]
     pub topic_arn: Option<String>,
-    /// Messages handed to the lanes and not yet stored (see [`DEFAULT_MAX_IN_FLIGHT`]).
+    /// Messages handed to the lanes and not yet stored; the source pauses when the window is full.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// Bytes (keys, values, headers) handed to the broker and not yet acknowledged; the source
+    /// pauses when they would exceed it. With large payloads this, not `max_in_flight`, bounds
+    /// memory.
     #[serde(default = "delivery::default_max_in_flight_bytes")]
     pub max_in_flight_bytes: u64,
+    /// On SIGTERM/SIGINT: how long, in all, outboxd waits for the open acknowledgements before it
+    /// writes the final checkpoint and exits (keep it under the orchestrator's grace period).
     #[serde(default = "delivery::default_drain_timeout_ms")]
     pub drain_timeout_ms: u64,
     /// Queue (or topic) for rows that cannot be delivered; unset: outboxd stops naming the row.

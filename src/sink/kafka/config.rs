@@ -13,10 +13,13 @@ use crate::sink::delivery::{self, Delivery, Refusal};
 /// librdkafka's default `message.timeout.ms`.
 const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(300);
 
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
+    /// The bootstrap brokers, `host:port` separated by commas.
     pub brokers: String,
+    /// The topic (it must exist) for rows that cannot be delivered (unroutable, too large, refused
+    /// by the router); unset: outboxd stops naming the row.
     #[serde(default)]
     pub dead_letter_topic: Option<String>,
     /// Records produced but not yet acknowledged; the source pauses when the window is full.
@@ -50,7 +53,9 @@ pub struct KafkaConfig {
     /// more than `message.timestamp.after.max.ms` (1 h by default) ahead of the broker's clock.
     #[serde(default = "default_max_timestamp_ahead_ms")]
     pub max_timestamp_ahead_ms: u64,
-    /// Passed to librdkafka verbatim.
+    /// librdkafka properties (`"security.protocol" = "SASL_SSL"`, `"compression.type" = "zstd"`),
+    /// passed verbatim. outboxd sets `acks = all`, `enable.idempotence = true` and the brokers
+    /// itself, and refuses other values for them.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
 }
@@ -154,7 +159,7 @@ impl KafkaConfig {
             return bad(
                 "kafka.exactly_once",
                 "exactly-once commits the checkpoint in the same Kafka transaction as the records, so the checkpoint must live in Kafka".into(),
-                "set checkpoint.store = \"kafka\" (README \"Exactly-once delivery\"), or remove exactly_once",
+                "set checkpoint.store = \"kafka\" (docs/guides/exactly-once.md), or remove exactly_once",
             );
         }
         delivery::validate_transactions("kafka", &self.transaction_limits())?;

@@ -1037,7 +1037,7 @@ fn unreached_item(config: &KafkaConfig, e: String, heard: Option<String>) -> Ite
         Item::fail(
             "kafka",
             format!("TLS to {} failed: {e}{detail}", config.brokers),
-            "check ssl.ca.location (the CA that signed the brokers' certificates), ssl.certificate.location / ssl.key.location, and that the brokers' names match their certificates (README \"TLS\")",
+            "check ssl.ca.location (the CA that signed the brokers' certificates), ssl.certificate.location / ssl.key.location, and that the brokers' names match their certificates (docs/sinks/kafka.md#tls)",
         )
     } else {
         Item::unreachable(

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use crate::sink::delivery::{self, Delivery, Refusal};
 
 /// `[nats]` (JetStream).
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NatsConfig {
     /// `nats://host:4222` (TLS when the server asks for it), `tls://host:4222` (TLS always);
@@ -24,10 +24,17 @@ pub struct NatsConfig {
     /// A PEM file of the CA(s) to trust for TLS instead of the system's; TLS becomes required.
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
+    /// Messages published and not yet acknowledged (`PubAck`); the source pauses when the window
+    /// is full.
     #[serde(default = "delivery::default_max_in_flight")]
     pub max_in_flight: usize,
+    /// Bytes (keys, values, headers) handed to the broker and not yet acknowledged; the source
+    /// pauses when they would exceed it. With large payloads this, not `max_in_flight`, bounds
+    /// memory.
     #[serde(default = "delivery::default_max_in_flight_bytes")]
     pub max_in_flight_bytes: u64,
+    /// On SIGTERM/SIGINT: how long, in all, outboxd waits for the open acknowledgements before it
+    /// writes the final checkpoint and exits (keep it under the orchestrator's grace period).
     #[serde(default = "delivery::default_drain_timeout_ms")]
     pub drain_timeout_ms: u64,
     /// Subject for rows that cannot be delivered (no stream captures their subject, refused by

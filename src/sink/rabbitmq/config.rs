@@ -8,7 +8,7 @@ use crate::sink::delivery::{self, Delivery, Refusal};
 use crate::source::config::redact_url;
 
 /// `[rabbitmq]` (AMQP 0.9.1).
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RabbitMqConfig {
     /// `amqp://user:password@host:5672/vhost` or `amqps://…` (TLS, certificate verified).
@@ -19,11 +19,16 @@ pub struct RabbitMqConfig {
     /// `amqps://`: a PEM file of the CA(s) to trust instead of the system's.
     #[serde(default)]
     pub ca_file: Option<std::path::PathBuf>,
-    /// Messages published and not yet confirmed (see [`DEFAULT_MAX_IN_FLIGHT`]).
+    /// Messages published and not yet confirmed; the source pauses when the window is full.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// Bytes (keys, values, headers) handed to the broker and not yet acknowledged; the source
+    /// pauses when they would exceed it. With large payloads this, not `max_in_flight`, bounds
+    /// memory.
     #[serde(default = "delivery::default_max_in_flight_bytes")]
     pub max_in_flight_bytes: u64,
+    /// On SIGTERM/SIGINT: how long, in all, outboxd waits for the open acknowledgements before it
+    /// writes the final checkpoint and exits (keep it under the orchestrator's grace period).
     #[serde(default = "delivery::default_drain_timeout_ms")]
     pub drain_timeout_ms: u64,
     /// Routing key (on `exchange`) for rows that cannot be delivered (returned as unroutable,

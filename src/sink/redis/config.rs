@@ -20,7 +20,7 @@ fn default_max_in_flight() -> usize {
 }
 
 /// `[redis]` (Streams).
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
     /// `redis://[USER:PASSWORD@]HOST:6379/DB`, or `rediss://` for TLS (certificate verified).
@@ -36,11 +36,16 @@ pub struct RedisConfig {
     /// fewer is a transient error (the batch is sent again from the checkpoint).
     #[serde(default)]
     pub wait_replicas: u32,
-    /// Entries sent and not yet acknowledged (see [`DEFAULT_MAX_IN_FLIGHT`]).
+    /// Entries sent and not yet acknowledged; the source pauses when the window is full.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// Bytes (keys, values, headers) handed to the broker and not yet acknowledged; the source
+    /// pauses when they would exceed it. With large payloads this, not `max_in_flight`, bounds
+    /// memory.
     #[serde(default = "delivery::default_max_in_flight_bytes")]
     pub max_in_flight_bytes: u64,
+    /// On SIGTERM/SIGINT: how long, in all, outboxd waits for the open acknowledgements before it
+    /// writes the final checkpoint and exits (keep it under the orchestrator's grace period).
     #[serde(default = "delivery::default_drain_timeout_ms")]
     pub drain_timeout_ms: u64,
     /// Stream for rows that cannot be delivered (the key holds another type, refused by the
