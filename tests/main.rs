@@ -8,6 +8,7 @@ mod beside_debezium;
 mod binlog_files;
 mod debezium;
 mod deploy_files;
+mod docs;
 mod exactly_once;
 mod failpoints;
 mod faults;

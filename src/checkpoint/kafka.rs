@@ -286,7 +286,7 @@ impl KafkaStore {
                 RDKafkaErrorCode::TopicAuthorizationFailed
             ))
             .remedy(format!(
-                "grant outboxd's principal READ and WRITE on topic {} (README \"Running more than one instance\")",
+                "grant outboxd's principal READ and WRITE on topic {} (docs/operations/high-availability.md)",
                 self.topic
             ))),
             Some(RDKafkaErrorCode::InvalidTopic) => Err(Error::config(format!(
@@ -479,7 +479,7 @@ impl KafkaStore {
                 subject,
                 format!("{topic}: {why}"),
                 format!(
-                    "give it {} replicas and min.insync.replicas {} (kafka-reassign-partitions.sh for replicas; kafka-configs.sh --alter --entity-type topics --entity-name {topic} --add-config min.insync.replicas={}); README \"Running more than one instance\"",
+                    "give it {} replicas and min.insync.replicas {} (kafka-reassign-partitions.sh for replicas; kafka-configs.sh --alter --entity-type topics --entity-name {topic} --add-config min.insync.replicas={}); docs/operations/high-availability.md",
                     best.replicas, best.min_insync, best.min_insync
                 ),
             )),

@@ -550,7 +550,7 @@ pub fn no_tls_error(server: &str, settings: &TlsSettings) -> Error {
 }
 
 /// The remedy for a server that refuses plain text while `source.tls` is `disable`.
-pub const NEEDS_TLS_REMEDY: &str = "the server accepts only TLS connections: set source.tls = { mode = \"verify-full\", ca = \"/path/ca.pem\" } (README \"TLS\")";
+pub const NEEDS_TLS_REMEDY: &str = "the server accepts only TLS connections: set source.tls = { mode = \"verify-full\", ca = \"/path/ca.pem\" } (docs/sources/tls.md)";
 
 #[cfg(test)]
 mod tests {

@@ -164,7 +164,7 @@ fn explain(e: &mysql_async::Error, config: &SourceConfig) -> Error {
         }
         mysql_async::Error::Server(se) if se.code == ER_ACCESS_DENIED => {
             let fix = if tls().mode == TlsMode::Disable {
-                "check the user and password (source.url, OUTBOXD_SOURCE__PASSWORD or source.password_file); a server that accepts only TLS (require_secure_transport, or an account created with REQUIRE SSL/X509) refuses plain text this way too: then set source.tls (README \"TLS\")"
+                "check the user and password (source.url, OUTBOXD_SOURCE__PASSWORD or source.password_file); a server that accepts only TLS (require_secure_transport, or an account created with REQUIRE SSL/X509) refuses plain text this way too: then set source.tls (docs/sources/tls.md)"
             } else {
                 "check the user and password (source.url, OUTBOXD_SOURCE__PASSWORD or source.password_file); an account created with REQUIRE X509 also needs source.tls.cert and key"
             };

@@ -330,7 +330,7 @@ async fn tls_item(conn: &mut Conn, config: &SourceConfig) -> Item {
         Item::warn(
             SUBJECT,
             format!("connections to {host} are plain text (source.tls is off)"),
-            "outside a trusted network set source.tls = { mode = \"verify-full\", ca = \"/path/ca.pem\" } (README \"TLS\")",
+            "outside a trusted network set source.tls = { mode = \"verify-full\", ca = \"/path/ca.pem\" } (docs/sources/tls.md)",
         )
     } else {
         Item::warn(

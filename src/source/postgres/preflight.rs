@@ -296,7 +296,7 @@ async fn tls_item(control: &Control, info: &ConnInfo) -> Item {
         (Protection::Plain, Ok(_)) if mode == TlsMode::Disable => Item::warn(
             SUBJECT,
             format!("connections to {} are plain text (source.tls is off)", info.host),
-            "outside a trusted network set source.tls = { mode = \"verify-full\", ca = \"/path/ca.pem\" } (README \"TLS\")",
+            "outside a trusted network set source.tls = { mode = \"verify-full\", ca = \"/path/ca.pem\" } (docs/sources/tls.md)",
         ),
         (Protection::Plain, Ok(_)) => Item::warn(
             SUBJECT,
