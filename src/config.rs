@@ -82,7 +82,8 @@ pub struct CheckpointConfig {
     /// Where the checkpoint lives: a file in `dir`, a record in a compacted Kafka topic, or a key
     /// in the Redis the `[redis]` sink writes to.
     pub store: StoreKind,
-    /// `store = "file"`: the directory of `<name>.json`.
+    /// `store = "file"`: the directory of `<name>.json`; it must exist (outboxd does not create
+    /// it), on a persistent volume.
     pub dir: PathBuf,
     /// How often the checkpoint is written: the delay between an acknowledgement and the durable
     /// write that covers it. After a crash, what was acknowledged since the last write is sent again
@@ -762,6 +763,7 @@ listen = ""
 
     #[test]
     fn the_shipped_configs_parse() {
+        let mut sinks = std::collections::BTreeSet::new();
         for (name, text) in [
             (
                 "outboxd.example.toml",
@@ -804,10 +806,25 @@ listen = ""
                 include_str!("../deploy/compose/outboxd-mysql-redis.toml"),
             ),
         ] {
-            if let Err(e) = parse(text, &[]) {
-                panic!("deploy/{name}: {e}");
+            match parse(text, &[]) {
+                Ok(config) => {
+                    sinks.insert(config.sink().name());
+                }
+                Err(e) => panic!("deploy/{name}: {e}"),
             }
         }
+        // The SQS example's own note: rename [sqs] to [sns], queue_url to topic_arn.
+        let sns = include_str!("../deploy/outboxd-sqs.example.toml")
+            .replace("[sqs]", "[sns]")
+            .replace("# queue_url", "# topic_arn");
+        sinks.insert(parse(&sns, &[]).unwrap().sink().name());
+        // Every sink has an example, and the names the metrics' `sink` label takes are the sections'.
+        assert_eq!(
+            sinks,
+            crate::sink::SINK_NAMES
+                .into_iter()
+                .collect::<std::collections::BTreeSet<_>>()
+        );
         for (k8s, store) in [
             (
                 include_str!("../deploy/kubernetes/outboxd.yaml"),

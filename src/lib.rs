@@ -1,9 +1,11 @@
 //! outboxd: the transactional outbox without polling.
 //!
-//! The database's own log is tailed ([`source`]), INSERTs into outbox tables are turned into Kafka
-//! records ([`route`]), produced with idempotence and `acks=all` ([`sink`]), and the log position is
-//! checkpointed only once everything before it is acknowledged ([`checkpoint`]). [`pipeline`] wires the
-//! stages and owns back-pressure, reconnects and shutdown.
+//! The database's own log is tailed ([`source`]), INSERTs into outbox tables are turned into
+//! records ([`route`]), published to one broker (Kafka, RabbitMQ, NATS JetStream, Redis Streams,
+//! SQS or SNS) that acknowledges each ([`sink`]), and the log position is checkpointed only once
+//! everything before it is acknowledged ([`checkpoint`]). [`pipeline`] wires the stages and owns
+//! back-pressure, reconnects and shutdown. [`reference`] makes the docs' reference pages from the
+//! code.
 
 pub mod check;
 pub mod checkpoint;

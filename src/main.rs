@@ -105,7 +105,8 @@ outboxd checkpoint reset                           # next run starts at the log'
         action: CheckpointAction,
     },
     /// Forward the outbox rows in a range again, then exit; the live checkpoint is untouched.
-    /// With --binlog-file, read local binlog files instead of the server.
+    /// MySQL/MariaDB only (a Postgres slot only moves forward). With --binlog-file, read local
+    /// binlog files instead of the server.
     #[command(after_long_help = "EXAMPLES:\n  \
 outboxd replay --from before-migration                  # a saved checkpoint label, up to now\n  \
 outboxd replay --from mariadb-bin.000042:4 --to gtid:0-1-900\n  \
@@ -210,8 +211,9 @@ enum CheckpointAction {
     Save { label: String },
     /// List saved checkpoints.
     List,
-    /// Write POSITION (MySQL FILE:POS or gtid:0-1-42; Postgres an LSN like 0/16B3748) as the live
-    /// checkpoint. Refused while `run` runs.
+    /// Write POSITION as the live checkpoint: MySQL/MariaDB FILE:POS, a MariaDB GTID position
+    /// (gtid:0-1-42) or a MySQL GTID set (gtid:UUID:1-42); Postgres an LSN like 0/16B3748.
+    /// Refused while `run` runs.
     Set { position: String },
     /// Remove the live checkpoint (kept as a saved copy); the next run starts at the source's end.
     /// Refused while `run` runs.

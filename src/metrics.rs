@@ -164,7 +164,7 @@ impl Metrics {
         );
         registry.register(
             "ready",
-            "1 while /readyz answers 200 (the source said something within three heartbeat intervals), else 0",
+            "1 while the source said something within three heartbeat intervals (what /readyz judges a forwarding instance by), else 0; always 0 on a standby, whose /readyz answers 200",
             ready.clone(),
         );
         registry.register(

@@ -35,6 +35,9 @@ CREATE USER 'outboxd'@'%' IDENTIFIED BY 'change-me';
 GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO 'outboxd'@'%';
 -- MariaDB 10.5+ also needs:
 -- GRANT BINLOG MONITOR, SLAVE MONITOR ON *.* TO 'outboxd'@'%';   -- SLAVE MONITOR: replica checks
+-- Oracle MySQL, for a snapshot (source.snapshot or `outboxd snapshot`: a brief LOCK TABLES … READ
+-- pairs the read with the binlog position; MariaDB needs no lock):
+-- GRANT LOCK TABLES ON app.* TO 'outboxd'@'%';
 
 -- With [prune] (deleting forwarded rows), the user in prune.url, or the reader above, also needs:
 -- GRANT SELECT, DELETE ON app.outbox TO 'outboxd'@'%';   -- and DROP, ALTER for drop_partitions / partitions_ahead
@@ -42,7 +45,7 @@ GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO 'outboxd'@'%';
 -- GRANT PROCESS, REPLICATION CLIENT ON *.* TO 'outboxd'@'%';  -- MySQL instead
 "#;
 
-const POSTGRES: &str = r#"-- outboxd: recommended outbox table for PostgreSQL 13+ (Debezium column names).
+const POSTGRES: &str = r#"-- outboxd: recommended outbox table for PostgreSQL 14+ (Debezium column names).
 CREATE TABLE outbox (
   id            uuid         NOT NULL PRIMARY KEY,  -- header "id"
   aggregatetype text         NOT NULL,              -- topic: outbox.event.<aggregatetype>

@@ -64,7 +64,7 @@ pub enum SnapshotMode {
     Never,
     /// Send every row already in the tables, then stream from where that read began.
     Initial,
-    /// Like `Initial`, for the rows matching `snapshot_where` (a polling relay's "unpublished").
+    /// Like `initial`, for the rows matching `snapshot_where` (a polling relay's "unpublished").
     InitialWhere,
 }
 
@@ -116,7 +116,7 @@ impl schemars::JsonSchema for SourceConfig {
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawSource {
-    /// The database: `mysql` (MySQL 5.7/8/9, MariaDB 10.5+) or `postgres` (13+).
+    /// The database: `mysql` (MySQL 5.7/8/9, MariaDB 10.5+) or `postgres` (14+).
     kind: SourceKind,
     /// The reader's user and the server: `mysql://cdc@db:3306/app` or `postgres://cdc@db:5432/app`
     /// (a replica is fine). MySQL/MariaDB: several hosts (`mysql://cdc@r1:3306,r2:3306/app`) are
@@ -144,15 +144,16 @@ struct RawSource {
     #[serde(default)]
     slot: Option<String>,
     /// Postgres: the publication, created when missing as `FOR TABLE <tables> WITH (publish =
-    /// 'insert')`. Default `outboxd`.
+    /// 'insert', publish_via_partition_root = true)`. Default `outboxd`.
     #[serde(default)]
     publication: Option<String>,
     /// Postgres: forward logical decoding messages with these prefixes
     /// (`pg_logical_emit_message(true, 'outbox', …)`), the table-less outbox.
     #[serde(default)]
     message_prefixes: Option<Vec<String>>,
-    /// The heartbeat the server sends when idle (MySQL: the binlog heartbeat; Postgres: a status
-    /// request); a stream silent for three of them is treated as dead and reconnected.
+    /// How often an idle stream proves it is alive (MySQL/MariaDB: the server's binlog heartbeat;
+    /// Postgres: a message outboxd emits with `pg_logical_emit_message`); a stream silent for three
+    /// of them is treated as dead and reconnected.
     #[serde(default = "default_heartbeat_ms")]
     heartbeat_interval_ms: u64,
     /// What a first start (no checkpoint) sends of the rows already in the outbox tables.

@@ -63,11 +63,12 @@ pub struct RedisConfig {
     /// once it holds an entry.
     #[serde(default = "default_transaction_interval_ms")]
     pub transaction_interval_ms: u64,
-    /// Likewise: the transaction is committed at the first source transaction boundary once it
-    /// holds this many entries…
+    /// `checkpoint.store = "redis"`: the transaction is committed at the first source transaction
+    /// boundary once it holds this many entries.
     #[serde(default = "default_transaction_max_records")]
     pub transaction_max_records: u64,
-    /// … or this many bytes. Redis keeps an open transaction's commands in memory until `EXEC`.
+    /// `checkpoint.store = "redis"`: likewise once it holds this many bytes. Redis keeps an open
+    /// transaction's commands in memory until `EXEC`.
     #[serde(default = "default_transaction_max_bytes")]
     pub transaction_max_bytes: u64,
 }
