@@ -20,7 +20,7 @@ definitions: [outboxd.1](outboxd.1) (`man ./docs/reference/outboxd.1`).\n",
 fn command(cmd: &Command, path: &str, out: &mut String) {
     out.push_str(&format!("\n## `{path}`\n\n"));
     if let Some(about) = cmd.get_long_about().or(cmd.get_about()) {
-        out.push_str(&format!("{}\n\n", about.to_string().trim()));
+        out.push_str(&format!("{}\n\n", prose(about.to_string().trim())));
     }
     let mut usage = cmd.clone();
     out.push_str(&format!(
@@ -92,7 +92,7 @@ fn command(cmd: &Command, path: &str, out: &mut String) {
             }
             out.push_str(&format!(
                 "| {name} | {} |\n",
-                meaning.trim().replace('|', "\\|")
+                prose(meaning.trim()).replace('|', "\\|")
             ));
         }
     }
@@ -108,6 +108,11 @@ fn command(cmd: &Command, path: &str, out: &mut String) {
         }
         command(sub, &format!("{path} {}", sub.get_name()), out);
     }
+}
+
+/// Help text as Markdown prose: `<dir>` is a placeholder, not an HTML tag.
+fn prose(text: &str) -> String {
+    text.replace('<', "&lt;").replace('>', "&gt;")
 }
 
 /// `docs/reference/outboxd.1`: the man page (roff).
