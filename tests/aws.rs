@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use crate::rig::moto::{config_with_aws, Got, Moto, SECRET_KEY, SESSION_TOKEN};
 use crate::rig::scenario::{
-    check_per_key_order, check_records, insert_rows, kill_9_and_restart, n_of, spawn_writer,
-    transactions, SCHEMA,
+    check_per_key_order, check_records, insert_rows, insert_unroutable_rows, kill_9_and_restart,
+    n_of, spawn_writer, transactions, SCHEMA,
 };
 use crate::rig::{free_port, http_get, wait_until, Consumed, Mysqld, Outboxd};
 
@@ -179,6 +179,13 @@ fn rows_reach_fifo_queues_with_the_key_as_group_and_the_id_as_dedup_id_in_key_or
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
+    // Several dead letters the router makes in one transaction: the FIFO dead-letter queue keeps
+    // each, since its de-duplication id is the row (`outboxd.row`), not the transaction.
+    insert_unroutable_rows(&db, 9990..9994);
+    let dead = moto.read("outboxd-dlq.fifo", 4, READ_LIMIT);
+    let ids: std::collections::BTreeSet<String> =
+        dead.iter().filter_map(|m| m.dedup.clone()).collect();
+    assert_eq!((dead.len(), ids.len()), (4, 4), "{ids:?} {}", outboxd.log());
     outboxd.stop();
     let log = outboxd.log();
     assert!(

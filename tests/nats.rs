@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::rig::nats::{config_with_nats, Auth, Got, Nats};
 use crate::rig::scenario::{
-    check_per_key_order, check_records, insert_rows, kill_9_and_restart, spawn_writer, uuid_of,
-    SCHEMA,
+    check_per_key_order, check_records, insert_rows, insert_unroutable_rows, kill_9_and_restart,
+    spawn_writer, uuid_of, SCHEMA,
 };
 use crate::rig::{free_port, http_get, wait_until, Consumed, Mysqld, Outboxd};
 
@@ -168,6 +168,40 @@ fn a_subject_no_stream_captures_is_dead_lettered_and_without_a_dead_letter_subje
             .starts_with("unroutable: "));
     }
     check_per_key_order(&consumed(&orders));
+
+    // Several dead letters the router makes in one transaction: each is a message of its own,
+    // named by its row (`outboxd.row`: the transaction's position and the row's place in it, the
+    // same on every resend), so a resend of the transaction repeats none of them.
+    let gtid = || {
+        db.sql_socket("SELECT @@gtid_binlog_pos;")
+            .trim()
+            .to_string()
+    };
+    let before_batch = gtid();
+    insert_unroutable_rows(&db, 9990..9994);
+    let batch = nats.read("PARKED", 305, READ_LIMIT);
+    assert_eq!(batch.len(), 305, "{}", outboxd.log());
+    let rows: std::collections::BTreeSet<String> = batch[301..]
+        .iter()
+        .map(|m| m.header("outboxd.row").unwrap())
+        .collect();
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    wait_until("the checkpoint to pass the batch", READ_LIMIT, || {
+        outboxd.checkpoint_or_null()["position"]["gtid_set"] == gtid().as_str()
+    });
+    outboxd.stop();
+    let set = outboxd.command_output(&["checkpoint", "set", &format!("gtid:{before_batch}")]);
+    assert!(set.status.success(), "{}", text(set));
+    outboxd.start();
+    insert_unroutable_rows(&db, 9994..9995);
+    let again = nats.read("PARKED", 306, READ_LIMIT);
+    assert_eq!(
+        again.len(),
+        306,
+        "the resent dead letters are dropped as repeats: {}",
+        outboxd.log()
+    );
+    assert!(!rows.contains(&again[305].header("outboxd.row").unwrap()));
     outboxd.stop();
 
     // With nowhere to park them: outboxd exits naming the subject and the remedy, and keeps its

@@ -129,7 +129,10 @@ fn first_start(flavor: Flavor, name: &str, grants: &str, env_vars: &[(&str, &str
     }
     let snapshot_rows = records
         .iter()
-        .filter(|r| r.header("outboxd.position").as_deref() == Some("snapshot"))
+        .filter(|r| {
+            r.header("outboxd.position")
+                .is_some_and(|p| p.starts_with("snapshot:app.outbox:"))
+        })
         .count();
     assert!(
         snapshot_rows >= 2000,

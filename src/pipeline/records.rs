@@ -11,10 +11,10 @@ use crate::sink::kafka::TopicState;
 use crate::sink::Sink;
 use crate::source::Row;
 
-/// The record for `row` given what the router made of it (`routed`): the record, once its topic is
-/// known to exist, or its dead-letter record when it cannot be delivered (the router refuses it, or
-/// its topic does not exist and the broker does not create it), or the error that stops the
-/// pipeline. Each topic is asked about once per session (`topics` remembers the answer, so rows for
+/// The record for `row`, the `index`-th row of its transaction, given what the router made of it
+/// (`routed`): the record, once its topic is known to exist, or its dead-letter record when it
+/// cannot be delivered (the router refuses it, or its topic does not exist and the broker does not
+/// create it), or the error that stops the pipeline. Each topic is asked about once per session (`topics` remembers the answer, so rows for
 /// a missing topic do not wait for the broker again).
 pub(super) async fn resolve_record(
     config: &Config,
@@ -22,7 +22,7 @@ pub(super) async fn resolve_record(
     sink: &Sink,
     topics: &mut HashMap<String, TopicState>,
     metrics: &Metrics,
-    row: &Row,
+    (row, index): (&Row, u32),
     routed: std::result::Result<Record, Unroutable>,
 ) -> Result<Record> {
     let why = match routed {
@@ -68,7 +68,7 @@ pub(super) async fn resolve_record(
         }
         Err(why) => why,
     };
-    let record = dead_letter(config, router, row, &why)?;
+    let record = dead_letter(config, router, row, index, &why)?;
     if !matches!(topics.get(&record.topic), Some(TopicState::Exists { .. })) {
         let state = sink.topic_state(&record.topic).await?;
         if state == TopicState::Missing {
@@ -88,7 +88,13 @@ pub(super) async fn resolve_record(
 }
 
 /// The dead-letter record for an unroutable row, or the error that stops the pipeline without one.
-fn dead_letter(config: &Config, router: &Router, row: &Row, why: &Unroutable) -> Result<Record> {
+fn dead_letter(
+    config: &Config,
+    router: &Router,
+    row: &Row,
+    index: u32,
+    why: &Unroutable,
+) -> Result<Record> {
     let section = config.sink().name();
     let Some(topic) = &config.delivery().dead_letter_topic else {
         if why.reason == "unknown_topic" {
@@ -107,5 +113,5 @@ fn dead_letter(config: &Config, router: &Router, row: &Row, why: &Unroutable) ->
         )));
     };
     tracing::warn!(table = %row.table, position = %row.origin, reason = why.reason, detail = %why.detail, topic = %topic, "unroutable row sent to the dead-letter topic");
-    Ok(router.dead_letter(row, why, topic))
+    Ok(router.dead_letter(row, index, why, topic))
 }

@@ -82,6 +82,9 @@ pub(super) struct Session<'a> {
     topics: HashMap<String, crate::sink::kafka::TopicState>,
     /// Rows of a transaction whose boundary has not arrived yet were sent.
     open_rows: bool,
+    /// Rows read of the open transaction: the next row's place in it, which with the
+    /// transaction's position names a dead letter the same way on every resend.
+    rows_in_transaction: u32,
     /// When stopping began (shutdown requested, input exhausted, replay end reached).
     stopping: Option<Instant>,
     drain_timeout: Duration,
@@ -189,6 +192,7 @@ impl<'a> Session<'a> {
             shutdown,
             topics: HashMap::new(),
             open_rows: false,
+            rows_in_transaction: 0,
             stopping: None,
             drain_timeout,
             idle_deadline: tokio::time::Instant::now() + drain_timeout,
@@ -292,16 +296,20 @@ impl<'a> Session<'a> {
         match change {
             Change::Row(row) => {
                 self.open_rows = true;
-                self.forward(row, read_at.unwrap_or_else(Instant::now))
+                let index = self.rows_in_transaction;
+                self.rows_in_transaction = index.saturating_add(1);
+                self.forward(row, index, read_at.unwrap_or_else(Instant::now))
                     .await
             }
             Change::Exhausted => {
                 self.open_rows = false;
+                self.rows_in_transaction = 0;
                 self.stop("the input is exhausted");
                 None
             }
             Change::Commit(boundary) | Change::Idle(boundary) => {
                 self.open_rows = false;
+                self.rows_in_transaction = 0;
                 self.boundary(boundary).await
             }
         }
@@ -475,14 +483,15 @@ impl<'a> Session<'a> {
     }
 
     /// Routes `row` (read at `read_at`), takes its ticket and room in the window, and sends it.
-    async fn forward(&mut self, row: Row, read_at: Instant) -> Step {
+    /// Routes and sends `row`, the `index`-th row of its transaction.
+    async fn forward(&mut self, row: Row, index: u32, read_at: Instant) -> Step {
         let record = match self.shared.router.route(&row) {
             // The hot path: a topic this session already knows to exist.
             Ok(record) if known_fit(self.topics.get(&record.topic), record.partition) => record,
             // A new topic (asked about once), or a dead letter: may wait on the broker, so a
             // shutdown request or the drain deadline interrupts it (the open transaction is then
             // sent again on restart).
-            routed => match self.resolve(&row, routed).await {
+            routed => match self.resolve(&row, index, routed).await {
                 Ok(record) => record,
                 Err(end) => return Some(end),
             },
@@ -569,6 +578,7 @@ impl<'a> Session<'a> {
     async fn resolve(
         &mut self,
         row: &Row,
+        index: u32,
         routed: std::result::Result<Record, crate::route::Unroutable>,
     ) -> std::result::Result<Record, Result<SessionEnd>> {
         let deadline = self.deadline();
@@ -588,7 +598,7 @@ impl<'a> Session<'a> {
             sink,
             topics,
             &shared.metrics,
-            row,
+            (row, index),
             routed,
         );
         tokio::select! {

@@ -102,7 +102,7 @@ pub enum Binary16 {
 )]
 #[serde(rename_all = "lowercase")]
 pub enum OnUpdateDelete {
-    /// Counted (`outboxd_ignored_total`) and logged as a warning.
+    /// Counted (`outboxd_ignored_events_total`) and logged as a warning.
     #[default]
     Warn,
     /// Counted and logged as an error.
@@ -407,6 +407,10 @@ pub struct Unroutable {
 
 /// Header carrying the source position of the row's transaction.
 pub const POSITION_HEADER: &str = "outboxd.position";
+/// On a dead letter: which row it is, `<outboxd.position>#<n>` for the n-th row (from 0) of its
+/// transaction; the same on every resend. A dead letter has no usable row id, so the sinks that
+/// de-duplicate (NATS's `Nats-Msg-Id`, SQS/SNS FIFO's de-duplication id) name it by this.
+pub const ROW_HEADER: &str = "outboxd.row";
 /// Header carrying the outbox row id (Debezium's name).
 pub const ID_HEADER: &str = "id";
 
@@ -631,10 +635,10 @@ impl Router {
 }
 
 impl Router {
-    /// The dead-letter record for `row`: the row as JSON, with `outboxd.error`, `outboxd.position` and
-    /// `outboxd.table` headers. It must fit where the row did not: values too big for the producer's
+    /// The dead-letter record for `row`, the `index`-th row of its transaction: the row as JSON,
+    /// with `outboxd.error`, `outboxd.position`, `outboxd.row` and `outboxd.table` headers. It must fit where the row did not: values too big for the producer's
     /// limit are replaced by their size, so a record too large for Kafka cannot loop forever.
-    pub fn dead_letter(&self, row: &Row, why: &Unroutable, topic: &str) -> Record {
+    pub fn dead_letter(&self, row: &Row, index: u32, why: &Unroutable, topic: &str) -> Record {
         let budget = self.max_message_bytes / 2;
         let mut body: serde_json::Map<String, serde_json::Value> = row
             .names
@@ -665,9 +669,10 @@ impl Router {
             value: Some(serde_json::Value::Object(body).to_string().into_bytes()),
             headers: vec![
                 ("outboxd.error".into(), Some(error.into_bytes())),
+                (POSITION_HEADER.into(), Some(row.origin.as_bytes().to_vec())),
                 (
-                    "outboxd.position".into(),
-                    Some(row.origin.as_bytes().to_vec()),
+                    ROW_HEADER.into(),
+                    Some(format!("{}#{index}", row.origin).into_bytes()),
                 ),
                 ("outboxd.table".into(), Some(row.table.as_bytes().to_vec())),
             ],
@@ -974,7 +979,7 @@ mod tests {
         let row = row(&cols);
         let why = router.route(&row).unwrap_err();
         assert_eq!(why.reason, "too_large");
-        let dead = router.dead_letter(&row, &why, "dlq");
+        let dead = router.dead_letter(&row, 3, &why, "dlq");
         assert!(dead.size() < 10_000, "{}", dead.size());
         let body: serde_json::Value = serde_json::from_slice(dead.value.as_ref().unwrap()).unwrap();
         assert_eq!(body["payload"]["omitted_bytes"], 50_000);

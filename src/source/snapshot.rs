@@ -120,11 +120,10 @@ pub struct KeyedRow {
     pub key: Vec<KeyValue>,
 }
 
-/// Where snapshot rows come from, as their `outboxd.position` header says (one shared string).
-static ORIGIN: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("snapshot"));
-
 impl KeyedRow {
-    /// A row of `table` (columns `names`) read by a snapshot.
+    /// A row of `table` (columns `names`) read by a snapshot. Its origin (the `outboxd.position`
+    /// header) is `snapshot:<table>:<primary key>`: a snapshot has no log position, and the key
+    /// names the row the same way on every resend (a dead letter is told apart by it).
     pub fn new(
         table: &Arc<str>,
         names: &Arc<[Arc<str>]>,
@@ -136,12 +135,20 @@ impl KeyedRow {
                 table: table.clone(),
                 names: names.clone(),
                 values,
-                origin: ORIGIN.clone(),
+                origin: Arc::from(format!("snapshot:{table}:{}", key_text(&key))),
                 committed_ms: None,
             },
             key,
         }
     }
+}
+
+/// A primary key as text: its columns' values, comma-separated.
+fn key_text(key: &[KeyValue]) -> String {
+    key.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A resumed snapshot's key must have as many columns as the table's primary key has now.

@@ -126,6 +126,23 @@ pub fn transactions(from: u64, to: u64, per_txn: u64, insert: impl Fn(u64) -> St
 }
 
 /// Commits rows `from..to` in transactions of `per_txn` rows.
+/// One transaction of rows `ids` whose routing value (`bad topic`) makes no valid topic, queue or
+/// subject name: each is a dead letter the router makes, none has a usable destination.
+pub fn insert_unroutable_rows(db: &Mysqld, ids: std::ops::Range<u64>) {
+    let values: Vec<String> = ids
+        .map(|n| {
+            format!(
+                "(UNHEX('{}'), 'bad topic', 'k', 'Created', '{{}}')",
+                uuid_of(n).replace('-', "")
+            )
+        })
+        .collect();
+    db.sql_socket(&format!(
+        "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES {};",
+        values.join(", ")
+    ));
+}
+
 pub fn insert_rows(db: &Mysqld, from: u64, to: u64, per_txn: u64) {
     db.sql_socket(&transactions(from, to, per_txn, insert_sql));
 }

@@ -12,10 +12,12 @@
 //! - FIFO: `MessageGroupId` = the key and `MessageDeduplicationId` = the row id, each as it is when
 //!   the service takes it (1–128 of its printable ASCII characters); otherwise `sha256:` and the hex
 //!   SHA-256 of its bytes: stable across restarts, so a key keeps one group and a resend keeps its
-//!   de-duplication id. Rows without a key share the group `outboxd.no-key`.
+//!   de-duplication id. Rows without a key share the group `outboxd.no-key`. A dead letter the
+//!   router made has no row id: its `outboxd.row` (the transaction's position and the row's place
+//!   in it) is its de-duplication id, so a FIFO dead-letter queue keeps each of them.
 
 use super::config::MAX_ATTRIBUTES;
-use crate::route::{Record, ID_HEADER, POSITION_HEADER};
+use crate::route::{Record, ID_HEADER, POSITION_HEADER, ROW_HEADER};
 
 /// The attribute naming how the body is encoded (`base64`, `null`, `empty`, `omitted`).
 pub const BODY_ATTRIBUTE: &str = "outboxd.body";
@@ -49,6 +51,7 @@ impl Message {
     pub fn new(record: &Record) -> Message {
         let mut attributes = Vec::with_capacity(record.headers.len() + 2);
         let mut id: &[u8] = &[];
+        let mut row: &[u8] = &[];
         let mut position = None;
         for (name, value) in &record.headers {
             if name == POSITION_HEADER {
@@ -60,6 +63,8 @@ impl Message {
             };
             if name == ID_HEADER {
                 id = value;
+            } else if name == ROW_HEADER {
+                row = value;
             }
             attributes.push((name.clone(), value_of(value)));
         }
@@ -92,12 +97,13 @@ impl Message {
             Some(key) if !key.is_empty() => fifo_id(key),
             _ => NO_KEY_GROUP.to_string(),
         };
+        let dedup = if id.is_empty() { row } else { id };
         Message {
             body,
             attributes,
             group,
-            no_id: id.is_empty(),
-            dedup: fifo_id(id),
+            no_id: dedup.is_empty(),
+            dedup: fifo_id(dedup),
         }
     }
 

@@ -9,7 +9,7 @@ use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
 use base64::Engine;
 use bytes::Bytes;
 
-use crate::route::{Record, ID_HEADER};
+use crate::route::{Record, ID_HEADER, ROW_HEADER};
 
 /// The header that names a message for JetStream's de-duplication.
 pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
@@ -19,8 +19,6 @@ pub const KEY_HEADER: &str = "outboxd.key";
 pub const TIMESTAMP_HEADER: &str = "outboxd.timestamp";
 /// Comma-separated names of the headers whose values are base64.
 pub const BASE64_HEADER: &str = "outboxd.base64";
-/// The row's place in the source log (every record has it).
-const POSITION_HEADER: &str = "outboxd.position";
 /// The header of a dead letter naming why it is one (as on every sink).
 pub const ERROR_HEADER: &str = "outboxd.error";
 /// The header of a dead letter naming the subject it was meant for.
@@ -125,8 +123,9 @@ pub fn message(record: &Record) -> Message {
         put(&mut headers, name, value);
     }
     // The row id names the message for de-duplication; a dead letter the router made has none,
-    // and its position (unique per row) stands in.
-    let msg_id = [ID_HEADER, POSITION_HEADER].iter().find_map(|wanted| {
+    // and its row (the transaction's position and the row's place in it) stands in: the
+    // position alone is one per transaction, and the stream would keep only its first dead letter.
+    let msg_id = [ID_HEADER, ROW_HEADER].iter().find_map(|wanted| {
         record
             .headers
             .iter()
@@ -225,9 +224,15 @@ mod tests {
     }
 
     #[test]
-    fn a_router_dead_letter_is_named_by_its_position() {
-        let r = record(vec![("outboxd.position", Some(b"gtid:0-1-5"))], None);
-        assert_eq!(get(&message(&r), MSG_ID_HEADER), Some("gtid:0-1-5"));
+    fn a_router_dead_letter_is_named_by_its_row_not_its_transactions_position() {
+        let r = record(
+            vec![
+                ("outboxd.position", Some(b"gtid:0-1-5")),
+                ("outboxd.row", Some(b"gtid:0-1-5#2")),
+            ],
+            None,
+        );
+        assert_eq!(get(&message(&r), MSG_ID_HEADER), Some("gtid:0-1-5#2"));
     }
 
     #[test]
