@@ -142,6 +142,7 @@ fn rows_reach_fifo_queues_with_the_key_as_group_and_the_id_as_dedup_id_in_key_or
             moto.endpoint()
         ),
         "PASS  sqs dead-letter queue: \"outboxd-dlq.fifo\" is FIFO".to_string(),
+        "one the router made has neither: its outboxd.row".to_string(),
     ] {
         assert!(shown.contains(&line), "{line} in\n{shown}");
     }

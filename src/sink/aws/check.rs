@@ -47,28 +47,36 @@ pub async fn preflight(
     )];
     let client = Client::new(service, &sdk);
     let named = fixed_topic
-        .map(|t| (format!("{section} {}", service.noun()), t))
+        .map(|t| (format!("{section} {}", service.noun()), t, false))
         .into_iter()
         .chain(
             config
                 .dead_letter_topic
                 .as_deref()
-                .map(|t| (format!("{section} dead-letter {}", service.noun()), t)),
+                .map(|t| (format!("{section} dead-letter {}", service.noun()), t, true)),
         );
-    for (what, name) in named {
-        items.push(destination_item(&client, config, &what, name).await);
+    for (what, name, dead_letters) in named {
+        items.push(destination_item(&client, config, &what, name, dead_letters).await);
     }
     items
 }
 
-async fn destination_item(client: &Client, config: &AwsConfig, what: &str, name: &str) -> Item {
+/// `dead_letters`: the destination is the dead-letter one, whose FIFO item says what FIFO means
+/// for dead letters.
+async fn destination_item(
+    client: &Client,
+    config: &AwsConfig,
+    what: &str,
+    name: &str,
+    dead_letters: bool,
+) -> Item {
     let service = client.service();
     if let Err(why) = super::config::check_name(service, name) {
         return Item::fail(what, why, "route to a valid name");
     }
     let template = config.template(service);
     match client.resolve(name, template, config).await {
-        Ok(Some(destination)) => judged(service, what, &destination),
+        Ok(Some(destination)) => judged(service, what, &destination, dead_letters),
         Ok(None) => Item::fail(
             what,
             format!("{name:?} does not exist (or these credentials cannot see it)"),
@@ -106,13 +114,18 @@ async fn destination_item(client: &Client, config: &AwsConfig, what: &str, name:
     }
 }
 
-fn judged(service: Service, what: &str, d: &Destination) -> Item {
+fn judged(service: Service, what: &str, d: &Destination, dead_letters: bool) -> Item {
     let dedup = if d.content_dedup { "on" } else { "off" };
     if d.fifo {
+        let ids = if dead_letters {
+            "a dead letter keeps its row's id and key; one the router made has neither: its outboxd.row (the transaction's position and the row's place in it) is its de-duplication id and it joins the message group outboxd.no-key, so those go one after another, and a repeat within 5 minutes is dropped"
+        } else {
+            "outboxd sets the row id as the de-duplication id and the key as the message group"
+        };
         Item::pass(
             what,
             format!(
-                "{:?} is FIFO ({}), max message {} bytes, content-based de-duplication {dedup} (outboxd sets the row id as the de-duplication id and the key as the message group)",
+                "{:?} is FIFO ({}), max message {} bytes, content-based de-duplication {dedup} ({ids})",
                 d.name, d.address, d.max_bytes
             ),
         )
