@@ -612,6 +612,29 @@ fn rows_reach_sns_fifo_topics_in_key_order_and_a_missing_topic_is_dead_lettered(
         shown.contains("WARN  sns dead-letter topic: \"outboxd-dlq\" is a standard topic"),
         "{shown}"
     );
+    // A topic nobody subscribed to takes every message and delivers it nowhere: check says so.
+    moto.create_topic("outboxd-unheard");
+    let unheard = Outboxd::new(
+        "sns-unheard",
+        &format!(
+            "{}{FIFO_ROUTE}",
+            config_with_aws(
+                &db.cdc_url(),
+                "sns",
+                &moto.endpoint(),
+                "dead_letter_topic = \"outboxd-unheard\""
+            )
+        ),
+    );
+    let mut unheard = unheard;
+    unheard.env = Moto::env();
+    let warned = text(unheard.command_output(&["check"]));
+    assert!(
+        warned.contains("WARN  sns dead-letter topic: \"outboxd-unheard\"")
+            && warned.contains("has no confirmed subscription"),
+        "{warned}"
+    );
+    assert!(!shown.contains("no confirmed subscription"), "{shown}");
     outboxd.start();
     insert_rows(&db, 0, 150, 5);
     let orders = moto.read("order-reader.fifo", 100, READ_LIMIT);

@@ -76,7 +76,23 @@ async fn destination_item(
     }
     let template = config.template(service);
     match client.resolve(name, template, config).await {
-        Ok(Some(destination)) => judged(service, what, &destination, dead_letters),
+        Ok(Some(destination)) => {
+            if client
+                .has_confirmed_subscription(&destination.address)
+                .await
+                == Some(false)
+            {
+                return Item::warn(
+                    what,
+                    format!(
+                        "{name:?} ({}) has no confirmed subscription: SNS accepts each message published to it and delivers it nowhere, and outboxd counts it delivered",
+                        destination.address
+                    ),
+                    "subscribe the consumers' queues or endpoints (aws sns subscribe --topic-arn … --protocol sqs --notification-endpoint …) and confirm them before forwarding; a subscription's filter policy can also drop messages",
+                );
+            }
+            judged(service, what, &destination, dead_letters)
+        }
         Ok(None) => Item::fail(
             what,
             format!("{name:?} does not exist (or these credentials cannot see it)"),

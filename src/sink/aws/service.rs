@@ -140,6 +140,39 @@ impl Client {
         }))
     }
 
+    /// SNS: whether topic `arn` has at least one confirmed subscription (one not
+    /// `PendingConfirmation`); `None` when it cannot be told (SQS, or `ListSubscriptionsByTopic`
+    /// refused). Asked by `check` only. A topic's `SubscriptionsConfirmed` attribute would be one
+    /// call less, but emulators such as moto leave it at 0.
+    pub async fn has_confirmed_subscription(&self, arn: &str) -> Option<bool> {
+        let Client::Sns(sns, _) = self else {
+            return None;
+        };
+        let mut next: Option<String> = None;
+        // A few pages are enough to find one confirmed subscription among many pending ones.
+        for _ in 0..10 {
+            let page = sns
+                .list_subscriptions_by_topic()
+                .topic_arn(arn)
+                .set_next_token(next.take())
+                .send()
+                .await
+                .ok()?;
+            if page
+                .subscriptions()
+                .iter()
+                .any(|s| s.subscription_arn().is_some_and(|a| a.starts_with("arn:")))
+            {
+                return Some(true);
+            }
+            match page.next_token() {
+                Some(token) => next = Some(token.to_string()),
+                None => return Some(false),
+            }
+        }
+        None
+    }
+
     /// The queue URL or topic ARN of `name`, looked up.
     async fn address(&self, name: &str) -> std::result::Result<Option<String>, Failure> {
         match self {
