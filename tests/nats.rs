@@ -329,6 +329,82 @@ fn a_frozen_nats_past_the_delivery_timeout_and_a_sigterm_while_it_is_frozen_lose
 }
 
 #[test]
+fn check_names_what_each_streams_settings_cost_and_fails_the_ones_that_lose_acked_rows() {
+    use async_nats::jetstream::stream::{Config, DiscardPolicy, RetentionPolicy, StorageType};
+    let (db, nats) = servers();
+    let stream = |name: &str, subject: &str| Config {
+        name: name.into(),
+        subjects: vec![subject.into()],
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    };
+    nats.add_stream_config(Config {
+        storage: StorageType::Memory,
+        ..stream("MEM", "mem.events")
+    });
+    nats.add_stream_config(Config {
+        retention: RetentionPolicy::Interest,
+        ..stream("HEARD", "interest.dlq")
+    });
+    nats.add_stream_config(Config {
+        no_ack: true,
+        ..stream("NOACK", "noack.events")
+    });
+    nats.add_stream_config(Config {
+        discard: DiscardPolicy::Old,
+        max_age: Duration::from_secs(3600),
+        ..stream("AGED", "aged.dlq")
+    });
+    let check = |name: &str, topic: &str, extra: &str| {
+        let config = format!(
+            "{}\n[route]\ntopic = \"{topic}\"\n",
+            config_with_nats(&db.cdc_url(), &nats.url(), extra)
+        );
+        let out = Outboxd::new(name, &config).command_output(&["check"]);
+        (out.status.success(), text(out))
+    };
+    // Memory storage and interest retention without a consumer lose what the stream acknowledged:
+    // check fails naming each, so `run` does not start.
+    let (ok, shown) = check(
+        "nats-lossy",
+        "mem.events",
+        "dead_letter_topic = \"interest.dlq\"",
+    );
+    assert!(!ok, "{shown}");
+    for line in [
+        "FAIL  nats subject: \"mem.events\" is captured by stream \"MEM\": it keeps messages in memory",
+        "FAIL  nats dead-letter subject: \"interest.dlq\" is captured by stream \"HEARD\": its retention is interest and it has no consumer",
+        "or set nats.allow_lossy_streams = true",
+    ] {
+        assert!(shown.contains(line), "{line} in\n{shown}");
+    }
+    // Accepted explicitly, they are warnings.
+    let (ok, shown) = check(
+        "nats-accepted",
+        "mem.events",
+        "dead_letter_topic = \"interest.dlq\"\nallow_lossy_streams = true",
+    );
+    assert!(ok, "{shown}");
+    assert!(
+        shown.contains("WARN  nats subject: \"mem.events\""),
+        "{shown}"
+    );
+    // A stream that never acknowledges fails whatever is accepted; one that ages messages out warns.
+    let (ok, shown) = check(
+        "nats-noack",
+        "noack.events",
+        "dead_letter_topic = \"aged.dlq\"\nallow_lossy_streams = true",
+    );
+    assert!(!ok, "{shown}");
+    for line in [
+        "FAIL  nats subject: \"noack.events\" is captured by stream \"NOACK\": it has no_ack set",
+        "WARN  nats dead-letter subject: \"aged.dlq\" is captured by stream \"AGED\": at its limits (max_age 3600s) it discards its oldest messages",
+    ] {
+        assert!(shown.contains(line), "{line} in\n{shown}");
+    }
+}
+
+#[test]
 fn nats_credentials_are_never_printed_and_a_refused_login_stops_without_looping() {
     const PASSWORD: &str = "planted-nats-pw-91";
     const WRONG: &str = "planted-nats-wrong-92";

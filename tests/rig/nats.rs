@@ -178,7 +178,9 @@ impl Nats {
         self.child.as_ref().map(|c| Pid::from_raw(c.id() as i32))
     }
 
-    /// SIGKILL (what JetStream acknowledged is on disk: file storage, synced).
+    /// SIGKILL of the server process. What JetStream acknowledged survives it because the process
+    /// wrote it to its file store (the kernel's page cache has it); it is not synced to disk at
+    /// each acknowledgement, so a host crash is another matter (see docs/sinks/nats.md).
     pub fn kill9(&mut self) {
         if let Some(pid) = self.pid() {
             let _ = kill(pid, Signal::SIGCONT);
@@ -200,6 +202,14 @@ impl Nats {
     /// A file-backed stream `name` capturing `subjects` (duplicate window 2 minutes).
     pub fn add_stream(&self, name: &str, subjects: &[&str]) {
         self.add_stream_with_window(name, subjects, Duration::from_secs(120))
+    }
+
+    /// A stream made from `config` as it is (its other settings: the server's defaults).
+    pub fn add_stream_config(&self, config: stream::Config) {
+        block_on(async {
+            let js = jetstream::new(self.client().await.unwrap());
+            js.create_stream(config).await.unwrap();
+        });
     }
 
     /// [`Nats::add_stream`] with another duplicate window.

@@ -51,6 +51,11 @@ pub struct NatsConfig {
     /// connect and refuses to run under.
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
+    /// Accept streams whose settings lose acknowledged messages (interest or work-queue retention
+    /// without a consumer, memory storage): `check` then warns about them instead of failing, and
+    /// `run` starts. Only for streams whose loss you have decided to accept.
+    #[serde(default)]
+    pub allow_lossy_streams: bool,
 }
 
 fn default_message_timeout_ms() -> u64 {
@@ -78,6 +83,7 @@ impl std::fmt::Debug for NatsConfig {
             .field("dead_letter_topic", &self.dead_letter_topic)
             .field("message_timeout_ms", &self.message_timeout_ms)
             .field("max_message_bytes", &self.max_message_bytes)
+            .field("allow_lossy_streams", &self.allow_lossy_streams)
             .finish()
     }
 }

@@ -230,6 +230,9 @@ async fn subject_item(context: &Context, config: &NatsConfig, what: &str, subjec
     };
     match context.get_stream(&stream).await {
         Ok(mut s) => match s.info().await {
+            Ok(info) if !super::stream::costs(&info).is_empty() => {
+                costly_stream_item(what, subject, &stream, &info, config)
+            }
             Ok(info) if info.config.duplicate_window < config.message_timeout() => Item::warn(
                 what,
                 format!(
@@ -249,6 +252,43 @@ async fn subject_item(context: &Context, config: &NatsConfig, what: &str, subjec
             Err(e) => Item::unreachable(what, format!("cannot read stream {stream:?}: {e}"), "check the server"),
         },
         Err(e) => Item::unreachable(what, format!("cannot read stream {stream:?}: {e}"), "check the server"),
+    }
+}
+
+/// The item for a stream whose settings cost rows: FAIL when it cannot work or (unless
+/// `nats.allow_lossy_streams`) loses acknowledged messages, WARN otherwise; every cost named.
+fn costly_stream_item(
+    what: &str,
+    subject: &str,
+    stream: &str,
+    info: &async_nats::jetstream::stream::Info,
+    config: &NatsConfig,
+) -> Item {
+    use super::stream::Cost;
+    let costs = super::stream::costs(info);
+    let text: Vec<&str> = costs
+        .iter()
+        .map(|c| match c {
+            Cost::Broken(t) | Cost::Loses(t) | Cost::Drops(t) => t.as_str(),
+        })
+        .collect();
+    let message = format!(
+        "{subject:?} is captured by stream {stream:?}: {}",
+        text.join("; ")
+    );
+    let fix = format!("nats stream info {stream} shows its settings; store outbox rows in a stream with file storage and limits retention (nats stream add OUTBOX --subjects \"{subject}\" --storage file --retention limits --dupe-window 2m)");
+    let broken = costs.iter().any(|c| matches!(c, Cost::Broken(_)));
+    let loses = costs.iter().any(|c| matches!(c, Cost::Loses(_)));
+    if broken {
+        Item::fail(what, message, fix)
+    } else if loses && !config.allow_lossy_streams {
+        Item::fail(
+            what,
+            message,
+            format!("{fix}; or set nats.allow_lossy_streams = true to accept the loss"),
+        )
+    } else {
+        Item::warn(what, message, fix)
     }
 }
 

@@ -31,6 +31,7 @@ pub mod config;
 mod connect;
 pub mod message;
 mod settle;
+pub mod stream;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

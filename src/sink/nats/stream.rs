@@ -1,0 +1,75 @@
+//! What a JetStream stream's settings cost the rows outboxd publishes into it. A `PubAck` says the
+//! stream stored a message, not that it keeps it: some settings discard acknowledged messages by
+//! design (interest or work-queue retention with no consumer, memory storage across a server
+//! restart, `discard: old` at a limit), and one (`no_ack`) never acknowledges, so every publish
+//! would time out and be sent again forever. `check` names each one with what it costs; the ones
+//! that lose acknowledged rows fail it (and so stop `run` before it starts) unless
+//! `nats.allow_lossy_streams` accepts them.
+
+use async_nats::jetstream::stream::{DiscardPolicy, Info, RetentionPolicy, StorageType};
+
+/// How bad a setting is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cost {
+    /// Acknowledged messages can be dropped before anyone reads them (at the stream's limits).
+    Drops(String),
+    /// Acknowledged messages are lost (accepted only with `nats.allow_lossy_streams`).
+    Loses(String),
+    /// Publishing cannot work at all.
+    Broken(String),
+}
+
+/// What stream `info`'s settings cost, worst first; empty when none costs anything.
+pub fn costs(info: &Info) -> Vec<Cost> {
+    let c = &info.config;
+    let mut out = Vec::new();
+    if c.no_ack {
+        out.push(Cost::Broken(
+            "it has no_ack set, so the server never acknowledges a publish: every message would time out and be sent again forever".into(),
+        ));
+    }
+    match c.retention {
+        RetentionPolicy::Interest if info.state.consumer_count == 0 => out.push(Cost::Loses(
+            "its retention is interest and it has no consumer: every message outboxd publishes is acknowledged and discarded at once".into(),
+        )),
+        RetentionPolicy::WorkQueue if info.state.consumer_count == 0 => out.push(Cost::Loses(
+            "its retention is workqueue and it has no consumer yet: what it stores is kept only until one consumer acknowledges it".into(),
+        )),
+        _ => {}
+    }
+    if c.storage == StorageType::Memory {
+        out.push(Cost::Loses(
+            "it keeps messages in memory: a server restart loses every acknowledged message not yet read".into(),
+        ));
+    }
+    if c.discard == DiscardPolicy::Old {
+        let mut limits = Vec::new();
+        if c.max_messages > 0 {
+            limits.push(format!("max_msgs {}", c.max_messages));
+        }
+        if c.max_messages_per_subject > 0 {
+            limits.push(format!(
+                "max_msgs_per_subject {}",
+                c.max_messages_per_subject
+            ));
+        }
+        if c.max_bytes > 0 {
+            limits.push(format!("max_bytes {}", c.max_bytes));
+        }
+        if !c.max_age.is_zero() {
+            limits.push(format!("max_age {:?}", c.max_age));
+        }
+        if !limits.is_empty() {
+            out.push(Cost::Drops(format!(
+                "at its limits ({}) it discards its oldest messages (discard: old), read or not",
+                limits.join(", ")
+            )));
+        }
+    }
+    out.sort_by_key(|cost| match cost {
+        Cost::Broken(_) => 0,
+        Cost::Loses(_) => 1,
+        Cost::Drops(_) => 2,
+    });
+    out
+}
