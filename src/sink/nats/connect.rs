@@ -230,8 +230,8 @@ async fn subject_item(context: &Context, config: &NatsConfig, what: &str, subjec
     };
     match context.get_stream(&stream).await {
         Ok(mut s) => match s.info().await {
-            Ok(info) if !super::stream::costs(&info).is_empty() => {
-                costly_stream_item(what, subject, &stream, &info, config)
+            Ok(info) if !super::stream::costs(info).is_empty() => {
+                costly_stream_item(what, subject, &stream, info, config)
             }
             Ok(info) if info.config.duplicate_window < config.message_timeout() => Item::warn(
                 what,
