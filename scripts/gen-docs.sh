@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The features of the test build (scripts/test.sh), so this does not rebuild the binary the tests run.
-cargo build --quiet --features failpoints --bin outboxd
+cargo build --quiet --locked --features failpoints --bin outboxd
 bin=target/debug/outboxd
 out=docs/reference
 mkdir -p "$out"

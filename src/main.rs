@@ -312,10 +312,15 @@ fn shutdown_signal(config: &Config) -> tokio::sync::watch::Receiver<bool> {
 /// The config's JSON Schema, pretty-printed, one trailing newline.
 fn print_schema() {
     let schema = outboxd::reference::config::schema();
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&schema).expect("a schema is always JSON")
-    );
+    let text = serde_json::to_string_pretty(&schema).expect("a schema is always JSON");
+    print_out(format!("{text}\n").as_bytes());
+}
+
+/// Writes a generated page to stdout; a reader that stops early (`| head`) is not an error.
+fn print_out(bytes: &[u8]) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(bytes).and_then(|()| out.flush());
 }
 
 fn run(cli: Cli) -> Result<ExitCode, Error> {
@@ -340,16 +345,13 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
         use clap::CommandFactory;
         use outboxd::reference;
         match page {
-            ReferencePage::Config => print!("{}", reference::config::markdown()),
+            ReferencePage::Config => print_out(reference::config::markdown().as_bytes()),
             ReferencePage::Schema => print_schema(),
-            ReferencePage::Cli => print!("{}", reference::cli::markdown(&Cli::command())),
-            ReferencePage::Man => {
-                use std::io::Write;
-                std::io::stdout()
-                    .write_all(&reference::cli::man(&Cli::command()))
-                    .map_err(|e| Error::config(format!("cannot write the man page: {e}")))?;
+            ReferencePage::Cli => {
+                print_out(reference::cli::markdown(&Cli::command()).as_bytes());
             }
-            ReferencePage::Metrics => print!("{}", reference::metrics::markdown()),
+            ReferencePage::Man => print_out(&reference::cli::man(&Cli::command())),
+            ReferencePage::Metrics => print_out(reference::metrics::markdown().as_bytes()),
         }
         return Ok(ExitCode::SUCCESS);
     }

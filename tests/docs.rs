@@ -138,23 +138,28 @@ fn every_config_key_is_described() {
 /// The key paths a shipped config shows, set or commented out (`# key = …` under `[section]` or
 /// `# [section]`), inline tables' keys included (`tls = { mode = … }` shows `source.tls.mode`).
 fn shown_keys(text: &str) -> BTreeSet<String> {
-    let section = Regex::new(r"^#?\s*\[([a-z_.]+)\]").unwrap();
-    let key = Regex::new(r#"^#?\s*"?([a-z_0-9.]+)"?\s*=\s*(.*)$"#).unwrap();
-    let inner = Regex::new(r"([a-z_]+)\s*=").unwrap();
+    let section = Regex::new(r"^#?\s*\[\[?([A-Za-z0-9_.\-]+)\]\]?").unwrap();
+    let key = Regex::new(r#"^#?\s*"?([A-Za-z0-9_.\-]+)"?\s*=\s*(.*)$"#).unwrap();
+    let inner = Regex::new(r"([A-Za-z0-9_\-]+)\s*=").unwrap();
     let mut current = String::new();
     let mut keys = BTreeSet::new();
     for line in text.lines() {
         if let Some(c) = section.captures(line) {
-            current = c[1].to_string();
+            // `[[route.additional]]` is an array of tables: its keys are `route.additional[].…`.
+            current = if line.contains("[[") {
+                format!("{}[]", &c[1])
+            } else {
+                c[1].to_string()
+            };
             continue;
         }
         let Some(c) = key.captures(line) else {
             continue;
         };
-        let path = if current.is_empty() {
-            c[1].to_string()
-        } else {
-            format!("{current}.{}", &c[1])
+        let path = match current.strip_suffix("[]") {
+            _ if current.is_empty() => c[1].to_string(),
+            Some(array) => format!("{array}[].{}", &c[1]),
+            None => format!("{current}.{}", &c[1]),
         };
         let value = c[2].trim_start();
         let array_of_tables = value.starts_with("[{");
@@ -170,17 +175,21 @@ fn shown_keys(text: &str) -> BTreeSet<String> {
     keys
 }
 
-/// A path as the schema names it: the members of a free-form table (`kafka.properties."x"`,
-/// `route.headers.eventType`) are that table.
-fn schema_key<'a>(path: &str, schema: &'a BTreeSet<String>) -> Option<&'a String> {
-    let mut candidate = path.to_string();
-    loop {
-        if let Some(found) = schema.get(&candidate) {
-            return Some(found);
-        }
-        let (parent, _) = candidate.rsplit_once('.')?;
-        candidate = parent.to_string();
+/// A path as the schema names it: itself, or for a member of a free-form table
+/// (`kafka.properties."x"`, `route.headers.eventType`) that table. A typo in a nested key
+/// (`source.tls.mdoe`) is not a member of anything.
+fn schema_key<'a>(
+    path: &str,
+    schema: &'a BTreeSet<String>,
+    free_form: &BTreeSet<String>,
+) -> Option<&'a String> {
+    if let Some(found) = schema.get(path) {
+        return Some(found);
     }
+    free_form
+        .iter()
+        .find(|table| path.starts_with(&format!("{table}.")))
+        .and_then(|table| schema.get(table))
 }
 
 #[test]
@@ -188,6 +197,13 @@ fn the_shipped_configs_use_only_real_keys_and_show_every_one() {
     let schema: BTreeSet<String> = outboxd::reference::config::key_paths()
         .into_iter()
         .collect();
+    let free_form: BTreeSet<String> = outboxd::reference::config::free_form_paths()
+        .into_iter()
+        .collect();
+    assert!(
+        free_form.contains("kafka.properties") && free_form.contains("route.headers"),
+        "{free_form:?}"
+    );
     let mut shown = BTreeSet::new();
     let mut unknown = Vec::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("deploy"))
@@ -200,13 +216,23 @@ fn the_shipped_configs_use_only_real_keys_and_show_every_one() {
     assert!(files.len() >= 8, "the shipped configs: {files:?}");
     for file in &files {
         let text = read(file);
+        let named = text
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("#:schema "))
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}: its first line names the schema for editors (#:schema …)",
+                    file.display()
+                )
+            });
         assert!(
-            text.starts_with("#:schema "),
-            "{}: its first line names the schema for editors (#:schema …)",
+            file.parent().unwrap().join(named.trim()).exists(),
+            "{}: #:schema {named} does not exist",
             file.display()
         );
         for path in shown_keys(&text) {
-            match schema_key(&path, &schema) {
+            match schema_key(&path, &schema, &free_form) {
                 Some(key) => {
                     if file.to_string_lossy().contains(".example.") {
                         // [sqs] and [sns] are one struct: either section shows its keys.

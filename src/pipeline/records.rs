@@ -113,5 +113,6 @@ fn dead_letter(
         )));
     };
     tracing::warn!(table = %row.table, position = %row.origin, reason = why.reason, detail = %why.detail, topic = %topic, "unroutable row sent to the dead-letter topic");
-    Ok(router.dead_letter(row, index, why, topic))
+    let identity = crate::route::row_identity(&config.name, row, index);
+    Ok(router.dead_letter(row, &identity, why, topic))
 }

@@ -485,7 +485,7 @@ impl<'a> Session<'a> {
     /// Routes `row` (read at `read_at`), takes its ticket and room in the window, and sends it.
     /// Routes and sends `row`, the `index`-th row of its transaction.
     async fn forward(&mut self, row: Row, index: u32, read_at: Instant) -> Step {
-        let record = match self.shared.router.route(&row) {
+        let mut record = match self.shared.router.route(&row) {
             // The hot path: a topic this session already knows to exist.
             Ok(record) if known_fit(self.topics.get(&record.topic), record.partition) => record,
             // A new topic (asked about once), or a dead letter: may wait on the broker, so a
@@ -496,6 +496,19 @@ impl<'a> Session<'a> {
                 Err(end) => return Some(end),
             },
         };
+        // A row whose id is empty (a dead letter has none): the sinks that de-duplicate by id
+        // name it by its row instead, or every such row of a window would share one id.
+        if crate::route::lacks_row_id(&record)
+            && !record
+                .headers
+                .iter()
+                .any(|(n, _)| n == crate::route::ROW_HEADER)
+        {
+            let identity = crate::route::row_identity(&self.config.name, &row, index);
+            record
+                .headers
+                .push((crate::route::ROW_HEADER.into(), Some(identity.into_bytes())));
+        }
         // Usually the window has room and the first poll takes it; only a full window waits, and
         // then a failure, a shutdown request (which starts the drain clock: a frozen broker must not
         // hold the exit until the message timeout) or the drain deadline can interrupt it.

@@ -43,6 +43,8 @@ struct Key {
     default: Option<String>,
     required: bool,
     description: String,
+    /// A table of any keys (`kafka.properties`, `route.headers`).
+    free_form: bool,
 }
 
 /// Every key of every section as `(section, keys)`, in [`SECTIONS`] order. A key without a
@@ -119,6 +121,20 @@ pub fn key_paths() -> Vec<String> {
                     format!("{section}.{}", k.path)
                 }
             })
+        })
+        .collect()
+}
+
+/// The key paths that are tables of any keys (`kafka.properties`, `route.headers`): a config
+/// may set any member of them.
+pub fn free_form_paths() -> Vec<String> {
+    let schema = schema();
+    sections(&schema)
+        .into_iter()
+        .flat_map(|(section, _, keys)| {
+            keys.into_iter()
+                .filter(|k| k.free_form)
+                .map(move |k| format!("{section}.{}", k.path))
         })
         .collect()
 }
@@ -215,7 +231,12 @@ fn key(path: &str, property: &Value, defs: &Value, required: bool) -> Key {
         text.push_str(&described.join("; "));
         text.push('.');
     }
+    let free_form = resolved.get("properties").is_none()
+        && resolved
+            .get("additionalProperties")
+            .is_some_and(Value::is_object);
     Key {
+        free_form,
         path: path.to_string(),
         kind: kind(&resolved, &choices, defs),
         default: property
@@ -335,10 +356,13 @@ environment as `OUTBOXD_` + its path with `__` between levels (`OUTBOXD_KAFKA__B
 `OUTBOXD_SOURCE__PASSWORD`). Exactly one sink section (`[kafka]`, `[rabbitmq]`, `[nats]`, \
 `[redis]`, `[sqs]` or `[sns]`) is set. How configuration works: \
 [Configuration](../concepts/configuration.md).\n\n\
-The same keys as a JSON Schema: [outboxd.schema.json](outboxd.schema.json) (`outboxd config schema` \
-prints it). Editors that read JSON Schema can check a config with it; with Taplo (the TOML \
-language server of VS Code's *Even Better TOML*), put this first line in the file:\n\n\
-```toml\n#:schema https://raw.githubusercontent.com/outboxd/outboxd/main/docs/reference/outboxd.schema.json\n```\n",
+The same keys as a JSON Schema: [outboxd.schema.json](outboxd.schema.json). Editors that read \
+JSON Schema can check a config with it. Take the schema of the outboxd you run (`outboxd config \
+schema > outboxd.schema.json`: this page may be newer), and with Taplo (the TOML language server \
+of VS Code's *Even Better TOML*) name it in the config's first line:\n\n\
+```toml\n#:schema ./outboxd.schema.json\n```\n\n\
+Keys marked required may also come from the environment (`OUTBOXD_NAME`, \
+`OUTBOXD_SOURCE__URL`, …); an editor does not know that.\n",
     );
     for (section, about, keys) in sections(&schema) {
         if keys.len() == 1 && keys[0].path == section {

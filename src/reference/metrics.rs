@@ -65,7 +65,11 @@ pub fn families() -> Vec<Family> {
             let mut labels: Vec<String> = Vec::new();
             for line in text.lines().filter(|l| !l.starts_with('#')) {
                 let series = &line[..line.find(['{', ' ']).unwrap_or(line.len())];
-                if !series.starts_with(&name) {
+                let of_family = series == name
+                    || ["_total", "_bucket", "_sum", "_count", "_created"]
+                        .iter()
+                        .any(|suffix| series.strip_suffix(suffix) == Some(name.as_str()));
+                if !of_family {
                     continue;
                 }
                 let Some(set) = line.split_once('{').and_then(|(_, r)| r.split_once('}')) else {

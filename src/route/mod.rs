@@ -407,10 +407,33 @@ pub struct Unroutable {
 
 /// Header carrying the source position of the row's transaction.
 pub const POSITION_HEADER: &str = "outboxd.position";
-/// On a dead letter: which row it is, `<outboxd.position>#<n>` for the n-th row (from 0) of its
-/// transaction; the same on every resend. A dead letter has no usable row id, so the sinks that
-/// de-duplicate (NATS's `Nats-Msg-Id`, SQS/SNS FIFO's de-duplication id) name it by this.
+/// Which row a record is when its row id cannot say (a dead letter, a row whose id is empty):
+/// [`row_identity`]. The sinks that de-duplicate by an id (NATS's `Nats-Msg-Id`, SQS/SNS FIFO's
+/// de-duplication id) name such a record by it.
 pub const ROW_HEADER: &str = "outboxd.row";
+
+/// A row's identity, the same on every resend: `<pipeline>/<outboxd.position>#<n>` for the n-th
+/// row (from 0) of its transaction (resends replay whole transactions, in order). The pipeline's
+/// name keeps two pipelines sharing a dead-letter stream or queue apart (their servers may write
+/// the same positions). A snapshot row's position already names the row by its primary key (its
+/// place in a chunk may differ when a snapshot resumes), so it has no `#<n>`.
+pub fn row_identity(pipeline: &str, row: &Row, index: u32) -> String {
+    if crate::source::snapshot::is_snapshot_origin(&row.origin) {
+        format!("{pipeline}/{}", row.origin)
+    } else {
+        format!("{pipeline}/{}#{index}", row.origin)
+    }
+}
+
+/// Whether `record`'s row id is missing or empty (it cannot name the record for de-duplication).
+pub fn lacks_row_id(record: &Record) -> bool {
+    record
+        .headers
+        .iter()
+        .find(|(name, _)| name == ID_HEADER)
+        .and_then(|(_, value)| value.as_deref())
+        .is_none_or(<[u8]>::is_empty)
+}
 /// Header carrying the outbox row id (Debezium's name).
 pub const ID_HEADER: &str = "id";
 
@@ -635,10 +658,10 @@ impl Router {
 }
 
 impl Router {
-    /// The dead-letter record for `row`, the `index`-th row of its transaction: the row as JSON,
+    /// The dead-letter record for `row` (whose [`row_identity`] is `identity`): the row as JSON,
     /// with `outboxd.error`, `outboxd.position`, `outboxd.row` and `outboxd.table` headers. It must fit where the row did not: values too big for the producer's
     /// limit are replaced by their size, so a record too large for Kafka cannot loop forever.
-    pub fn dead_letter(&self, row: &Row, index: u32, why: &Unroutable, topic: &str) -> Record {
+    pub fn dead_letter(&self, row: &Row, identity: &str, why: &Unroutable, topic: &str) -> Record {
         let budget = self.max_message_bytes / 2;
         let mut body: serde_json::Map<String, serde_json::Value> = row
             .names
@@ -670,10 +693,7 @@ impl Router {
             headers: vec![
                 ("outboxd.error".into(), Some(error.into_bytes())),
                 (POSITION_HEADER.into(), Some(row.origin.as_bytes().to_vec())),
-                (
-                    ROW_HEADER.into(),
-                    Some(format!("{}#{index}", row.origin).into_bytes()),
-                ),
+                (ROW_HEADER.into(), Some(identity.as_bytes().to_vec())),
                 ("outboxd.table".into(), Some(row.table.as_bytes().to_vec())),
             ],
             timestamp: row.committed_ms,
@@ -972,6 +992,24 @@ mod tests {
     }
 
     #[test]
+    fn a_row_identity_names_the_pipeline_the_transaction_and_the_place_but_a_snapshot_row_by_its_key(
+    ) {
+        let mut r = row(&debezium_row());
+        r.origin = "gtid:0-1-7".into();
+        assert_eq!(row_identity("orders", &r, 2), "orders/gtid:0-1-7#2");
+        r.origin = "snapshot:app.outbox:42".into();
+        assert_eq!(
+            row_identity("orders", &r, 2),
+            "orders/snapshot:app.outbox:42"
+        );
+        let router = Router::new(RouteConfig::default(), 1_000_000);
+        assert!(!lacks_row_id(&router.route(&row(&debezium_row())).unwrap()));
+        let mut cols = debezium_row();
+        cols[0].1 = Value::Text(String::new());
+        assert!(lacks_row_id(&router.route(&row(&cols)).unwrap()));
+    }
+
+    #[test]
     fn a_dead_letter_for_a_too_large_row_fits_the_limit() {
         let router = Router::new(RouteConfig::default(), 10_000);
         let mut cols = debezium_row();
@@ -979,7 +1017,7 @@ mod tests {
         let row = row(&cols);
         let why = router.route(&row).unwrap_err();
         assert_eq!(why.reason, "too_large");
-        let dead = router.dead_letter(&row, 3, &why, "dlq");
+        let dead = router.dead_letter(&row, "orders/gtid:0-1-7#3", &why, "dlq");
         assert!(dead.size() < 10_000, "{}", dead.size());
         let body: serde_json::Value = serde_json::from_slice(dead.value.as_ref().unwrap()).unwrap();
         assert_eq!(body["payload"]["omitted_bytes"], 50_000);

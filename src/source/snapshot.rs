@@ -135,7 +135,7 @@ impl KeyedRow {
                 table: table.clone(),
                 names: names.clone(),
                 values,
-                origin: Arc::from(format!("snapshot:{table}:{}", key_text(&key))),
+                origin: Arc::from(format!("{SNAPSHOT_ORIGIN}{table}:{}", key_text(&key))),
                 committed_ms: None,
             },
             key,
@@ -143,12 +143,35 @@ impl KeyedRow {
     }
 }
 
-/// A primary key as text: its columns' values, comma-separated.
+/// What every snapshot row's origin starts with.
+const SNAPSHOT_ORIGIN: &str = "snapshot:";
+
+/// Whether `origin` is a snapshot row's (it names the row itself, by its primary key).
+pub fn is_snapshot_origin(origin: &str) -> bool {
+    origin.starts_with(SNAPSHOT_ORIGIN)
+}
+
+/// Longer key texts are hashed: the origin rides in a header of every snapshot record.
+const MAX_KEY_TEXT: usize = 200;
+
+/// A primary key as text: its columns' values, comma-separated, or `sha256:<hex>` of that text
+/// when it is longer than [`MAX_KEY_TEXT`].
 fn key_text(key: &[KeyValue]) -> String {
-    key.iter()
+    let text = key
+        .iter()
         .map(ToString::to_string)
         .collect::<Vec<_>>()
-        .join(",")
+        .join(",");
+    if text.len() <= MAX_KEY_TEXT {
+        return text;
+    }
+    let digest = openssl::sha::sha256(text.as_bytes());
+    let mut hashed = String::with_capacity(7 + 64);
+    hashed.push_str("sha256:");
+    for byte in digest {
+        hashed.push_str(&format!("{byte:02x}"));
+    }
+    hashed
 }
 
 /// A resumed snapshot's key must have as many columns as the table's primary key has now.

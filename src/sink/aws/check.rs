@@ -82,10 +82,15 @@ async fn destination_item(
                 .await
                 == Some(false)
             {
+                let kind = if destination.fifo {
+                    "a FIFO topic"
+                } else {
+                    "a standard topic (per-key order is best-effort there, and a resend after a crash is a duplicate)"
+                };
                 return Item::warn(
                     what,
                     format!(
-                        "{name:?} ({}) has no confirmed subscription: SNS accepts each message published to it and delivers it nowhere, and outboxd counts it delivered",
+                        "{name:?} ({}) has no confirmed subscription: SNS accepts each message published to it and delivers it nowhere, and outboxd counts it delivered. It is {kind}",
                         destination.address
                     ),
                     "subscribe the consumers' queues or endpoints (aws sns subscribe --topic-arn … --protocol sqs --notification-endpoint …) and confirm them before forwarding; a subscription's filter policy can also drop messages",
@@ -134,7 +139,7 @@ fn judged(service: Service, what: &str, d: &Destination, dead_letters: bool) -> 
     let dedup = if d.content_dedup { "on" } else { "off" };
     if d.fifo {
         let ids = if dead_letters {
-            "a dead letter keeps its row's id and key; one the router made has neither: its outboxd.row (the transaction's position and the row's place in it) is its de-duplication id and it joins the message group outboxd.no-key, so those go one after another, and a repeat within 5 minutes is dropped"
+            "a dead letter keeps its row's id and key; one the router made has neither: its outboxd.row (the pipeline, the transaction's position and the row's place in it) is its de-duplication id and it joins the message group outboxd.no-key, so those go one after another, and a repeat within 5 minutes is dropped"
         } else {
             "outboxd sets the row id as the de-duplication id and the key as the message group"
         };

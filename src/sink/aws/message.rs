@@ -217,6 +217,19 @@ mod tests {
     }
 
     #[test]
+    fn a_row_without_an_id_is_de_duplicated_by_its_row_identity() {
+        let mut r = record(Some(b"k"), Some(b"v"), "");
+        assert!(Message::new(&r).no_id, "nothing names it");
+        r.headers
+            .push((ROW_HEADER.into(), Some(b"orders/file:4#2".to_vec())));
+        let m = Message::new(&r);
+        assert!(!m.no_id);
+        assert_eq!(m.dedup, "orders/file:4#2");
+        let dead = m.dead_letter("orders", "unroutable: x", true);
+        assert_eq!(dead.dedup, "orders/file:4#2", "a dead letter keeps it");
+    }
+
+    #[test]
     fn a_text_payload_is_the_body_and_headers_become_typed_attributes() {
         let m = Message::new(&record(
             Some(b"order-1"),

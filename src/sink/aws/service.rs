@@ -140,14 +140,45 @@ impl Client {
         }))
     }
 
-    /// SNS: whether topic `arn` has at least one confirmed subscription (one not
-    /// `PendingConfirmation`); `None` when it cannot be told (SQS, or `ListSubscriptionsByTopic`
-    /// refused). Asked by `check` only. A topic's `SubscriptionsConfirmed` attribute would be one
-    /// call less, but emulators such as moto leave it at 0.
+    /// SNS: whether topic `arn` has at least one confirmed subscription; `None` for SQS. Asked by
+    /// `check` only. The topic's `SubscriptionsConfirmed` attribute answers when it says some (AWS
+    /// keeps it, with a delay of about a minute); when it says none, the subscriptions are listed
+    /// (emulators such as moto leave the attribute at 0), and if listing is refused or does not
+    /// end within a few pages, the attribute's 0 stands.
     pub async fn has_confirmed_subscription(&self, arn: &str) -> Option<bool> {
         let Client::Sns(sns, _) = self else {
             return None;
         };
+        let confirmed: Option<u64> = sns
+            .get_topic_attributes()
+            .topic_arn(arn)
+            .send()
+            .await
+            .ok()
+            .and_then(|a| {
+                a.attributes()
+                    .and_then(|a| a.get("SubscriptionsConfirmed").cloned())
+            })
+            .and_then(|n| n.parse().ok());
+        match confirmed {
+            Some(n) if n > 0 => return Some(true),
+            None => return None,
+            Some(_) => {}
+        }
+        Some(
+            self.lists_a_confirmed_subscription(sns, arn)
+                .await
+                .unwrap_or(false),
+        )
+    }
+
+    /// Whether `ListSubscriptionsByTopic` shows a confirmed subscription of `arn` (`None`: refused,
+    /// or no answer within 10 pages).
+    async fn lists_a_confirmed_subscription(
+        &self,
+        sns: &aws_sdk_sns::Client,
+        arn: &str,
+    ) -> Option<bool> {
         let mut next: Option<String> = None;
         // A few pages are enough to find one confirmed subscription among many pending ones.
         for _ in 0..10 {

@@ -122,8 +122,8 @@ pub fn message(record: &Record) -> Message {
         let Some(value) = value else { continue };
         put(&mut headers, name, value);
     }
-    // The row id names the message for de-duplication; a dead letter the router made has none,
-    // and its row (the transaction's position and the row's place in it) stands in: the
+    // The row id names the message for de-duplication; a dead letter the router made has none
+    // (and a row's id may be empty), and its row identity (`outboxd.row`) stands in: the
     // position alone is one per transaction, and the stream would keep only its first dead letter.
     let msg_id = [ID_HEADER, ROW_HEADER].iter().find_map(|wanted| {
         record
@@ -131,6 +131,7 @@ pub fn message(record: &Record) -> Message {
             .iter()
             .find(|(name, _)| name == wanted)
             .and_then(|(_, value)| value.as_deref())
+            .filter(|value| !value.is_empty())
     });
     if let Some(value) = msg_id {
         put(&mut headers, MSG_ID_HEADER, value);
@@ -228,11 +229,26 @@ mod tests {
         let r = record(
             vec![
                 ("outboxd.position", Some(b"gtid:0-1-5")),
-                ("outboxd.row", Some(b"gtid:0-1-5#2")),
+                ("outboxd.row", Some(b"orders/gtid:0-1-5#2")),
             ],
             None,
         );
-        assert_eq!(get(&message(&r), MSG_ID_HEADER), Some("gtid:0-1-5#2"));
+        assert_eq!(
+            get(&message(&r), MSG_ID_HEADER),
+            Some("orders/gtid:0-1-5#2")
+        );
+        // An empty row id names nothing: the row identity stands in for it too.
+        let r = record(
+            vec![
+                ("id", Some(b"")),
+                ("outboxd.row", Some(b"orders/gtid:0-1-5#3")),
+            ],
+            None,
+        );
+        assert_eq!(
+            get(&message(&r), MSG_ID_HEADER),
+            Some("orders/gtid:0-1-5#3")
+        );
     }
 
     #[test]
