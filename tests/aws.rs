@@ -594,19 +594,23 @@ fn rows_reach_sns_fifo_topics_in_key_order_and_a_missing_topic_is_dead_lettered(
     let dlq_arn = moto.create_topic("outboxd-dlq");
     let parked = moto.create_queue("parked", &[]);
     moto.subscribe(&dlq_arn, &parked);
-    let mut outboxd = Outboxd::new(
-        "sns-e2e",
-        &format!(
-            "{}{FIFO_ROUTE}",
-            config_with_aws(
-                &db.cdc_url(),
-                "sns",
-                &moto.endpoint(),
-                "dead_letter_topic = \"outboxd-dlq\""
-            )
-        ),
-    );
-    outboxd.env = Moto::env();
+    let sns_pipeline = |name: &str, dead_letters: &str| {
+        let mut outboxd = Outboxd::new(
+            name,
+            &format!(
+                "{}{FIFO_ROUTE}",
+                config_with_aws(
+                    &db.cdc_url(),
+                    "sns",
+                    &moto.endpoint(),
+                    &format!("dead_letter_topic = \"{dead_letters}\"")
+                )
+            ),
+        );
+        outboxd.env = Moto::env();
+        outboxd
+    };
+    let mut outboxd = sns_pipeline("sns-e2e", "outboxd-dlq");
     let shown = text(outboxd.command_output(&["check"]));
     assert!(
         shown.contains("WARN  sns dead-letter topic: \"outboxd-dlq\" is a standard topic"),
@@ -614,20 +618,7 @@ fn rows_reach_sns_fifo_topics_in_key_order_and_a_missing_topic_is_dead_lettered(
     );
     // A topic nobody subscribed to takes every message and delivers it nowhere: check says so.
     moto.create_topic("outboxd-unheard");
-    let unheard = Outboxd::new(
-        "sns-unheard",
-        &format!(
-            "{}{FIFO_ROUTE}",
-            config_with_aws(
-                &db.cdc_url(),
-                "sns",
-                &moto.endpoint(),
-                "dead_letter_topic = \"outboxd-unheard\""
-            )
-        ),
-    );
-    let mut unheard = unheard;
-    unheard.env = Moto::env();
+    let unheard = sns_pipeline("sns-unheard", "outboxd-unheard");
     let warned = text(unheard.command_output(&["check"]));
     assert!(
         warned.contains("WARN  sns dead-letter topic: \"outboxd-unheard\"")

@@ -88,33 +88,14 @@ fn sections(schema: &Value) -> Vec<(&'static str, String, Vec<Key>)> {
     out
 }
 
-/// The keys whose schema has no description (a config field without a doc comment).
-pub fn undocumented() -> Vec<String> {
+/// The full paths (`source.tls.mode`; a top-level scalar by its own name) of the keys `wanted`
+/// picks.
+fn paths_where(wanted: impl Fn(&Key) -> bool + Copy) -> Vec<String> {
     let schema = schema();
     sections(&schema)
         .into_iter()
         .flat_map(|(section, _, keys)| {
-            keys.into_iter()
-                .filter(|k| k.description.is_empty())
-                .map(move |k| {
-                    if k.path == section {
-                        k.path
-                    } else {
-                        format!("{section}.{}", k.path)
-                    }
-                })
-        })
-        .collect()
-}
-
-/// Every key path a config may set (`source.tls.mode`, `route.additional[].column`,
-/// `kafka.properties.*`), for checking the shipped example configs.
-pub fn key_paths() -> Vec<String> {
-    let schema = schema();
-    sections(&schema)
-        .into_iter()
-        .flat_map(|(section, _, keys)| {
-            keys.into_iter().map(move |k| {
+            keys.into_iter().filter(wanted).map(move |k| {
                 if k.path == section {
                     k.path
                 } else {
@@ -125,18 +106,21 @@ pub fn key_paths() -> Vec<String> {
         .collect()
 }
 
+/// The keys whose schema has no description (a config field without a doc comment).
+pub fn undocumented() -> Vec<String> {
+    paths_where(|k| k.description.is_empty())
+}
+
+/// Every key path a config may set (`source.tls.mode`, `route.additional[].column`,
+/// `kafka.properties`), for checking the shipped example configs.
+pub fn key_paths() -> Vec<String> {
+    paths_where(|_| true)
+}
+
 /// The key paths that are tables of any keys (`kafka.properties`, `route.headers`): a config
 /// may set any member of them.
 pub fn free_form_paths() -> Vec<String> {
-    let schema = schema();
-    sections(&schema)
-        .into_iter()
-        .flat_map(|(section, _, keys)| {
-            keys.into_iter()
-                .filter(|k| k.free_form)
-                .map(move |k| format!("{section}.{}", k.path))
-        })
-        .collect()
+    paths_where(|k| k.free_form)
 }
 
 fn required_of(schema: &Value) -> Vec<String> {
