@@ -112,17 +112,27 @@ fn route(prefix: &str, json: bool) -> String {
     )
 }
 
-fn read_all(broker: &Broker, prefix: &str, expected: usize) -> BTreeMap<String, Consumed> {
+/// Every record of the `prefix` topics by id; `logs` says what the side's writers logged when a
+/// topic holds more than it should (a repeat means a session ended and sent again: their logs
+/// say why).
+fn read_all(
+    broker: &Broker,
+    prefix: &str,
+    expected: usize,
+    logs: &dyn Fn() -> String,
+) -> BTreeMap<String, Consumed> {
     let mut all = BTreeMap::new();
     let mut count = 0;
     for t in TYPES {
         let topic = format!("{prefix}.{t}");
         let want = expected_per_type(expected, t);
         let records = consume(&broker.bootstrap(), &topic, want, LIMIT);
+        let end = crate::rig::topic_end(&broker.bootstrap(), &topic);
         assert_eq!(
-            crate::rig::topic_end(&broker.bootstrap(), &topic),
+            end,
             records.len(),
-            "{topic} holds no more than it should"
+            "{topic} holds no more than it should; the writers logged:\n{}",
+            logs()
         );
         for r in records {
             count += 1;
@@ -242,9 +252,19 @@ fn compare_both_and_stop(
     total: usize,
 ) {
     let report = [(DBZ_PLAIN, OB_PLAIN, false), (DBZ_JSON, OB_JSON, true)].map(|(d, o, json)| {
-        let ours = read_all(broker, o, total);
+        let ours = read_all(broker, o, total, &|| {
+            pipelines
+                .iter()
+                .map(|p| p.log())
+                .collect::<Vec<_>>()
+                .join("\n--- next pipeline ---\n")
+        });
         connect.assert_running();
-        compare(&read_all(broker, d, total), &ours, json)
+        compare(
+            &read_all(broker, d, total, &|| "(Debezium's worker)".to_string()),
+            &ours,
+            json,
+        )
     });
     eprintln!("differences (plain, json): {report:#?}");
     connect.stop();
