@@ -402,6 +402,30 @@ fn check_names_what_each_streams_settings_cost_and_fails_the_ones_that_lose_acke
     ] {
         assert!(shown.contains(line), "{line} in\n{shown}");
     }
+    // A templated route.topic: check cannot know the subject, so `run` judges the stream before
+    // its first record there, and stops without publishing into it.
+    let mut run = Outboxd::new(
+        "nats-lossy-run",
+        &format!(
+            "{}\n[route]\ntopic = \"mem.${{routedByValue}}\"\n",
+            config_with_nats(&db.cdc_url(), &nats.url(), "")
+        ),
+    );
+    run.start();
+    db.sql_socket("INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('00000000000000000000000000000001'), 'events', 'k', 'Created', '{}');");
+    let status = run.wait_exit(Duration::from_secs(60));
+    let log = run.log();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains(
+            "subject \"mem.events\" is captured by stream \"MEM\", and it keeps messages in memory"
+        ) && log.contains("nats.allow_lossy_streams"),
+        "{log}"
+    );
+    assert!(
+        nats.read("MEM", 0, Duration::ZERO).is_empty(),
+        "nothing was published there"
+    );
 }
 
 #[test]

@@ -285,12 +285,14 @@ impl Sink {
         }
     }
 
-    /// Whether `topic` can take records. Only Kafka can say before sending; the others answer
-    /// per message (a return, "no responders", no such queue), which their sinks handle.
+    /// Whether `topic` can take records. Kafka says whether it exists; NATS refuses a subject
+    /// whose stream's settings would lose what it acknowledges (see `NatsSink::topic_state`);
+    /// the others answer per message (a return, no such queue), which their sinks handle.
     pub async fn topic_state(&self, topic: &str) -> Result<TopicState> {
         match self {
             Sink::Kafka(sink) => sink.topic_state(topic).await,
-            Sink::RabbitMq(_) | Sink::Nats(_) | Sink::Redis(_) | Sink::Aws(_) => {
+            Sink::Nats(sink) => sink.topic_state(topic).await,
+            Sink::RabbitMq(_) | Sink::Redis(_) | Sink::Aws(_) => {
                 Ok(TopicState::Exists { partitions: None })
             }
         }

@@ -46,6 +46,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::route::Record;
 use crate::sink::ack::{Acks, Ticket};
+use crate::sink::kafka::TopicState;
 use crate::sink::window::{Room, Window};
 
 /// How long connecting may take: a server that accepts TCP but never answers must not hold the
@@ -65,6 +66,8 @@ pub struct NatsSink {
     published: mpsc::UnboundedSender<Published>,
     settler: tokio::task::JoinHandle<()>,
     metrics: Arc<Metrics>,
+    /// `nats.allow_lossy_streams`.
+    allow_lossy_streams: bool,
 }
 
 impl NatsSink {
@@ -114,7 +117,57 @@ impl NatsSink {
             published,
             settler,
             metrics,
+            allow_lossy_streams: config.allow_lossy_streams,
         })
+    }
+
+    /// Asked before the first record for `subject` in a session: the stream that captures it is
+    /// judged as `check` judges the streams it knows of ([`stream::costs`]), so a templated
+    /// `route.topic` cannot lead into a stream that never acknowledges, or that loses what it
+    /// acknowledged (unless `nats.allow_lossy_streams`): outboxd stops before publishing there.
+    /// No stream, or no answer within a few seconds: the subject counts as usable (the settler
+    /// handles an uncaptured subject, and a server that does not answer shows at publish).
+    pub async fn topic_state(&self, subject: &str) -> Result<TopicState> {
+        let usable = Ok(TopicState::Exists { partitions: None });
+        if check_subject(subject).is_err() {
+            return usable;
+        }
+        let lookup = tokio::time::timeout(Duration::from_secs(5), async {
+            let name = self.jetstream.stream_by_subject(subject).await.ok()?;
+            let mut stream = self.jetstream.get_stream(&name).await.ok()?;
+            let info = stream.info().await.ok()?.clone();
+            Some((name, info))
+        })
+        .await
+        .ok()
+        .flatten();
+        let Some((name, info)) = lookup else {
+            return usable;
+        };
+        for cost in stream::costs(&info) {
+            let stop = match &cost {
+                stream::Cost::Broken(_) => true,
+                stream::Cost::Loses(_) => !self.allow_lossy_streams,
+                stream::Cost::Drops(_) => false,
+            };
+            let (stream::Cost::Broken(why) | stream::Cost::Loses(why) | stream::Cost::Drops(why)) =
+                &cost;
+            if stop {
+                return Err(Error::sink(format!(
+                    "subject {subject:?} is captured by stream {name:?}, and {why}"
+                ))
+                .remedy(format!(
+                    "store outbox rows in a stream with file storage and limits retention (nats stream info {name} shows its settings){}; nothing was published there",
+                    if matches!(cost, stream::Cost::Loses(_)) {
+                        ", or set nats.allow_lossy_streams = true to accept the loss"
+                    } else {
+                        ""
+                    }
+                )));
+            }
+            tracing::warn!(subject = %subject, stream = %name, "the stream capturing this subject {why}");
+        }
+        usable
     }
 
     /// Waits for room in the window for `record`; held until the record is settled. Cancel-safe.
