@@ -51,9 +51,9 @@ pub struct NatsConfig {
     /// connect and refuses to run under.
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
-    /// Accept streams whose settings lose acknowledged messages (interest or work-queue retention
-    /// without a consumer, memory storage): `check` then warns about them instead of failing, and
-    /// `run` starts. Only for streams whose loss you have decided to accept.
+    /// Accept streams whose settings lose acknowledged messages (interest retention without a
+    /// consumer, memory storage): `check` then warns about them instead of failing, and `run`
+    /// publishes into them. Only for streams whose loss you have decided to accept.
     #[serde(default)]
     pub allow_lossy_streams: bool,
 }

@@ -231,7 +231,15 @@ async fn subject_item(context: &Context, config: &NatsConfig, what: &str, subjec
     match context.get_stream(&stream).await {
         Ok(mut s) => match s.info().await {
             Ok(info) if !super::stream::costs(info).is_empty() => {
-                costly_stream_item(what, subject, &stream, info, config)
+                let mut item = costly_stream_item(what, subject, &stream, info, config);
+                if info.config.duplicate_window < config.message_timeout() {
+                    item.detail.push_str(&format!(
+                        "; its duplicate window ({:?}) is shorter than nats.message_timeout_ms ({:?}): a message published again after a timeout may be stored twice",
+                        info.config.duplicate_window,
+                        config.message_timeout()
+                    ));
+                }
+                item
             }
             Ok(info) if info.config.duplicate_window < config.message_timeout() => Item::warn(
                 what,
@@ -276,7 +284,7 @@ fn costly_stream_item(
         "{subject:?} is captured by stream {stream:?}: {}",
         text.join("; ")
     );
-    let fix = format!("nats stream info {stream} shows its settings; store outbox rows in a stream with file storage and limits retention (nats stream add OUTBOX --subjects \"{subject}\" --storage file --retention limits --dupe-window 2m)");
+    let fix = super::stream::remedy(stream, subject);
     let broken = costs.iter().any(|c| matches!(c, Cost::Broken(_)));
     let loses = costs.iter().any(|c| matches!(c, Cost::Loses(_)));
     if broken {

@@ -68,6 +68,8 @@ pub struct NatsSink {
     metrics: Arc<Metrics>,
     /// `nats.allow_lossy_streams`.
     allow_lossy_streams: bool,
+    /// Subjects whose stream was judged usable in this session: asked once each, whatever asks.
+    judged: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl NatsSink {
@@ -118,6 +120,7 @@ impl NatsSink {
             settler,
             metrics,
             allow_lossy_streams: config.allow_lossy_streams,
+            judged: std::sync::Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -126,23 +129,51 @@ impl NatsSink {
     /// `route.topic` cannot lead into a stream that never acknowledges, or that loses what it
     /// acknowledged (unless `nats.allow_lossy_streams`): outboxd stops before publishing there.
     /// No stream, or no answer within a few seconds: the subject counts as usable (the settler
-    /// handles an uncaptured subject, and a server that does not answer shows at publish).
+    /// handles an uncaptured subject, and a server that does not answer shows at publish). Each
+    /// subject is judged once a session (a stream changed meanwhile is seen by the next one).
     pub async fn topic_state(&self, subject: &str) -> Result<TopicState> {
         let usable = Ok(TopicState::Exists { partitions: None });
-        if check_subject(subject).is_err() {
+        let known = |s: &Self| {
+            s.judged
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(subject)
+        };
+        if check_subject(subject).is_err() || known(self) {
             return usable;
         }
+        self.judged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(subject.to_string());
         let lookup = tokio::time::timeout(Duration::from_secs(5), async {
-            let name = self.jetstream.stream_by_subject(subject).await.ok()?;
-            let mut stream = self.jetstream.get_stream(&name).await.ok()?;
-            let info = stream.info().await.ok()?.clone();
-            Some((name, info))
+            let name = match self.jetstream.stream_by_subject(subject).await {
+                Ok(name) => name,
+                Err(e)
+                    if e.kind()
+                        == async_nats::jetstream::context::GetStreamByNameErrorKind::NotFound =>
+                {
+                    return Ok(None)
+                }
+                Err(e) => return Err(e.to_string()),
+            };
+            let mut stream = self
+                .jetstream
+                .get_stream(&name)
+                .await
+                .map_err(|e| e.to_string())?;
+            let info = stream.info().await.map_err(|e| e.to_string())?.clone();
+            Ok(Some((name, info)))
         })
         .await
-        .ok()
-        .flatten();
-        let Some((name, info)) = lookup else {
-            return usable;
+        .unwrap_or_else(|_| Err("no answer within 5 s".into()));
+        let (name, info) = match lookup {
+            Ok(Some(found)) => found,
+            Ok(None) => return usable,
+            Err(why) => {
+                tracing::warn!(subject = %subject, error = %why, "cannot tell which stream captures this subject, or its settings: they go unjudged this session (the user may lack $JS.API.STREAM.NAMES / STREAM.INFO)");
+                return usable;
+            }
         };
         for cost in stream::costs(&info) {
             let stop = match &cost {
@@ -157,15 +188,16 @@ impl NatsSink {
                     "subject {subject:?} is captured by stream {name:?}, and {why}"
                 ))
                 .remedy(format!(
-                    "store outbox rows in a stream with file storage and limits retention (nats stream info {name} shows its settings){}; nothing was published there",
+                    "{}{}. Nothing was published there; restart outboxd after the fix",
+                    stream::remedy(&name, subject),
                     if matches!(cost, stream::Cost::Loses(_)) {
-                        ", or set nats.allow_lossy_streams = true to accept the loss"
+                        "; or set nats.allow_lossy_streams = true to accept the loss"
                     } else {
                         ""
                     }
                 )));
             }
-            tracing::warn!(subject = %subject, stream = %name, "the stream capturing this subject {why}");
+            tracing::warn!(subject = %subject, stream = %name, "the stream capturing this subject: {why}");
         }
         usable
     }

@@ -1,7 +1,8 @@
 //! What a JetStream stream's settings cost the rows outboxd publishes into it. A `PubAck` says the
 //! stream stored a message, not that it keeps it: some settings discard acknowledged messages by
-//! design (interest or work-queue retention with no consumer, memory storage across a server
-//! restart, `discard: old` at a limit), and one (`no_ack`) never acknowledges, so every publish
+//! design (interest retention with no consumer, or one whose filter misses the subject; memory
+//! storage across a server restart; `discard: old` at a limit), and one (`no_ack`) never
+//! acknowledges, so every publish
 //! would time out and be sent again forever. `check` names each one with what it costs; the ones
 //! that lose acknowledged rows fail it (and so stop `run` before it starts) unless
 //! `nats.allow_lossy_streams` accepts them.
@@ -19,6 +20,13 @@ pub enum Cost {
     Broken(String),
 }
 
+/// How to move `subject` out of stream `stream` into one that keeps what it acknowledges.
+pub fn remedy(stream: &str, subject: &str) -> String {
+    format!(
+        "nats stream info {stream} shows its settings. Change them (nats stream edit {stream}; storage cannot change), or move the subject: take it out of {stream} (or delete {stream}), then nats stream add OUTBOX --subjects \"{subject}\" --storage file --retention limits --dupe-window 2m"
+    )
+}
+
 /// What stream `info`'s settings cost, worst first; empty when none costs anything.
 pub fn costs(info: &Info) -> Vec<Cost> {
     let c = &info.config;
@@ -28,12 +36,13 @@ pub fn costs(info: &Info) -> Vec<Cost> {
             "it has no_ack set, so the server never acknowledges a publish: every message would time out and be sent again forever".into(),
         ));
     }
+    // A work queue keeps a message until a consumer takes it: nothing is lost without one.
     match c.retention {
         RetentionPolicy::Interest if info.state.consumer_count == 0 => out.push(Cost::Loses(
             "its retention is interest and it has no consumer: every message outboxd publishes is acknowledged and discarded at once".into(),
         )),
-        RetentionPolicy::WorkQueue if info.state.consumer_count == 0 => out.push(Cost::Loses(
-            "its retention is workqueue and it has no consumer yet: what it stores is kept only until one consumer acknowledges it".into(),
+        RetentionPolicy::Interest => out.push(Cost::Drops(
+            "its retention is interest: a message no consumer's filter takes is discarded at once (an ephemeral consumer may be gone by then)".into(),
         )),
         _ => {}
     }
