@@ -403,7 +403,7 @@ fn secrets_in(doc: &toml::Table) -> Vec<String> {
 
 /// Top-level sections an `OUTBOXD_` variable may address; other `OUTBOXD_*` variables (a platform's
 /// service links, the test rig's own) are not configuration and are left alone.
-const TOP_LEVEL: [&str; 11] = [
+const TOP_LEVEL: [&str; 12] = [
     "name",
     "source",
     "route",
@@ -415,10 +415,22 @@ const TOP_LEVEL: [&str; 11] = [
     "sns",
     "checkpoint",
     "http",
+    "prune",
 ];
 /// Keys whose values are numbers, booleans or lists: their override is read as a TOML literal.
-const TYPED_KEYS: [&str; 19] = [
+/// The schema says which those are; a test holds this list to it.
+const TYPED_KEYS: [&str; 29] = [
     "server_id",
+    "snapshot_chunk",
+    "additional",
+    "expand_json_payload",
+    "tombstone_on_empty_payload",
+    "exactly_once",
+    "max_timestamp_ahead_ms",
+    "allow_lossy_streams",
+    "takeover_timeout_ms",
+    "batch",
+    "partitions_ahead",
     "transaction_interval_ms",
     "transaction_max_records",
     "transaction_max_bytes",
@@ -695,6 +707,43 @@ listen = ""
         assert_eq!(c.source.password().unwrap().as_deref(), Some("s3cr:et@"));
         assert_eq!(c.checkpoint.interval_ms, 9);
         assert!(!format!("{:?}", c.source).contains("s3cr"));
+    }
+
+    /// The override rules follow the schema: every section can be addressed, and every key whose
+    /// value is not text is read as a literal (else `OUTBOXD_KAFKA__EXACTLY_ONCE=true` would be
+    /// the string "true", refused).
+    #[test]
+    fn env_overrides_reach_every_section_and_read_every_non_text_key_as_a_literal() {
+        let sections: std::collections::BTreeSet<&str> =
+            crate::reference::config::top_level().into_iter().collect();
+        assert_eq!(
+            sections,
+            TOP_LEVEL.into_iter().collect(),
+            "config::TOP_LEVEL"
+        );
+        let untyped: Vec<String> = crate::reference::config::typed_paths()
+            .into_iter()
+            .filter(|path| {
+                let last = path.rsplit(['.', ']']).next().unwrap_or(path);
+                !TYPED_KEYS.contains(&last)
+            })
+            .collect();
+        assert!(
+            untyped.is_empty(),
+            "add these keys' names to config::TYPED_KEYS: {untyped:?}"
+        );
+        let c = parse(
+            &format!("{MINIMAL}[checkpoint]\nstore = \"kafka\"\n[prune]\n"),
+            &[
+                ("OUTBOXD_KAFKA__EXACTLY_ONCE", "true"),
+                ("OUTBOXD_PRUNE__OLDER_THAN", "2h"),
+                ("OUTBOXD_PRUNE__BATCH", "50"),
+            ],
+        )
+        .unwrap();
+        assert!(c.kafka().unwrap().exactly_once);
+        let prune = c.prune.as_ref().unwrap();
+        assert_eq!((prune.older_than.as_str(), prune.batch), ("2h", 50));
     }
 
     #[test]

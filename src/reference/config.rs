@@ -123,6 +123,17 @@ pub fn free_form_paths() -> Vec<String> {
     paths_where(|k| k.free_form)
 }
 
+/// The full paths of the keys whose values are not text (numbers, booleans, lists, tables):
+/// an environment override of one is read as a TOML literal.
+pub fn typed_paths() -> Vec<String> {
+    paths_where(|k| k.kind != "string" && !k.kind.starts_with("`\""))
+}
+
+/// The top-level keys of a config.
+pub fn top_level() -> Vec<&'static str> {
+    SECTIONS.to_vec()
+}
+
 fn required_of(schema: &Value) -> Vec<String> {
     schema["required"]
         .as_array()
