@@ -7,21 +7,9 @@ use serde_json::Value;
 
 use crate::config::Config;
 
-/// The sections in the order the reference lists them (the order of a config file).
-const SECTIONS: [&str; 12] = [
-    "name",
-    "source",
-    "route",
-    "kafka",
-    "rabbitmq",
-    "nats",
-    "redis",
-    "sqs",
-    "sns",
-    "checkpoint",
-    "http",
-    "prune",
-];
+/// The sections in the order the reference lists them (the order of a config file): the ones an
+/// environment override may address, which are all of them ([`sections`] fails on one missing).
+const SECTIONS: [&str; 12] = crate::config::TOP_LEVEL;
 
 /// The JSON Schema (draft 2020-12) of an outboxd config file.
 pub fn schema() -> Value {
@@ -127,11 +115,6 @@ pub fn free_form_paths() -> Vec<String> {
 /// an environment override of one is read as a TOML literal.
 pub fn typed_paths() -> Vec<String> {
     paths_where(|k| k.kind != "string" && !k.kind.starts_with("`\""))
-}
-
-/// The top-level keys of a config.
-pub fn top_level() -> Vec<&'static str> {
-    SECTIONS.to_vec()
 }
 
 fn required_of(schema: &Value) -> Vec<String> {
