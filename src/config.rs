@@ -419,7 +419,7 @@ pub(crate) const TOP_LEVEL: [&str; 12] = [
 ];
 /// Keys whose values are numbers, booleans or lists: their override is read as a TOML literal.
 /// The schema says which those are; a test holds this list to it.
-const TYPED_KEYS: [&str; 29] = [
+const TYPED_KEYS: [&str; 30] = [
     "server_id",
     "snapshot_chunk",
     "additional",
@@ -428,6 +428,7 @@ const TYPED_KEYS: [&str; 29] = [
     "exactly_once",
     "max_timestamp_ahead_ms",
     "allow_lossy_streams",
+    "ordered",
     "takeover_timeout_ms",
     "batch",
     "partitions_ahead",

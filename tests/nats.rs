@@ -660,3 +660,85 @@ fn a_payload_over_the_limit_or_the_servers_max_payload_is_dead_lettered_or_stops
     assert!(!strict.wait_exit(Duration::from_secs(60)).success());
     assert!(strict.log().contains("max_payload"), "{}", strict.log());
 }
+
+/// A stream refuses one message of a window (here its `max_bytes` limit with `discard: new`
+/// refuses a large row, while the small rows behind it still fit) and the rows already published
+/// behind it must not be stored ahead of it: each message is published on the condition that the
+/// stream's last message is outboxd's previous one (`Nats-Expected-Last-Msg-Id`), so once the
+/// limit is raised the stream holds the key's rows in commit order, each once. Another publisher
+/// writing between two of outboxd's messages breaks that condition: outboxd stops naming it,
+/// instead of looping, and `nats.ordered = false` is the way to share such a stream.
+#[test]
+fn a_message_the_stream_refuses_mid_window_is_not_overtaken_by_the_rows_behind_it() {
+    use async_nats::jetstream::stream::{Config, DiscardPolicy};
+    let db = Mysqld::mariadb(&[]);
+    db.sql_socket(SCHEMA);
+    let nats = Nats::start();
+    nats.add_stream_config(Config {
+        name: "EVENTS".into(),
+        subjects: vec!["outbox.event.>".into()],
+        duplicate_window: Duration::from_secs(120),
+        discard: DiscardPolicy::New,
+        max_bytes: 6_000,
+        ..Default::default()
+    });
+    let row = |n: u64, bytes: usize| {
+        format!(
+            "INSERT INTO app.outbox (id, aggregatetype, aggregateid, type, payload) VALUES (UNHEX('{n:032x}'), 'order', 'key-1', 'Created', REPEAT('x', {bytes}));"
+        )
+    };
+    let ids = |got: &[Got]| -> Vec<String> {
+        got.iter()
+            .map(|g| g.header("Nats-Msg-Id").unwrap_or_default())
+            .collect()
+    };
+    let config = config_with_nats(&db.cdc_url(), &nats.url(), "");
+    let mut outboxd = Outboxd::new("nats-refused", &config);
+    outboxd.start();
+    // One transaction, one key: row 1 alone is over the stream's 6,000 bytes, the ten around it
+    // are a few hundred bytes each.
+    let mut sql = String::from("BEGIN;");
+    for n in 0..11 {
+        sql.push_str(&row(n, if n == 1 { 7_000 } else { 10 }));
+    }
+    sql.push_str("COMMIT;");
+    db.sql_socket(&sql);
+    wait_until("the stream to refuse row 1", READ_LIMIT, || {
+        outboxd.log().contains("the stream refused a message")
+    });
+    let stored = nats.read("EVENTS", 1, READ_LIMIT);
+    assert_eq!(
+        ids(&stored),
+        vec![uuid_of(0)],
+        "only the row before the refused one is stored; {}",
+        outboxd.log()
+    );
+    // The operator raises the limit: the next retry stores row 1, then the rest, in order.
+    nats.update_stream("EVENTS", |c| c.max_bytes = 1_000_000);
+    let stored = nats.read("EVENTS", 11, READ_LIMIT);
+    assert_eq!(
+        ids(&stored),
+        (0..11).map(uuid_of).collect::<Vec<_>>(),
+        "every row once, in commit order; {}",
+        outboxd.log()
+    );
+    // Another publisher writes between two of outboxd's messages: outboxd stops, naming it.
+    nats.publish("outbox.event.order", "not-outboxd-1", "{}");
+    db.sql_socket(&row(11, 10));
+    assert!(!outboxd.wait_exit(Duration::from_secs(60)).success());
+    let log = outboxd.log();
+    assert!(
+        log.contains("another publisher") && log.contains("nats.ordered"),
+        "{log}"
+    );
+    // Without the condition, the row goes.
+    outboxd.rewrite_config(&config.replace("[nats]\n", "[nats]\nordered = false\n"));
+    outboxd.start();
+    let stored = nats.read("EVENTS", 13, READ_LIMIT);
+    assert_eq!(stored.len(), 13, "{}", outboxd.log());
+    assert_eq!(
+        stored[12].header("Nats-Msg-Id").as_deref(),
+        Some(uuid_of(11).as_str())
+    );
+    outboxd.stop();
+}

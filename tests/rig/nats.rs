@@ -212,6 +212,39 @@ impl Nats {
         });
     }
 
+    /// Changes stream `name`'s settings with `change` (the others stay as they are).
+    pub fn update_stream(&self, name: &str, change: impl FnOnce(&mut stream::Config)) {
+        block_on(async {
+            let js = jetstream::new(self.client().await.unwrap());
+            let mut config = js
+                .get_stream(name)
+                .await
+                .unwrap()
+                .info()
+                .await
+                .unwrap()
+                .config
+                .clone();
+            change(&mut config);
+            js.update_stream(config).await.unwrap();
+        });
+    }
+
+    /// Publishes `payload` to `subject` as another application would, with `Nats-Msg-Id`
+    /// `msg_id`, and waits for its `PubAck`.
+    pub fn publish(&self, subject: &str, msg_id: &str, payload: &str) {
+        block_on(async {
+            let js = jetstream::new(self.client().await.unwrap());
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Msg-Id", msg_id);
+            js.publish_with_headers(subject.to_string(), headers, payload.to_string().into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        });
+    }
+
     /// [`Nats::add_stream`] with another duplicate window.
     pub fn add_stream_with_window(&self, name: &str, subjects: &[&str], window: Duration) {
         block_on(async {

@@ -56,6 +56,19 @@ pub struct NatsConfig {
     /// publishes into them. Only for streams whose loss you have decided to accept.
     #[serde(default)]
     pub allow_lossy_streams: bool,
+    /// Publish each message on the condition that its stream's last message is the one outboxd
+    /// published there before it (`Nats-Expected-Last-Msg-Id`). A message the stream refuses or
+    /// loses mid-window is then never overtaken by the rows behind it: per-key order holds
+    /// through every failure. It needs outboxd to be the only publisher of its streams (another
+    /// publisher's message between two of outboxd's stops outboxd, naming it); `false` shares a
+    /// stream with other publishers, and a failed publish can then leave a later row of a key
+    /// ahead of an earlier one.
+    #[serde(default = "default_ordered")]
+    pub ordered: bool,
+}
+
+fn default_ordered() -> bool {
+    true
 }
 
 fn default_message_timeout_ms() -> u64 {
@@ -84,6 +97,7 @@ impl std::fmt::Debug for NatsConfig {
             .field("message_timeout_ms", &self.message_timeout_ms)
             .field("max_message_bytes", &self.max_message_bytes)
             .field("allow_lossy_streams", &self.allow_lossy_streams)
+            .field("ordered", &self.ordered)
             .finish()
     }
 }

@@ -13,6 +13,9 @@ use crate::route::{Record, ID_HEADER, ROW_HEADER};
 
 /// The header that names a message for JetStream's de-duplication.
 pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
+/// The header that makes the stream store a message only after the one it names
+/// (`nats.ordered`).
+pub const EXPECTED_LAST_HEADER: &str = "Nats-Expected-Last-Msg-Id";
 /// The record's key (NATS has no key of its own).
 pub const KEY_HEADER: &str = "outboxd.key";
 /// The source commit time, milliseconds since the Unix epoch.
@@ -85,6 +88,14 @@ pub fn wire_size(message: &Message) -> usize {
         })
         .sum();
     "NATS/1.0\r\n\r\n".len() + headers + message.payload.len()
+}
+
+/// The `Nats-Msg-Id` of `message`, if it has one.
+pub fn msg_id(message: &Message) -> Option<String> {
+    message
+        .headers
+        .get(MSG_ID_HEADER)
+        .map(|value| value.as_str().to_string())
 }
 
 /// A record's headers and payload as they are published.

@@ -15,6 +15,13 @@
 //!   its duplicate window (2 minutes by default; `check` warns when it is shorter than
 //!   `nats.message_timeout_ms`). So a crash leaves no duplicate in the stream unless the restart
 //!   comes after that window.
+//! - Publishes are pipelined, so a message the stream refuses or loses (a limit, an election, a
+//!   socket that died with it in it) could be overtaken by the ones behind it, already stored
+//!   when the session ends; the resend would then land after them. So each message names the
+//!   previous one published to its stream as that stream's expected last message
+//!   (`Nats-Expected-Last-Msg-Id`, checked after the duplicate check): everything behind a failed
+//!   message is refused too. That needs outboxd to be the stream's only publisher; the settler
+//!   tells a foreign message (a definite error naming `nats.ordered`) from its own doing.
 //! - A message over the server's `max_payload` (as the client last heard it) is never sent: it
 //!   goes to the dead-letter subject without its payload (reason `too_large`) or stops outboxd;
 //!   so does a subject NATS cannot take (`a..b` is a valid Kafka topic), with its payload
@@ -33,7 +40,9 @@ pub mod message;
 mod settle;
 pub mod stream;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::message::PublishMessage;
@@ -68,8 +77,17 @@ pub struct NatsSink {
     metrics: Arc<Metrics>,
     /// `nats.allow_lossy_streams`.
     allow_lossy_streams: bool,
-    /// Subjects whose stream was judged usable in this session: asked once each, whatever asks.
-    judged: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// `nats.ordered`.
+    ordered: bool,
+    /// Subjects asked about in this session, and the stream that captures each (`None`: none
+    /// does, or the server did not say): asked once each, whatever asks.
+    streams: Mutex<HashMap<String, Option<String>>>,
+    /// Per stream, the `Nats-Msg-Id` of the last message published there in this session: the
+    /// next one's `Nats-Expected-Last-Msg-Id` (see [`NatsSink::send`]).
+    chain: Mutex<HashMap<String, String>>,
+    /// A subject's stream could not be told this session: its messages may land in a stream
+    /// others are chained in, so no message carries the condition until the next session.
+    unchained: AtomicBool,
 }
 
 impl NatsSink {
@@ -120,7 +138,10 @@ impl NatsSink {
             settler,
             metrics,
             allow_lossy_streams: config.allow_lossy_streams,
-            judged: std::sync::Mutex::new(std::collections::HashSet::new()),
+            ordered: config.ordered,
+            streams: Mutex::new(HashMap::new()),
+            chain: Mutex::new(HashMap::new()),
+            unchained: AtomicBool::new(false),
         })
     }
 
@@ -129,23 +150,15 @@ impl NatsSink {
     /// `route.topic` cannot lead into a stream that never acknowledges, or that loses what it
     /// acknowledged (unless `nats.allow_lossy_streams`): outboxd stops before publishing there.
     /// No stream, or no answer within a few seconds: the subject counts as usable (the settler
-    /// handles an uncaptured subject, and a server that does not answer shows at publish). Each
-    /// subject is judged once a session (a stream changed meanwhile is seen by the next one).
+    /// handles an uncaptured subject, and a server that does not answer shows at publish), and
+    /// its messages go without the order condition. Each subject is asked about once a session
+    /// (a stream changed meanwhile is seen by the next one).
     pub async fn topic_state(&self, subject: &str) -> Result<TopicState> {
         let usable = Ok(TopicState::Exists { partitions: None });
-        let known = |s: &Self| {
-            s.judged
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(subject)
-        };
-        if check_subject(subject).is_err() || known(self) {
+        if check_subject(subject).is_err() || lock(&self.streams).contains_key(subject) {
             return usable;
         }
-        self.judged
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(subject.to_string());
+        lock(&self.streams).insert(subject.to_string(), None);
         let lookup = tokio::time::timeout(Duration::from_secs(5), async {
             let name = match self.jetstream.stream_by_subject(subject).await {
                 Ok(name) => name,
@@ -171,11 +184,25 @@ impl NatsSink {
             Ok(Some(found)) => found,
             Ok(None) => return usable,
             Err(why) => {
-                tracing::warn!(subject = %subject, error = %why, "cannot tell which stream captures this subject, or its settings: they go unjudged this session (the user may lack $JS.API.STREAM.NAMES / STREAM.INFO)");
+                tracing::warn!(subject = %subject, error = %why, "cannot tell which stream captures this subject, or its settings: they go unjudged this session, and messages without the order condition (the user may lack $JS.API.STREAM.NAMES / STREAM.INFO)");
+                self.unchained.store(true, Ordering::Relaxed);
                 return usable;
             }
         };
-        for cost in stream::costs(&info) {
+        self.judge(subject, &name, &info)?;
+        lock(&self.streams).insert(subject.to_string(), Some(name));
+        usable
+    }
+
+    /// Stops outboxd before it publishes into stream `name` (capturing `subject`) when its
+    /// settings never acknowledge, or lose what they acknowledged; warns about the rest.
+    fn judge(
+        &self,
+        subject: &str,
+        name: &str,
+        info: &async_nats::jetstream::stream::Info,
+    ) -> Result<()> {
+        for cost in stream::costs(info) {
             let stop = match &cost {
                 stream::Cost::Broken(_) => true,
                 stream::Cost::Loses(_) => !self.allow_lossy_streams,
@@ -189,7 +216,7 @@ impl NatsSink {
                 ))
                 .remedy(format!(
                     "{}{}. Nothing was published there; restart outboxd after the fix",
-                    stream::remedy(&name, subject),
+                    stream::remedy(name, subject),
                     if matches!(cost, stream::Cost::Loses(_)) {
                         "; or set nats.allow_lossy_streams = true to accept the loss"
                     } else {
@@ -199,7 +226,16 @@ impl NatsSink {
             }
             tracing::warn!(subject = %subject, stream = %name, "the stream capturing this subject: {why}");
         }
-        usable
+        Ok(())
+    }
+
+    /// The stream that captures `subject`, as [`NatsSink::topic_state`] found it (asking now if
+    /// nothing asked yet: a dead-letter subject the sink chose).
+    async fn stream_of(&self, subject: &str) -> Result<Option<String>> {
+        if !lock(&self.streams).contains_key(subject) {
+            self.topic_state(subject).await?;
+        }
+        Ok(lock(&self.streams).get(subject).cloned().flatten())
     }
 
     /// Waits for room in the window for `record`; held until the record is settled. Cancel-safe.
@@ -210,25 +246,23 @@ impl NatsSink {
     /// Publishes `record` and hands its `PubAck` future to the settler, which gives `ticket` back
     /// through the session's [`Acks`] once the stream stored it (or its dead letter). Waits only
     /// for the client to take the message.
+    ///
+    /// With `nats.ordered`, a message carries `Nats-Expected-Last-Msg-Id` = the `Nats-Msg-Id` of
+    /// the message published before it to the same stream in this session (the session's first
+    /// one there carries none). The stream checks it after its duplicate check and before it
+    /// stores, in the order messages reach it: when it refuses or loses message N (a limit, a
+    /// leader election, a socket that died with N in it), every message behind N in that stream
+    /// is refused too, so the resend of N from the checkpoint is never overtaken by N+1. A resend
+    /// the stream answers "duplicate" is checked no further, so a restart's resends pass. A
+    /// dead letter goes without the condition and ends the chain of its stream (pipelines may
+    /// share a dead-letter stream).
     pub async fn send(&self, room: Room, record: &Record, ticket: Ticket) -> Result<()> {
         let is_dead_letter = self.dead_letter.as_deref() == Some(record.topic.as_str());
         let mut message = message::message(record);
         let mut subject = record.topic.clone();
-        let max_payload = self.client.max_payload();
-        // A subject NATS cannot take (the router knows Kafka's rules only: `a..b` passes there),
-        // or a message over the server's limit: a dead letter, or the error that stops outboxd.
-        let refused = match check_subject(&record.topic) {
-            Err(why) => Some((format!("invalid_topic: {why}"), true)),
-            Ok(()) if message::wire_size(&message) > max_payload => Some((
-                format!(
-                    "too_large: a message of {} bytes exceeds the server's max_payload ({max_payload} bytes)",
-                    message::wire_size(&message)
-                ),
-                false,
-            )),
-            Ok(()) => None,
-        };
-        if let Some((why, keep_payload)) = refused {
+        let routed_stream = self.stream_of(&subject).await?;
+        let expected = self.expected_last(&routed_stream, is_dead_letter);
+        if let Some((why, keep_payload)) = self.refusal(record, &message, expected.as_deref()) {
             let Some(dead_letter) = self.dead_letter.clone().filter(|_| !is_dead_letter) else {
                 return Err(Error::unroutable(format!("a row for subject {:?} cannot be published: {why}", record.topic))
                     .remedy("route rows to valid subjects below max_payload (nats.max_message_bytes dead-letters larger ones), or set nats.dead_letter_topic; nothing was skipped"));
@@ -236,19 +270,34 @@ impl NatsSink {
             tracing::warn!(subject = %record.topic, dead_letter = %dead_letter, "a message NATS cannot take sent to the dead-letter subject");
             self.metrics
                 .dead_letter(why.split(':').next().unwrap_or("unroutable"));
-            message =
-                message::dead_letter(&message, &record.topic, &why, keep_payload, max_payload);
+            message = message::dead_letter(
+                &message,
+                &record.topic,
+                &why,
+                keep_payload,
+                self.client.max_payload(),
+            );
             subject = dead_letter;
         }
         // A message that is a dead letter already has nowhere further to go.
         let is_dead_letter = is_dead_letter || subject != record.topic;
+        let stream = if is_dead_letter {
+            self.stream_of(&subject).await?
+        } else {
+            routed_stream
+        };
         let copy = (self.dead_letter.is_some() && !is_dead_letter).then(|| message.clone());
+        let msg_id = message::msg_id(&message);
+        let mut headers = message.headers;
+        if let (false, Some(last)) = (is_dead_letter, &expected) {
+            headers.insert(message::EXPECTED_LAST_HEADER, last.as_str());
+        }
         let ack = self
             .jetstream
             .send_publish(
                 subject.clone(),
                 PublishMessage::build()
-                    .headers(message.headers)
+                    .headers(headers)
                     .payload(message.payload),
             )
             .await
@@ -257,12 +306,20 @@ impl NatsSink {
                     .remedy("outboxd reconnects and publishes again from the checkpoint (a server whose max_payload changed is read again)")
                     .transient()
             })?;
+        if let Some(stream) = &stream {
+            let mut chain = lock(&self.chain);
+            match msg_id.filter(|_| self.ordered && !is_dead_letter) {
+                Some(id) => chain.insert(stream.clone(), id),
+                None => chain.remove(stream),
+            };
+        }
         self.metrics.produced();
         crate::fault::crash_point(crate::fault::AFTER_PRODUCE_BEFORE_ACK);
         self.published
             .send(Published {
                 ticket,
                 subject,
+                stream: stream.filter(|_| expected.is_some() && !is_dead_letter),
                 enqueued: Instant::now(),
                 ack,
                 room,
@@ -270,6 +327,40 @@ impl NatsSink {
                 dead_lettered: is_dead_letter,
             })
             .map_err(|_| Error::sink("the NATS acknowledgement task ended").transient())
+    }
+
+    /// The `Nats-Expected-Last-Msg-Id` a message routed into `stream` carries: none for a dead
+    /// letter, without `nats.ordered`, or for the session's first message there.
+    fn expected_last(&self, stream: &Option<String>, is_dead_letter: bool) -> Option<String> {
+        if !self.ordered || is_dead_letter || self.unchained.load(Ordering::Relaxed) {
+            return None;
+        }
+        lock(&self.chain).get(stream.as_ref()?).cloned()
+    }
+
+    /// Why `message` (for `record`, with the order condition `expected`) cannot be published
+    /// where it is routed, and whether its dead letter keeps the payload: a subject NATS cannot
+    /// take (the router knows Kafka's rules only: `a..b` passes there), or a message over the
+    /// server's limit.
+    fn refusal(
+        &self,
+        record: &Record,
+        message: &message::Message,
+        expected: Option<&str>,
+    ) -> Option<(String, bool)> {
+        let max_payload = self.client.max_payload();
+        let size = message::wire_size(message)
+            + expected.map_or(0, |id| message::EXPECTED_LAST_HEADER.len() + id.len() + 4);
+        match check_subject(&record.topic) {
+            Err(why) => Some((format!("invalid_topic: {why}"), true)),
+            Ok(()) if size > max_payload => Some((
+                format!(
+                    "too_large: a message of {size} bytes exceeds the server's max_payload ({max_payload} bytes)"
+                ),
+                false,
+            )),
+            Ok(()) => None,
+        }
     }
 
     /// Ends the session: what is not acknowledged is published again by the next one from the
@@ -280,4 +371,8 @@ impl NatsSink {
         // Bounded: a frozen server never answers.
         let _ = tokio::time::timeout(Duration::from_secs(1), self.client.drain()).await;
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }

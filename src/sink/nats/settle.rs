@@ -29,6 +29,8 @@ const METRICS_BATCH: u64 = 256;
 pub(super) struct Published {
     pub ticket: Ticket,
     pub subject: String,
+    /// The stream whose last message this one was published after (`Nats-Expected-Last-Msg-Id`).
+    pub stream: Option<String>,
     pub enqueued: Instant,
     pub ack: PublishAckFuture,
     pub room: Room,
@@ -42,6 +44,7 @@ pub(super) struct Published {
 struct Unsettled {
     ticket: Ticket,
     subject: String,
+    stream: Option<String>,
     enqueued: Instant,
     copy: Option<Message>,
     dead_lettered: bool,
@@ -63,6 +66,10 @@ pub(super) struct Settler {
     no_stream: HashMap<String, Instant>,
     /// `PubAck`s that said "duplicate" in this session.
     duplicates: u64,
+    /// Streams whose last message from this session is not the one the next message names as
+    /// the stream's last: a "duplicate" answer (the stream's last may be another), or a dead
+    /// letter the settler published there out of publish order.
+    disturbed: HashMap<String, bool>,
 }
 
 /// How long "no stream captures this subject" is believed.
@@ -86,6 +93,7 @@ impl Settler {
             counted: 0,
             no_stream: HashMap::new(),
             duplicates: 0,
+            disturbed: HashMap::new(),
         }
     }
 
@@ -129,8 +137,12 @@ impl Settler {
                 if ack.duplicate {
                     self.duplicate(&entry.subject, &ack);
                 }
+                self.disturb(&ack.stream, ack.duplicate);
                 self.done(entry);
                 Ok(())
+            }
+            Err(e) if entry.stream.is_some() && wrong_last_msg_id(&e) => {
+                Err(self.overtaken(&entry, &e))
             }
             // "No responders", or no answer at all because something that is not a stream
             // listens on the subject: unroutable if no stream captures it.
@@ -164,6 +176,34 @@ impl Settler {
         } else {
             tracing::debug!(subject = %subject, stream = %ack.stream, sequence = ack.sequence, "duplicate Nats-Msg-Id");
         }
+    }
+
+    fn disturb(&mut self, stream: &str, disturbed: bool) {
+        if self.disturbed.get(stream).copied().unwrap_or(false) != disturbed {
+            self.disturbed.insert(stream.to_string(), disturbed);
+        }
+    }
+
+    /// `entry` was refused because its stream's last message is not the one published before it
+    /// (with nothing refused before it in this session, or the session would have ended there).
+    /// After a "duplicate" answer or a dead letter of the settler's own that is expected, and
+    /// the next session starts the chain again from the checkpoint; otherwise a message outboxd
+    /// did not publish is in the stream, and publishing again would meet it again.
+    fn overtaken(&self, entry: &Unsettled, e: &PublishError) -> Error {
+        let stream = entry.stream.as_deref().unwrap_or_default();
+        if self.disturbed.get(stream).copied().unwrap_or(false) {
+            return Error::sink(format!(
+                "stream {stream:?} did not store a message to {:?} after the one before it ({e}): that one was a duplicate of an earlier message, or a dead letter went in between",
+                entry.subject
+            ))
+            .remedy("outboxd publishes again from the checkpoint; if this repeats, two rows share an id inside the stream's duplicate window (ids must be unique per stream)")
+            .transient();
+        }
+        Error::sink(format!(
+            "stream {stream:?} holds a message outboxd did not publish between two of its own (another publisher writes to it, or it was purged or given more subjects while outboxd ran): a message to {:?} was refused ({e})",
+            entry.subject
+        ))
+        .remedy("give outboxd's subjects a stream no other publisher writes to, or set nats.ordered = false (then a publish that fails mid-window can leave a later row of a key ahead of an earlier one); restart outboxd (nothing was skipped)")
     }
 
     fn done(&mut self, entry: Unsettled) {
@@ -266,6 +306,7 @@ impl Settler {
             .map_err(|e| publish_error(&dead_letter, &e))?;
         let refused = match ack.await {
             Ok(ack) if !ack.stream.is_empty() && ack.sequence > 0 => {
+                self.disturb(&ack.stream, true);
                 self.metrics
                     .dead_letter(why.split(':').next().unwrap_or("unroutable"));
                 self.done(Unsettled {
@@ -301,6 +342,7 @@ fn answer(p: Published) -> BoxFuture<'static, Answered> {
     let Published {
         ticket,
         subject,
+        stream,
         enqueued,
         ack,
         room,
@@ -310,6 +352,7 @@ fn answer(p: Published) -> BoxFuture<'static, Answered> {
     let entry = Unsettled {
         ticket,
         subject,
+        stream,
         enqueued,
         copy,
         dead_lettered,
@@ -355,4 +398,10 @@ fn jetstream_code(e: &PublishError) -> Option<u64> {
     let source = std::error::Error::source(e)?;
     let js = source.downcast_ref::<async_nats::jetstream::Error>()?;
     Some(js.error_code().0)
+}
+
+/// The stream refused a message whose `Nats-Expected-Last-Msg-Id` is not its last message's id
+/// (code 10070; servers before 2.9 answer the text alone).
+fn wrong_last_msg_id(e: &PublishError) -> bool {
+    jetstream_code(e) == Some(10070) || e.to_string().contains("wrong last msg ID")
 }
