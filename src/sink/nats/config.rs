@@ -59,10 +59,10 @@ pub struct NatsConfig {
     /// Publish each message on the condition that its stream's last message is the one outboxd
     /// published there before it (`Nats-Expected-Last-Msg-Id`). A message the stream refuses or
     /// loses mid-window is then never overtaken by the rows behind it: per-key order holds
-    /// through every failure. It needs outboxd to be the only publisher of its streams (another
-    /// publisher's message between two of outboxd's stops outboxd, naming it); `false` shares a
-    /// stream with other publishers, and a failed publish can then leave a later row of a key
-    /// ahead of an earlier one.
+    /// through every failure. Another publisher's message between two of outboxd's ends the
+    /// session (the next one publishes once without the condition): set `false` for streams that
+    /// other publishers write to, and a failed publish can then leave a later row of a key ahead
+    /// of an earlier one.
     #[serde(default = "default_ordered")]
     pub ordered: bool,
 }

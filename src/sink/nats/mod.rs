@@ -20,8 +20,9 @@
 //!   when the session ends; the resend would then land after them. So each message names the
 //!   previous one published to its stream as that stream's expected last message
 //!   (`Nats-Expected-Last-Msg-Id`, checked after the duplicate check): everything behind a failed
-//!   message is refused too. That needs outboxd to be the stream's only publisher; the settler
-//!   tells a foreign message (a definite error naming `nats.ordered`) from its own doing.
+//!   message is refused too. A refusal of the condition itself (another publisher, a repeated
+//!   id, a dead letter in between) ends the session, and the next one publishes without it once,
+//!   so nothing loops on it.
 //! - A message over the server's `max_payload` (as the client last heard it) is never sent: it
 //!   goes to the dead-letter subject without its payload (reason `too_large`) or stops outboxd;
 //!   so does a subject NATS cannot take (`a..b` is a valid Kafka topic), with its payload
@@ -67,6 +68,19 @@ const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
 /// ones are dead-lettered as `too_large` by the router.
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 
+/// The longest previous id a message names as its stream's expected last one.
+const MAX_EXPECTED_ID: usize = 1024;
+
+/// Set when a session ended because a stream's last message was not outboxd's previous one:
+/// the next session (of this process's one pipeline) publishes without the order condition, so
+/// that a cause that would meet every session (a repeated id, a dead letter in the same stream)
+/// cannot loop. Taken by that session's sink.
+static SKIP_NEXT_CHAIN: AtomicBool = AtomicBool::new(false);
+
+fn skip_next_chain() {
+    SKIP_NEXT_CHAIN.store(true, Ordering::Relaxed);
+}
+
 pub struct NatsSink {
     client: async_nats::Client,
     jetstream: async_nats::jetstream::Context,
@@ -85,8 +99,9 @@ pub struct NatsSink {
     /// Per stream, the `Nats-Msg-Id` of the last message published there in this session: the
     /// next one's `Nats-Expected-Last-Msg-Id` (see [`NatsSink::send`]).
     chain: Mutex<HashMap<String, String>>,
-    /// A subject's stream could not be told this session: its messages may land in a stream
-    /// others are chained in, so no message carries the condition until the next session.
+    /// No message carries the order condition this session: a subject's stream could not be
+    /// told (its messages may land in a stream others are chained in), or the last session
+    /// ended on the condition ([`SKIP_NEXT_CHAIN`]).
     unchained: AtomicBool,
 }
 
@@ -141,7 +156,7 @@ impl NatsSink {
             ordered: config.ordered,
             streams: Mutex::new(HashMap::new()),
             chain: Mutex::new(HashMap::new()),
-            unchained: AtomicBool::new(false),
+            unchained: AtomicBool::new(SKIP_NEXT_CHAIN.swap(false, Ordering::Relaxed)),
         })
     }
 
@@ -335,7 +350,12 @@ impl NatsSink {
         if !self.ordered || is_dead_letter || self.unchained.load(Ordering::Relaxed) {
             return None;
         }
-        lock(&self.chain).get(stream.as_ref()?).cloned()
+        // A long id would crowd the header block (JetStream refuses one over 64 KiB): such a
+        // message goes without the condition.
+        lock(&self.chain)
+            .get(stream.as_ref()?)
+            .filter(|id| id.len() <= MAX_EXPECTED_ID)
+            .cloned()
     }
 
     /// Why `message` (for `record`, with the order condition `expected`) cannot be published

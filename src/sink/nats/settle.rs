@@ -66,10 +66,6 @@ pub(super) struct Settler {
     no_stream: HashMap<String, Instant>,
     /// `PubAck`s that said "duplicate" in this session.
     duplicates: u64,
-    /// Streams whose last message from this session is not the one the next message names as
-    /// the stream's last: a "duplicate" answer (the stream's last may be another), or a dead
-    /// letter the settler published there out of publish order.
-    disturbed: HashMap<String, bool>,
 }
 
 /// How long "no stream captures this subject" is believed.
@@ -93,7 +89,6 @@ impl Settler {
             counted: 0,
             no_stream: HashMap::new(),
             duplicates: 0,
-            disturbed: HashMap::new(),
         }
     }
 
@@ -137,7 +132,6 @@ impl Settler {
                 if ack.duplicate {
                     self.duplicate(&entry.subject, &ack);
                 }
-                self.disturb(&ack.stream, ack.duplicate);
                 self.done(entry);
                 Ok(())
             }
@@ -178,32 +172,24 @@ impl Settler {
         }
     }
 
-    fn disturb(&mut self, stream: &str, disturbed: bool) {
-        if self.disturbed.get(stream).copied().unwrap_or(false) != disturbed {
-            self.disturbed.insert(stream.to_string(), disturbed);
-        }
-    }
-
     /// `entry` was refused because its stream's last message is not the one published before it
-    /// (with nothing refused before it in this session, or the session would have ended there).
-    /// After a "duplicate" answer or a dead letter of the settler's own that is expected, and
-    /// the next session starts the chain again from the checkpoint; otherwise a message outboxd
-    /// did not publish is in the stream, and publishing again would meet it again.
+    /// (with nothing refused before it in this session, or the session would have ended there):
+    /// another publisher wrote in between, the one before was a "duplicate" of an earlier
+    /// message (the stream's last stays that other one), a dead letter went in between, a stream
+    /// leader lost the last id, or the stream was purged or given a subject outboxd found
+    /// uncaptured. Transient whatever the cause, and the next session publishes without the
+    /// condition ([`super::skip_next_chain`]), so that nothing loops and nothing stops for it;
+    /// a publisher that keeps writing there ends a session each time, which the WARN names.
     fn overtaken(&self, entry: &Unsettled, e: &PublishError) -> Error {
         let stream = entry.stream.as_deref().unwrap_or_default();
-        if self.disturbed.get(stream).copied().unwrap_or(false) {
-            return Error::sink(format!(
-                "stream {stream:?} did not store a message to {:?} after the one before it ({e}): that one was a duplicate of an earlier message, or a dead letter went in between",
-                entry.subject
-            ))
-            .remedy("outboxd publishes again from the checkpoint; if this repeats, two rows share an id inside the stream's duplicate window (ids must be unique per stream)")
-            .transient();
-        }
+        super::skip_next_chain();
+        tracing::warn!(stream = %stream, subject = %entry.subject, error = %e, "the stream's last message is not the one outboxd published before this one (another publisher writes to the stream, a repeated id, a dead letter in between, or a purge): this session ends, and the next one publishes without the order condition; if another publisher writes to the stream, give outboxd a stream of its own or set nats.ordered = false");
         Error::sink(format!(
-            "stream {stream:?} holds a message outboxd did not publish between two of its own (another publisher writes to it, or it was purged or given more subjects while outboxd ran): a message to {:?} was refused ({e})",
+            "stream {stream:?} did not store a message to {:?} after outboxd's previous one ({e})",
             entry.subject
         ))
-        .remedy("give outboxd's subjects a stream no other publisher writes to, or set nats.ordered = false (then a publish that fails mid-window can leave a later row of a key ahead of an earlier one); restart outboxd (nothing was skipped)")
+        .remedy("outboxd publishes again from the checkpoint, once without the order condition; if another publisher writes to the stream, give outboxd a stream of its own or set nats.ordered = false")
+        .transient()
     }
 
     fn done(&mut self, entry: Unsettled) {
@@ -306,7 +292,6 @@ impl Settler {
             .map_err(|e| publish_error(&dead_letter, &e))?;
         let refused = match ack.await {
             Ok(ack) if !ack.stream.is_empty() && ack.sequence > 0 => {
-                self.disturb(&ack.stream, true);
                 self.metrics
                     .dead_letter(why.split(':').next().unwrap_or("unroutable"));
                 self.done(Unsettled {
@@ -382,7 +367,9 @@ fn publish_error(subject: &str, e: &PublishError) -> Error {
             let text = e.to_string();
             // 10023 insufficient resources, 10077 store failed (a limit reached with discard:
             // new): time or an operator heals them while outboxd waits.
-            if matches!(jetstream_code(e), Some(10023 | 10077)) {
+            // 10158: a resend whose id a clustered stream still holds as in process (an earlier
+            // attempt refused after its proposal); it clears with the leader's next steps.
+            if matches!(jetstream_code(e), Some(10023 | 10077 | 10158)) {
                 Error::sink(format!("the stream refused a message to {subject:?}: {text}"))
                     .remedy("outboxd retries from the checkpoint; free storage or raise the stream's limits (nats stream info)")
                     .transient()
