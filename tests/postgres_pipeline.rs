@@ -42,7 +42,18 @@ pub(crate) fn setup_with_schema(name: &str, schema: &str, extra_kafka: &str) -> 
 
 /// `server_conf` lines go into postgresql.conf.
 fn setup_with_server(name: &str, schema: &str, extra_kafka: &str, server_conf: &[&str]) -> PgEnv {
-    let pg = Postgres::start(server_conf);
+    setup_on(15, name, schema, extra_kafka, server_conf)
+}
+
+/// [`setup_with_server`] on PostgreSQL `major`.
+fn setup_on(
+    major: u32,
+    name: &str,
+    schema: &str,
+    extra_kafka: &str,
+    server_conf: &[&str],
+) -> PgEnv {
+    let pg = Postgres::start_major(major, server_conf);
     pg.sql("postgres", "CREATE DATABASE app;");
     pg.sql("app", schema);
     let broker = Broker::start();
@@ -600,4 +611,107 @@ fn a_scram_login_streams_rows_and_a_wrong_password_stops_with_the_remedy() {
         "{stderr}"
     );
     assert!(!stderr.contains(rig::mysqld::CDC_PASSWORD), "{stderr}");
+}
+
+/// The smoke set for a major other than 15 (those run the whole Postgres suite): a thousand rows in
+/// mixed transactions beside other tables' changes arrive once, in key order, with jsonb as JSON
+/// text; after a stop, table rows and table-less messages committed meanwhile arrive from the
+/// checkpoint, each once.
+fn smoke_on(major: u32) {
+    assert!(
+        rig::postgres::MAJORS.contains(&major),
+        "the rig installs {major}"
+    );
+    let name = format!("pg{major}");
+    let mut env = setup_on(major, &name, SCHEMA, "", &[]);
+    let version = env.pg.sql("postgres", "SHOW server_version_num;");
+    assert!(
+        version.trim().starts_with(&major.to_string()),
+        "server {version} is PostgreSQL {major}"
+    );
+    env.outboxd.start();
+    let script = mixed_transactions(&MixedSql {
+        insert: insert_sql,
+        other_in_txn: |i| format!("INSERT INTO public.other (note) VALUES ('note {i}');"),
+        touch: |n| {
+            format!(
+                "UPDATE public.outbox SET type = 'Touched' WHERE id = '{}';",
+                uuid_of(n)
+            )
+        },
+        other_alone: |i| format!("UPDATE public.other SET note = 'x' WHERE id = {};\n", i + 1),
+    });
+    env.pg.sql("app", &script);
+    let records = consume_events(&env.broker.bootstrap(), 1000);
+    assert_eq!(
+        check_records_by(&records, 0..1000, pg_payload),
+        0,
+        "PostgreSQL {major}: {}",
+        env.outboxd.log()
+    );
+    check_per_key_order(&records);
+    env.outboxd.stop();
+    insert_rows(&env.pg, 1000, 1100, 10);
+    let mut messages = String::new();
+    for n in 2000..2010u64 {
+        messages.push_str(&format!(
+            "SELECT pg_logical_emit_message(true, 'outbox', '{}');\n",
+            envelope(n)
+        ));
+    }
+    env.pg.sql("app", &messages);
+    env.outboxd.start();
+    let records = consume_events(&env.broker.bootstrap(), 1110);
+    let ns: std::collections::BTreeSet<u64> = records.iter().map(n_of).collect();
+    let expected: std::collections::BTreeSet<u64> = (0..1100).chain(2000..2010).collect();
+    assert_eq!(ns, expected, "PostgreSQL {major}: {}", env.outboxd.log());
+    assert_eq!(records.len(), 1110, "a clean stop leaves no duplicate");
+    env.outboxd.stop();
+}
+
+#[test]
+fn postgres_14_streams_mixed_transactions_and_messages_and_resumes_after_a_stop() {
+    smoke_on(14);
+}
+
+#[test]
+fn postgres_16_streams_mixed_transactions_and_messages_and_resumes_after_a_stop() {
+    smoke_on(16);
+}
+
+#[test]
+fn postgres_17_streams_mixed_transactions_and_messages_and_resumes_after_a_stop() {
+    smoke_on(17);
+}
+
+#[test]
+fn postgres_18_streams_mixed_transactions_and_messages_and_resumes_after_a_stop() {
+    smoke_on(18);
+}
+
+/// PostgreSQL 13's pgoutput has no logical decoding messages (outboxd's heartbeat and table-less
+/// outbox): `check` fails and `run` stops naming the oldest major outboxd reads, instead of the
+/// replication command's "unrecognized pgoutput option" or a retry loop.
+#[test]
+fn postgres_13_is_refused_by_check_and_run_naming_the_oldest_major_outboxd_reads() {
+    let mut env = setup_on(13, "pg13", SCHEMA, "", &[]);
+    let out = env.outboxd.command_output(&["check"]);
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{shown}");
+    assert!(
+        shown.contains("FAIL") && shown.contains("PostgreSQL 13.") && shown.contains("14 or later"),
+        "{shown}"
+    );
+    env.outboxd.spawn(&[]);
+    assert!(!env.outboxd.wait_exit(LIMIT).success());
+    let log = env.outboxd.log();
+    assert!(
+        log.contains("is too old") && log.contains("14 or later"),
+        "{log}"
+    );
+    assert_eq!(log.matches("is too old").count(), 1, "no retry loop: {log}");
 }

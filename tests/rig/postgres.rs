@@ -1,4 +1,6 @@
-//! A private PostgreSQL 15 with `wal_level=logical`.
+//! A private PostgreSQL with `wal_level=logical`: Debian's 15 by default, or another major
+//! ([`Postgres::start_major`]) from the binaries `scripts/postgres-majors.sh` unpacks into the test
+//! cache. The client tools (psql, pg_isready) are always Debian 15's.
 //!
 //! initdb refuses root, so when the tests run as root the data directory belongs to the `postgres` OS
 //! user and the server commands (`initdb`, `pg_ctl`) run through `runuser -u postgres`. `psql` runs as
@@ -18,8 +20,55 @@ use std::time::Duration;
 
 use super::{free_port, wait_until};
 
-/// Where the Debian `postgresql-15` package puts the server binaries.
+/// Where the Debian `postgresql-15` package puts the server binaries (and the client tools every
+/// major is driven with).
 pub const BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// The majors the rig runs besides 15 (`scripts/postgres-majors.sh list`).
+pub const MAJORS: [u32; 5] = [13, 14, 16, 17, 18];
+
+/// The server binaries' directory for `major`. Others than 15 live in the test cache, which is
+/// under root's home when the tests run as root: the `postgres` OS user cannot reach it there, so
+/// the tree is copied once to a directory of its own under the system temp dir (named by the
+/// unpacked version; kept for later runs).
+fn server_bin(major: u32) -> PathBuf {
+    if major == 15 {
+        return PathBuf::from(BIN);
+    }
+    let cache = std::env::var_os("OUTBOXD_TEST_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/outboxd-test")
+        });
+    let home = cache.join(format!("postgres-{major}"));
+    let version = std::fs::read_to_string(home.join(".complete")).unwrap_or_else(|_| {
+        panic!(
+            "PostgreSQL {major} is not installed in {} (scripts/install-test-deps.sh runs scripts/postgres-majors.sh install)",
+            home.display()
+        )
+    });
+    if !as_root() {
+        return home.join("bin");
+    }
+    static COPY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = COPY.lock().unwrap_or_else(|e| e.into_inner());
+    let copy = std::env::temp_dir().join(format!("outboxd-test-postgres-{}", version.trim()));
+    if !copy.join(".complete").exists() {
+        let partial = copy.with_extension(format!("partial-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&partial);
+        let out = Command::new("cp")
+            .arg("-a")
+            .arg(&home)
+            .arg(&partial)
+            .output()
+            .expect("cp");
+        assert!(out.status.success(), "copying {}: {out:?}", home.display());
+        std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let _ = std::fs::remove_dir_all(&copy);
+        std::fs::rename(&partial, &copy).unwrap();
+    }
+    copy.join("bin")
+}
 
 /// The OS user (and superuser role) the server runs as.
 const OS_USER: &str = "postgres";
@@ -28,11 +77,19 @@ pub struct Postgres {
     dir: tempfile::TempDir,
     pub port: u16,
     log: PathBuf,
+    /// The server binaries' directory.
+    bin: PathBuf,
 }
 
 impl Postgres {
-    /// initdb + start; `extra` lines are appended to postgresql.conf.
+    /// initdb + start of Debian's 15; `extra` lines are appended to postgresql.conf.
     pub fn start(extra: &[&str]) -> Postgres {
+        Postgres::start_major(15, extra)
+    }
+
+    /// [`Postgres::start`] of PostgreSQL `major` (15 or one of [`MAJORS`]).
+    pub fn start_major(major: u32, extra: &[&str]) -> Postgres {
+        let bin = server_bin(major);
         let dir = tempfile::Builder::new()
             .prefix("outboxd-postgres-")
             .tempdir()
@@ -50,6 +107,7 @@ impl Postgres {
             log: root.join("postgres.log"),
             dir,
             port,
+            bin,
         };
         let out = pg
             .server_command("initdb")
@@ -216,9 +274,9 @@ impl Postgres {
         cmd
     }
 
-    /// A server binary from [`BIN`], run as the `postgres` OS user when the tests run as root.
+    /// A server binary of this major, run as the `postgres` OS user when the tests run as root.
     fn server_command(&self, program: &str) -> Command {
-        let program = Path::new(BIN).join(program);
+        let program = self.bin.join(program);
         let mut cmd = if as_root() {
             let mut cmd = Command::new("runuser");
             cmd.args(["-u", OS_USER, "--"]).arg(program);

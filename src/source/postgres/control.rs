@@ -215,6 +215,9 @@ pub enum SlotHolder {
     StillHeld { pid: i32 },
 }
 
+/// The oldest server outboxd reads, as `server_version_num`.
+pub const MIN_SERVER: i32 = 140_000;
+
 impl Control {
     pub async fn connect(info: &ConnInfo) -> Result<Control> {
         let mut config = tokio_postgres::Config::new();
@@ -259,6 +262,29 @@ impl Control {
             shown: info.shown.clone(),
             protection,
         })
+    }
+
+    /// Refuses a server older than [`MIN_SERVER`]: `pgoutput` takes the `messages` option (the
+    /// heartbeat and the table-less outbox ride on logical decoding messages) from 14 on, and 13
+    /// would answer the replication command with "unrecognized pgoutput option".
+    pub async fn refuse_unsupported(&self) -> Result<()> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
+                &[],
+            )
+            .await
+            .map_err(|e| self.failed("reading the server's version", e))?;
+        let (number, version): (i32, String) = (row.get(0), row.get(1));
+        if number < MIN_SERVER {
+            return Err(Error::source(format!(
+                "{}: PostgreSQL {version} is too old: outboxd reads PostgreSQL 14 and later (pgoutput's logical decoding messages, which carry its heartbeat and the table-less outbox, came in 14)",
+                self.shown
+            ))
+            .remedy("point source.url at PostgreSQL 14 or later (upgrade the server, or read a newer replica)"));
+        }
+        Ok(())
     }
 
     /// The TLS protocol version and cipher of this connection (`pg_stat_ssl`), None in plain text.

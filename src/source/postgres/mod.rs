@@ -90,6 +90,7 @@ impl PostgresSource {
     ) -> Result<PostgresSource> {
         let info = ConnInfo::from_config(config)?;
         let control = Control::connect(&info).await?;
+        control.refuse_unsupported().await?;
         let source = config;
         control
             .ensure_publication(&own.publication, &source.tables)

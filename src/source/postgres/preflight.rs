@@ -50,6 +50,14 @@ pub async fn preflight(
         }
     };
     items.push(tls_item(&control, &info).await);
+    if let Err(e) = control.refuse_unsupported().await {
+        items.push(Item::fail(
+            SUBJECT,
+            e.message(),
+            e.remedy_text().unwrap_or(""),
+        ));
+        return items;
+    }
     if let Err(e) = check(&control, config, own, checkpoint, wanted, &mut items).await {
         items.push(Item::unreachable(
             SUBJECT,
