@@ -265,7 +265,7 @@ fn a_missing_queue_or_a_message_over_the_queues_size_is_dead_lettered_or_stops_o
 /// cut short after 3 entries (the rest reported failed, as SQS does under load), one in ten
 /// throttled whole, one in ten with only its first entry failed and the rest stored.
 const BATCH_FAULTS: &str =
-    "aws_batch_partial=20%return(3);aws_batch_throttle=10%return;aws_batch_entry_fails=10%return(InternalError)";
+    "aws_batch_partial=20%return(3);aws_batch_throttle=10%return;aws_batch_entry_fails=10%return(InternalError);aws_batch_reply_lost=10%return";
 
 /// `total` rows from several writers into the SQS or SNS (`section`) pipeline `outboxd`, which
 /// meets [`BATCH_FAULTS`] and `kills` kill -9s; every row read back from the FIFO queues in
@@ -319,6 +319,11 @@ fn rows_survive_batch_faults_and_kills(
         records.len()
     );
     check_per_key_order(&records);
+    // Batches that were stored and then answered as failed went again, as new sends.
+    assert!(
+        outboxd.log().contains("aws_batch_reply_lost"),
+        "the lost-reply fail point fired"
+    );
     outboxd.stop();
     records
 }

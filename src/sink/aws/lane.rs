@@ -268,6 +268,18 @@ impl Lane {
             // head with `head`, the tail with `tail`.
             let (skip, sent, head, tail) = match injected(batch.len()) {
                 None => (0, batch.len(), None, None),
+                Some(Injected::ReplyLost) => {
+                    let messages: Vec<&Message> = batch.iter().map(|e| &e.message).collect();
+                    let _ = client.send_batch(&destination, &messages).await;
+                    let failure = Failure {
+                        code: "RequestTimeout".into(),
+                        text: "the reply was lost: injected by the fail point aws_batch_reply_lost"
+                            .into(),
+                        transient: true,
+                        missing: false,
+                    };
+                    return (batch, Err(failure), oldest);
+                }
                 Some(Injected::Refused(failure)) => return (batch, Err(failure), oldest),
                 Some(Injected::FirstOf(k)) => (0, k, None, Some(injected_failure())),
                 Some(Injected::AllButFirst(first)) => (1, batch.len(), Some(first), None),
@@ -477,6 +489,8 @@ enum Injected {
     FirstOf(usize),
     /// Entry 0 is not sent and is reported with this outcome; the others are sent.
     AllButFirst(Outcome),
+    /// The whole batch is sent (and stored), and the call fails as if its reply were lost.
+    ReplyLost,
 }
 
 /// The fail points of the AWS sinks' tests (no AWS-compatible server fails part of a batch,
@@ -484,8 +498,11 @@ enum Injected {
 /// it is sent; `aws_batch_partial(k)` sends only the first k entries and reports the rest failed
 /// (`InternalError`, as SQS does); `aws_batch_entry_fails(code)` reports entry 0 failed with the
 /// error code `code` (classed as a reply's would be) and sends the others, which is the reply that
-/// reorders a FIFO group when one batch holds two of its messages.
+/// reorders a FIFO group when one batch holds two of its messages; `aws_batch_reply_lost` sends
+/// the whole batch and then fails the call as if its reply were lost (every entry was stored, and
+/// goes again).
 fn injected(len: usize) -> Option<Injected> {
+    fail::fail_point!("aws_batch_reply_lost", |_| Some(Injected::ReplyLost));
     fail::fail_point!("aws_batch_throttle", |_| Some(Injected::Refused(Failure {
         code: "ThrottlingException".into(),
         text: "ThrottlingException: injected by the fail point aws_batch_throttle".into(),
