@@ -113,11 +113,10 @@ fn checkpoint_lsn(env: &PgEnv) -> u64 {
         .unwrap())
 }
 
-#[test]
-fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_with_jsonb_as_json_text() {
-    let mut env = setup("mixed", "");
-    env.outboxd.start();
-    let script = mixed_transactions(&MixedSql {
+/// Rows `0..1000` in mixed transactions: with other tables' inserts (text and bytea) in the same
+/// transaction, updates of outbox rows, and other tables' updates alone.
+fn mixed_script() -> String {
+    mixed_transactions(&MixedSql {
         insert: insert_sql,
         other_in_txn: |i| {
             format!("INSERT INTO public.other (note, raw) VALUES ('caf\u{e9} {i}', '\\xff00fe'::bytea);")
@@ -129,8 +128,14 @@ fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_with_jsonb_as_json_
             )
         },
         other_alone: |i| format!("UPDATE public.other SET note = 'x' WHERE id = {};\n", i + 1),
-    });
-    env.pg.sql("app", &script);
+    })
+}
+
+#[test]
+fn a_thousand_rows_in_mixed_transactions_arrive_exactly_once_with_jsonb_as_json_text() {
+    let mut env = setup("mixed", "");
+    env.outboxd.start();
+    env.pg.sql("app", &mixed_script());
     let records = consume_events(&env.broker.bootstrap(), 1000);
     let duplicates = check_records_by(&records, 0..1000, pg_payload);
     assert_eq!(duplicates, 0);
@@ -630,18 +635,7 @@ fn smoke_on(major: u32) {
         "server {version} is PostgreSQL {major}"
     );
     env.outboxd.start();
-    let script = mixed_transactions(&MixedSql {
-        insert: insert_sql,
-        other_in_txn: |i| format!("INSERT INTO public.other (note) VALUES ('note {i}');"),
-        touch: |n| {
-            format!(
-                "UPDATE public.outbox SET type = 'Touched' WHERE id = '{}';",
-                uuid_of(n)
-            )
-        },
-        other_alone: |i| format!("UPDATE public.other SET note = 'x' WHERE id = {};\n", i + 1),
-    });
-    env.pg.sql("app", &script);
+    env.pg.sql("app", &mixed_script());
     let records = consume_events(&env.broker.bootstrap(), 1000);
     assert_eq!(
         check_records_by(&records, 0..1000, pg_payload),
