@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::rig::rabbitmq::{config_with_rabbitmq, Got, RabbitMq};
 use crate::rig::scenario::{
-    check_per_key_order, check_records, insert_rows, kill_9_and_restart, spawn_writer, uuid_of,
-    SCHEMA,
+    check_per_key_order, check_records, insert_rows, kill_9_and_restart, n_of, spawn_writer,
+    uuid_of, SCHEMA,
 };
 use crate::rig::{free_port, http_get, wait_until, Consumed, Mysqld, Outboxd};
 
@@ -545,4 +545,39 @@ fn sigterm_exits_at_the_drain_deadline_while_a_memory_alarm_blocks_publishing() 
         before,
         "nothing was confirmed, so nothing may be checkpointed"
     );
+}
+
+/// A full queue with `x-overflow = reject-publish` nacks, and RabbitMQ still enqueues the message
+/// in every other queue bound to its key. After a nack outboxd publishes one message at a time,
+/// so each retry repeats one message in the queue beside it (not the whole window), and once the
+/// full queue is read every row reaches it, in key order.
+#[test]
+fn a_full_reject_publish_queue_costs_the_queues_beside_it_one_message_per_retry() {
+    let (db, rabbit) = servers(&[
+        ("copy", "outbox.event.order"),
+        ("customers", "outbox.event.customer"),
+    ]);
+    rabbit.declare_limited("outbox", "limited", "outbox.event.order", 50);
+    let mut outboxd = Outboxd::new(
+        "rabbit-full",
+        &config_with_rabbitmq(&db.cdc_url(), &rabbit.url(), ""),
+    );
+    outboxd.start();
+    // 200 order rows (and 100 customer rows): the limited queue takes 50.
+    insert_rows(&db, 0, 300, 1);
+    wait_until("four sessions to end on the nack", READ_LIMIT, || {
+        outboxd.log().matches("session ended").count() >= 4
+    });
+    let copies = rabbit.queue_len("copy");
+    let ended = outboxd.log().matches("session ended").count() as u32;
+    assert!(
+        copies <= 200 + ended + 1,
+        "{copies} messages in the queue beside the full one after {ended} retries: more than one repeat per retry"
+    );
+    let got = rabbit.read("limited", 200, READ_LIMIT);
+    let records = consumed(&got);
+    let rows: std::collections::BTreeSet<u64> = records.iter().map(n_of).collect();
+    assert_eq!(rows.len(), 200, "{}", outboxd.log());
+    check_per_key_order(&records);
+    outboxd.stop();
 }

@@ -3,6 +3,7 @@
 //! is slow. A record takes its [`Room`] before it is sent and gives it back when it is settled
 //! (acknowledged, dead-lettered, or the session ends).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -15,7 +16,8 @@ pub struct Window {
     count: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
     max_bytes: u32,
-    size: usize,
+    /// Records the window holds when nothing is in flight (1 while [`Window::narrowed`]).
+    size: Arc<AtomicUsize>,
 }
 
 /// Room in a [`Window`] for one record; given back when dropped.
@@ -32,7 +34,23 @@ impl Window {
             count: Arc::new(Semaphore::new(max_in_flight)),
             bytes: Arc::new(Semaphore::new(max_bytes as usize)),
             max_bytes,
-            size: max_in_flight,
+            size: Arc::new(AtomicUsize::new(max_in_flight)),
+        }
+    }
+
+    /// A window of one record at a time (and `max_in_flight_bytes`), until [`Window::widen`].
+    pub fn narrowed(max_in_flight_bytes: u64) -> Window {
+        Window::new(1, max_in_flight_bytes)
+    }
+
+    /// Lets a [`Window::narrowed`] window hold `max_in_flight` records from now on (once).
+    pub fn widen(&self, max_in_flight: usize) {
+        if self
+            .size
+            .compare_exchange(1, max_in_flight, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            self.count.add_permits(max_in_flight.saturating_sub(1));
         }
     }
 
@@ -55,7 +73,7 @@ impl Window {
 
     /// Nothing is in flight.
     pub fn idle(&self) -> bool {
-        self.count.available_permits() >= self.size
+        self.count.available_permits() >= self.size.load(Ordering::SeqCst)
     }
 
     /// Gives back the room of one record sent with [`Room::forget`] (`cost` is what that returned).

@@ -329,6 +329,64 @@ impl RabbitMq {
         });
     }
 
+    /// A durable queue `queue` bound to `exchange` with `key`, holding at most `max_length`
+    /// messages and refusing (nacking) publishes while full (`x-overflow = reject-publish`).
+    pub fn declare_limited(&self, exchange: &str, queue: &str, key: &str, max_length: i64) {
+        block_on(async {
+            let connection = self.connect().await;
+            let channel = connection.create_channel().await.unwrap();
+            let mut args = FieldTable::default();
+            args.insert("x-max-length".into(), AMQPValue::LongLongInt(max_length));
+            args.insert(
+                "x-overflow".into(),
+                AMQPValue::LongString("reject-publish".into()),
+            );
+            channel
+                .queue_declare(
+                    queue.into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    args,
+                )
+                .await
+                .unwrap();
+            channel
+                .queue_bind(
+                    queue.into(),
+                    exchange.into(),
+                    key.into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            connection.close(200, "declared".into()).await.unwrap();
+        });
+    }
+
+    /// How many messages `queue` holds.
+    pub fn queue_len(&self, queue: &str) -> u32 {
+        block_on(async {
+            let connection = self.connect().await;
+            let channel = connection.create_channel().await.unwrap();
+            let queue = channel
+                .queue_declare(
+                    queue.into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            let _ = connection.close(200, "counted".into()).await;
+            queue.message_count()
+        })
+    }
+
     /// Reads (and acknowledges) messages from `queue` until at least `expected` arrived and
     /// nothing more came for 2 s (duplicates are read too), or `limit` passed.
     pub fn read(&self, queue: &str, expected: usize, limit: Duration) -> Vec<Got> {

@@ -20,7 +20,12 @@
 //! - Confirms arrive out of order; tickets are handed back in publish order only (the checkpoint
 //!   passes only the highest contiguous acknowledged record anyway).
 //! - A nack, a closed channel or a lost connection end the session like any transient error: the
-//!   next one reconnects and publishes again from the checkpoint. Refusals an operator must fix (a
+//!   next one reconnects and publishes again from the checkpoint. After a nack (a queue with
+//!   `x-overflow = reject-publish` that is full) the next session publishes one message at a time
+//!   until a whole window's worth is confirmed: RabbitMQ enqueues a message one queue refused in
+//!   every other queue bound to its key, so a full window per retry would copy the window into
+//!   them again each time, and a message published behind a refused one could be taken ahead of
+//!   its resend. One at a time, a retry repeats one message and nothing overtakes it. Refusals an operator must fix (a
 //!   login, a permission, a missing exchange, a message over the broker's size) stop outboxd.
 //!
 //! `connect.rs` opens sessions and classifies errors; `settle.rs` owns the unsettled messages.
@@ -29,7 +34,7 @@ pub mod config;
 mod connect;
 mod settle;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,6 +58,14 @@ use crate::source::config::redact_url;
 /// How long opening a session may take (connection, channel, exchange check, confirm mode): a
 /// broker that accepts TCP but never answers (frozen, overloaded) must not hold the pipeline.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Set when a session ended on a nack: the next session (of this process's one pipeline) starts
+/// with a window of one ([`RabbitMqSink::new`]).
+static NACKED: AtomicBool = AtomicBool::new(false);
+
+fn nacked() {
+    NACKED.store(true, Ordering::Relaxed);
+}
 
 /// How long closing a session may wait for the broker's answer.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -105,7 +118,16 @@ impl RabbitMqSink {
                 .transient()
             })??;
         let delivery = config.delivery();
-        let window = Window::new(delivery.max_in_flight, delivery.max_in_flight_bytes);
+        let careful = NACKED.swap(false, Ordering::Relaxed);
+        let window = if careful {
+            tracing::info!(
+                confirmed = delivery.max_in_flight,
+                "the last session ended on a nack: publishing one message at a time until this many are confirmed"
+            );
+            Window::narrowed(delivery.max_in_flight_bytes)
+        } else {
+            Window::new(delivery.max_in_flight, delivery.max_in_flight_bytes)
+        };
         let (published, queue) = mpsc::unbounded_channel();
         let exchange = ShortString::from(config.exchange.as_str());
         let started = Arc::new(AtomicU64::new(0));
@@ -117,6 +139,7 @@ impl RabbitMqSink {
                 acks,
                 metrics.clone(),
                 started.clone(),
+                careful.then(|| (window.clone(), delivery.max_in_flight)),
             )
             .run(queue),
         );

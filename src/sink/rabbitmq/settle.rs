@@ -27,7 +27,7 @@ use super::{publish, publish_id_of, PUBLISH_HEADER};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sink::ack::{Acks, Ticket};
-use crate::sink::window::Room;
+use crate::sink::window::{Room, Window};
 
 /// A message the sink published, on its way to the settler.
 pub(super) struct Published {
@@ -65,6 +65,9 @@ pub(super) struct Settler {
     received: u64,
     /// A settling round was skipped for that reason; the next arrival runs it.
     deferred: bool,
+    /// After a nack: the narrowed window, and how many more confirms until it is widened to
+    /// `max_in_flight`.
+    careful: Option<(Window, usize, usize)>,
 }
 
 struct Unsettled {
@@ -91,6 +94,7 @@ impl Settler {
         acks: Arc<dyn Acks>,
         metrics: Arc<Metrics>,
         started: Arc<AtomicU64>,
+        careful: Option<(Window, usize)>,
     ) -> Settler {
         Settler {
             channel,
@@ -106,6 +110,7 @@ impl Settler {
             started,
             received: 0,
             deferred: false,
+            careful: careful.map(|(window, max)| (window, max, max)),
         }
     }
 
@@ -267,6 +272,7 @@ impl Settler {
             match front.confirmed {
                 None => return Ok(()),
                 Some(false) => {
+                    super::nacked();
                     self.metrics.delivery_error();
                     return Err(Error::sink(format!(
                         "RabbitMQ refused (nack) a message for routing key {:?}",
@@ -284,11 +290,27 @@ impl Settler {
                         self.metrics.delivered_after(done.enqueued.elapsed());
                         *forwarded.entry(done.routing_key).or_default() += 1;
                         self.acks.acked(done.ticket);
+                        self.confirmed_carefully();
                     }
                 },
             }
         }
         Ok(())
+    }
+
+    /// One more message confirmed while the window is narrowed after a nack; a window's worth
+    /// widens it.
+    fn confirmed_carefully(&mut self) {
+        if let Some((window, max, left)) = &mut self.careful {
+            *left -= 1;
+            if *left == 0 {
+                window.widen(*max);
+                tracing::info!(
+                    "a window's worth confirmed since the nack: publishing at full width again"
+                );
+                self.careful = None;
+            }
+        }
     }
 
     /// The front message was returned: publish a copy to the dead-letter routing key (the message
