@@ -565,11 +565,12 @@ fn a_full_reject_publish_queue_costs_the_queues_beside_it_one_message_per_retry(
     outboxd.start();
     // 200 order rows (and 100 customer rows): the limited queue takes 50.
     insert_rows(&db, 0, 300, 1);
+    let ended = || outboxd.log().matches("session ended; reconnecting").count() as u32;
     wait_until("four sessions to end on the nack", READ_LIMIT, || {
-        outboxd.log().matches("session ended").count() >= 4
+        ended() >= 4
     });
     let copies = rabbit.queue_len("copy");
-    let ended = outboxd.log().matches("session ended").count() as u32;
+    let ended = ended();
     assert!(
         copies <= 200 + ended + 1,
         "{copies} messages in the queue beside the full one after {ended} retries: more than one repeat per retry"

@@ -59,12 +59,13 @@ use crate::source::config::redact_url;
 /// broker that accepts TCP but never answers (frozen, overloaded) must not hold the pipeline.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Set when a session ended on a nack: the next session (of this process's one pipeline) starts
-/// with a window of one ([`RabbitMqSink::new`]).
+/// Set by a nack: every later session (of this process's one pipeline) starts with a window of
+/// one ([`RabbitMqSink::new`]) until one of them has widened it again. A restart of outboxd starts
+/// at full width.
 static NACKED: AtomicBool = AtomicBool::new(false);
 
-fn nacked() {
-    NACKED.store(true, Ordering::Relaxed);
+fn nacked(yes: bool) {
+    NACKED.store(yes, Ordering::Relaxed);
 }
 
 /// How long closing a session may wait for the broker's answer.
@@ -118,11 +119,13 @@ impl RabbitMqSink {
                 .transient()
             })??;
         let delivery = config.delivery();
-        let careful = NACKED.swap(false, Ordering::Relaxed);
+        // Cleared only once a careful session has widened: a session that ends for another
+        // reason before that (or never gets to publish) leaves the next one careful too.
+        let careful = NACKED.load(Ordering::Relaxed);
         let window = if careful {
             tracing::info!(
                 confirmed = delivery.max_in_flight,
-                "the last session ended on a nack: publishing one message at a time until this many are confirmed"
+                "a nack ended an earlier session: publishing one message at a time until this many are confirmed"
             );
             Window::narrowed(delivery.max_in_flight_bytes)
         } else {

@@ -210,6 +210,8 @@ impl Settler {
                 true
             }
             Ok(Confirmation::Nack(returned)) => {
+                // A broker's refusal (a failed confirm is not one: a lost connection).
+                super::nacked(true);
                 self.returned.extend(returned);
                 false
             }
@@ -272,7 +274,6 @@ impl Settler {
             match front.confirmed {
                 None => return Ok(()),
                 Some(false) => {
-                    super::nacked();
                     self.metrics.delivery_error();
                     return Err(Error::sink(format!(
                         "RabbitMQ refused (nack) a message for routing key {:?}",
@@ -305,6 +306,7 @@ impl Settler {
             *left -= 1;
             if *left == 0 {
                 window.widen(*max);
+                super::nacked(false);
                 tracing::info!(
                     "a window's worth confirmed since the nack: publishing at full width again"
                 );
