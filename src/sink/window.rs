@@ -94,3 +94,23 @@ impl Room {
         cost
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Window;
+
+    #[test]
+    fn a_narrowed_window_holds_one_record_until_it_is_widened_once() {
+        let window = Window::narrowed(1 << 20);
+        assert_eq!(window.count.available_permits(), 1);
+        assert!(window.idle());
+        window.widen(5);
+        assert_eq!(window.count.available_permits(), 5);
+        assert!(window.idle());
+        window.widen(9);
+        assert_eq!(window.count.available_permits(), 5, "only once");
+        let full = Window::new(3, 1 << 20);
+        full.widen(8);
+        assert_eq!(full.count.available_permits(), 3, "a full window stays");
+    }
+}
