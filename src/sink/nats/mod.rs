@@ -95,10 +95,10 @@ pub struct NatsSink {
     ordered: bool,
     /// Subjects asked about in this session, and the stream that captures each (`None`: none
     /// does, or the server did not say): asked once each, whatever asks.
-    streams: Mutex<HashMap<String, Option<String>>>,
+    streams: Mutex<HashMap<String, Option<Arc<str>>>>,
     /// Per stream, the `Nats-Msg-Id` of the last message published there in this session: the
     /// next one's `Nats-Expected-Last-Msg-Id` (see [`NatsSink::send`]).
-    chain: Mutex<HashMap<String, String>>,
+    chain: Mutex<HashMap<Arc<str>, String>>,
     /// No message carries the order condition this session: a subject's stream could not be
     /// told (its messages may land in a stream others are chained in), or the last session
     /// ended on the condition ([`SKIP_NEXT_CHAIN`]).
@@ -205,7 +205,7 @@ impl NatsSink {
             }
         };
         self.judge(subject, &name, &info)?;
-        lock(&self.streams).insert(subject.to_string(), Some(name));
+        lock(&self.streams).insert(subject.to_string(), Some(Arc::from(name)));
         usable
     }
 
@@ -246,10 +246,12 @@ impl NatsSink {
 
     /// The stream that captures `subject`, as [`NatsSink::topic_state`] found it (asking now if
     /// nothing asked yet: a dead-letter subject the sink chose).
-    async fn stream_of(&self, subject: &str) -> Result<Option<String>> {
-        if !lock(&self.streams).contains_key(subject) {
-            self.topic_state(subject).await?;
+    async fn stream_of(&self, subject: &str) -> Result<Option<Arc<str>>> {
+        let known = lock(&self.streams).get(subject).cloned();
+        if let Some(stream) = known {
+            return Ok(stream);
         }
+        self.topic_state(subject).await?;
         Ok(lock(&self.streams).get(subject).cloned().flatten())
     }
 
@@ -275,7 +277,11 @@ impl NatsSink {
         let is_dead_letter = self.dead_letter.as_deref() == Some(record.topic.as_str());
         let mut message = message::message(record);
         let mut subject = record.topic.clone();
-        let routed_stream = self.stream_of(&subject).await?;
+        // Without the condition no message needs its stream.
+        let routed_stream = match self.ordered {
+            true => self.stream_of(&subject).await?,
+            false => None,
+        };
         let expected = self.expected_last(&routed_stream, is_dead_letter);
         if let Some((why, keep_payload)) = self.refusal(record, &message, expected.as_deref()) {
             let Some(dead_letter) = self.dead_letter.clone().filter(|_| !is_dead_letter) else {
@@ -296,13 +302,13 @@ impl NatsSink {
         }
         // A message that is a dead letter already has nowhere further to go.
         let is_dead_letter = is_dead_letter || subject != record.topic;
-        let stream = if is_dead_letter {
+        let stream = if is_dead_letter && self.ordered {
             self.stream_of(&subject).await?
         } else {
             routed_stream
         };
         let copy = (self.dead_letter.is_some() && !is_dead_letter).then(|| message.clone());
-        let msg_id = message::msg_id(&message);
+        let msg_id = stream.as_ref().and_then(|_| message::msg_id(&message));
         let mut headers = message.headers;
         if let (false, Some(last)) = (is_dead_letter, &expected) {
             headers.insert(message::EXPECTED_LAST_HEADER, last.as_str());
@@ -346,7 +352,7 @@ impl NatsSink {
 
     /// The `Nats-Expected-Last-Msg-Id` a message routed into `stream` carries: none for a dead
     /// letter, without `nats.ordered`, or for the session's first message there.
-    fn expected_last(&self, stream: &Option<String>, is_dead_letter: bool) -> Option<String> {
+    fn expected_last(&self, stream: &Option<Arc<str>>, is_dead_letter: bool) -> Option<String> {
         if !self.ordered || is_dead_letter || self.unchained.load(Ordering::Relaxed) {
             return None;
         }

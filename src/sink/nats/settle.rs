@@ -30,7 +30,7 @@ pub(super) struct Published {
     pub ticket: Ticket,
     pub subject: String,
     /// The stream whose last message this one was published after (`Nats-Expected-Last-Msg-Id`).
-    pub stream: Option<String>,
+    pub stream: Option<Arc<str>>,
     pub enqueued: Instant,
     pub ack: PublishAckFuture,
     pub room: Room,
@@ -44,7 +44,7 @@ pub(super) struct Published {
 struct Unsettled {
     ticket: Ticket,
     subject: String,
-    stream: Option<String>,
+    stream: Option<Arc<str>>,
     enqueued: Instant,
     copy: Option<Message>,
     dead_lettered: bool,
