@@ -5,7 +5,7 @@
 //! the pipeline's own reconnect loop handles servers that are merely not up yet.
 
 use crate::checkpoint::{Access, Store};
-use crate::config::{Config, SourceDb};
+use crate::config::{Config, SourceDb, SourceKind};
 pub use crate::preflight::{Item, Status};
 
 pub struct Report {
@@ -106,23 +106,19 @@ pub async fn run(config: &Config) -> Report {
     });
     let wanted = config.route.columns();
     let mut spared = Vec::new();
-    match &config.source.db {
-        SourceDb::Mysql(_) => {
-            let hosts = mysql_hosts(config, position, &wanted).await;
-            spared = spare_hosts(&hosts);
-            items.extend(hosts.into_iter().flatten());
-            items.extend(spared.iter().map(|host| {
-                Item::warn(
-                    host,
-                    "`run` starts anyway while another host passes; a session that reaches this host is refused by it and moves on",
-                    "fix this host's FAIL lines; until then the pipeline has one failover host less",
-                )
-            }));
-        }
-        SourceDb::Postgres(own) => items.extend(
-            crate::source::postgres::preflight(&config.source, own, position, &wanted).await,
-        ),
+    let hosts = source_hosts(config, position, &wanted).await;
+    // A Postgres host's FAIL is not a session's refusal of that host (see `spare_hosts`).
+    if config.source.kind() == SourceKind::Mysql {
+        spared = spare_hosts(&hosts);
     }
+    items.extend(hosts.into_iter().flatten());
+    items.extend(spared.iter().map(|host| {
+        Item::warn(
+            host,
+            "`run` starts anyway while another host passes; a session that reaches this host is refused by it and moves on",
+            "fix this host's FAIL lines; until then the pipeline has one failover host less",
+        )
+    }));
     if let Some(prune) = &config.prune {
         items.extend(crate::retention::preflight(prune, &config.source).await);
     }
@@ -139,7 +135,7 @@ pub async fn run(config: &Config) -> Report {
 }
 
 /// The preflight of each host of `source.url`; with several, each host's lines name it.
-async fn mysql_hosts(
+async fn source_hosts(
     config: &Config,
     position: Option<&crate::source::Position>,
     wanted: &[String],
@@ -149,9 +145,14 @@ async fn mysql_hosts(
     let mut hosts = Vec::with_capacity(urls.len());
     for url in urls {
         let one = config.source.with_url(url.clone());
-        let mut found = crate::source::mysql::preflight(&one, position, wanted).await;
+        let mut found = match &one.db {
+            SourceDb::Mysql(_) => crate::source::mysql::preflight(&one, position, wanted).await,
+            SourceDb::Postgres(own) => {
+                crate::source::postgres::preflight(&one, own, position, wanted, several).await
+            }
+        };
         if several {
-            let subject = format!("mysql {}", host_of(&url));
+            let subject = format!("{} {}", one.kind().as_str(), host_of(&url));
             found.iter_mut().for_each(|i| i.subject = subject.clone());
         }
         hosts.push(found);

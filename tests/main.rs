@@ -19,6 +19,7 @@ mod nats;
 mod network;
 mod operate;
 mod partitioning;
+mod postgres_failover;
 mod postgres_pipeline;
 mod prune;
 mod rabbitmq;

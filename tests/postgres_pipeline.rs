@@ -46,7 +46,7 @@ fn setup_with_server(name: &str, schema: &str, extra_kafka: &str, server_conf: &
 }
 
 /// [`setup_with_server`] on PostgreSQL `major`.
-fn setup_on(
+pub(crate) fn setup_on(
     major: u32,
     name: &str,
     schema: &str,

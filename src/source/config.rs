@@ -119,8 +119,8 @@ struct RawSource {
     /// The database: `mysql` (MySQL 5.7/8/9, MariaDB 10.5+) or `postgres` (14+).
     kind: SourceKind,
     /// The reader's user and the server: `mysql://cdc@db:3306/app` or `postgres://cdc@db:5432/app`
-    /// (a replica is fine). MySQL/MariaDB: several hosts (`mysql://cdc@r1:3306,r2:3306/app`) are
-    /// tried in order on failover. The password may ride in it, but `password_file` or
+    /// (a replica is fine). Several hosts (`mysql://cdc@r1:3306,r2:3306/app`, or a Postgres primary
+    /// and its standbys) are tried in order on failover. The password may ride in it, but `password_file` or
     /// `OUTBOXD_SOURCE__PASSWORD` keep it out of the file.
     url: String,
     /// The password (set it as `OUTBOXD_SOURCE__PASSWORD` rather than in the file); never logged.
@@ -349,13 +349,6 @@ impl SourceConfig {
                 "source.url",
                 format!("{} is not a valid URL", redact_url(&self.url)),
                 "percent-encode special characters in the user and password",
-            );
-        }
-        if urls.len() > 1 && self.kind() != SourceKind::Mysql {
-            return bad(
-                "source.url",
-                "several hosts are supported for MySQL/MariaDB sources only".into(),
-                "list one host",
             );
         }
         if self.password.is_some() && self.password_file.is_some() {

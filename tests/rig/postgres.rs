@@ -252,6 +252,99 @@ impl Postgres {
         self.wait_ready();
     }
 
+    /// `pg_ctl stop -m immediate`: the server dies as in a crash (no shutdown checkpoint, walsenders
+    /// cut off), as a failed primary does.
+    pub fn stop_immediate(&self) {
+        self.pg_ctl(&["-m", "immediate", "-w", "stop"]);
+    }
+
+    /// A physical standby of this server, streaming from it through the physical slot `slot` (its
+    /// `application_name` too) with `hot_standby_feedback`; `extra` lines go into its
+    /// postgresql.conf. The copy is a cold one (this server stops for it and starts again), which
+    /// needs no client tool of this major; the slot, made first, keeps the WAL the standby needs.
+    /// `primary_conninfo` names database `postgres`, which slot synchronization (17+) connects to.
+    /// Returns once the standby streams.
+    pub fn start_standby(&self, slot: &str, extra: &[&str]) -> Postgres {
+        self.sql(
+            "postgres",
+            &format!("SELECT pg_create_physical_replication_slot('{slot}', true);"),
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("outboxd-postgres-standby-")
+            .tempdir()
+            .unwrap();
+        let root = dir.path();
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700)).unwrap();
+        self.stop_fast();
+        let out = Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", self.dir().display()))
+            .arg(root)
+            .output()
+            .expect("cp");
+        assert!(out.status.success(), "copying the data directory: {out:?}");
+        self.start_again();
+        if as_root() {
+            let user = nix::unistd::User::from_name(OS_USER).unwrap().unwrap();
+            nix::unistd::chown(root, Some(user.uid), Some(user.gid)).unwrap();
+        }
+        let port = free_port();
+        let standby = Postgres {
+            log: root.join("postgres.log"),
+            dir,
+            port,
+            bin: self.bin.clone(),
+        };
+        // The primary's log came along with the copy.
+        std::fs::write(&standby.log, b"").unwrap();
+        // Later lines win: the copy's own port and socket directory, then the standby's settings.
+        let conf = format!(
+            "\n# standby of {primary}\nport={port}\nunix_socket_directories='{d}'\n\
+             primary_conninfo='host=127.0.0.1 port={primary} user={OS_USER} dbname=postgres application_name={slot}'\n\
+             primary_slot_name='{slot}'\nhot_standby_feedback=on\n{extra}\n",
+            primary = self.port,
+            d = standby.dir().display(),
+            extra = extra.join("\n"),
+        );
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(standby.dir().join("postgresql.conf"))
+            .unwrap()
+            .write_all(conf.as_bytes())
+            .unwrap();
+        let signal = standby.dir().join("standby.signal");
+        std::fs::write(&signal, b"").unwrap();
+        if as_root() {
+            let user = nix::unistd::User::from_name(OS_USER).unwrap().unwrap();
+            for path in [&signal, &standby.log] {
+                nix::unistd::chown(path, Some(user.uid), Some(user.gid)).unwrap();
+            }
+        }
+        standby.pg_ctl(&["-w", "start"]);
+        standby.wait_ready();
+        wait_until("the standby to stream", Duration::from_secs(60), || {
+            self.sql(
+                "postgres",
+                &format!(
+                    "SELECT count(*) FROM pg_stat_replication WHERE application_name = '{slot}' AND state = 'streaming';"
+                ),
+            )
+            .trim()
+                == "1"
+        });
+        standby
+    }
+
+    /// Promotes this standby (`pg_ctl promote`, waiting until it accepts writes).
+    pub fn promote(&self) {
+        self.pg_ctl(&["-w", "promote"]);
+        wait_until(
+            "the promoted server to leave recovery",
+            Duration::from_secs(60),
+            || self.sql("postgres", "SELECT pg_is_in_recovery();").trim() == "f",
+        );
+    }
+
     /// The postmaster's pid, from the first line of `postmaster.pid` (None when no server runs).
     pub fn postmaster_pid(&self) -> Option<nix::unistd::Pid> {
         let text = std::fs::read_to_string(self.dir().join("postmaster.pid")).ok()?;

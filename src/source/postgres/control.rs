@@ -31,8 +31,11 @@ pub struct ConnInfo {
 }
 
 impl ConnInfo {
+    /// The first host of `source.url` (a session of the pipeline gets a config naming the host it
+    /// reads).
     pub fn from_config(config: &SourceConfig) -> Result<ConnInfo> {
-        let url = url::Url::parse(&config.url)
+        let first = config.urls().into_iter().next().unwrap_or_default();
+        let url = url::Url::parse(&first)
             .map_err(|e| Error::config(format!("source.url {}: {e}", redact_url(&config.url))))?;
         let bad = |what: &str| {
             Error::config(format!(
@@ -86,7 +89,7 @@ impl ConnInfo {
             user: decode(user),
             password,
             dbname: decode(dbname),
-            shown: redact_url(&config.url),
+            shown: redact_url(&first),
             application_name: application_name.unwrap_or_else(|| "outboxd".to_string()),
             tls: TlsSettings::of(config)?.load()?,
         })
@@ -217,6 +220,45 @@ pub enum SlotHolder {
 
 /// The oldest server outboxd reads, as `server_version_num`.
 pub const MIN_SERVER: i32 = 140_000;
+/// Logical decoding on a standby came in 16.
+pub const STANDBY_DECODING: i32 = 160_000;
+/// Failover slots (`failover`, `synced`, `sync_replication_slots`) came in 17.
+pub const FAILOVER_SLOTS: i32 = 170_000;
+
+/// The server's version and whether it is a standby (in recovery).
+#[derive(Debug, Clone)]
+pub struct Server {
+    /// `server_version_num`, e.g. 170011.
+    pub number: i32,
+    /// `server_version`, e.g. "17.11".
+    pub version: String,
+    pub standby: bool,
+}
+
+impl Server {
+    /// Whether a slot made here is made a failover slot: on a 17+ primary, so that standbys with
+    /// `sync_replication_slots` keep a copy a promotion can continue from. Harmless without
+    /// standbys; a standby cannot make one.
+    pub fn failover_slots(&self) -> bool {
+        self.number >= FAILOVER_SLOTS && !self.standby
+    }
+
+    /// The major version, e.g. 17.
+    pub fn major(&self) -> i32 {
+        self.number / 10_000
+    }
+}
+
+/// A logical slot as `pg_replication_slots` shows it.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotState {
+    pub confirmed: u64,
+    pub temporary: bool,
+    /// 17+: the primary's slot is copied to standbys that synchronize slots.
+    pub failover: bool,
+    /// 17+: this is such a copy (on a standby; left over on a promoted one).
+    pub synced: bool,
+}
 
 impl Control {
     pub async fn connect(info: &ConnInfo) -> Result<Control> {
@@ -264,27 +306,65 @@ impl Control {
         })
     }
 
-    /// Refuses a server older than [`MIN_SERVER`]: `pgoutput` takes the `messages` option (the
-    /// heartbeat and the table-less outbox ride on logical decoding messages) from 14 on, and 13
-    /// would answer the replication command with "unrecognized pgoutput option".
-    pub async fn refuse_unsupported(&self) -> Result<()> {
+    /// A connection to the first host of `source.url` that answers and is a primary, or, when none
+    /// is, to the first that answers (one-shot commands: `snapshot`, `replay`'s end; a pipeline's
+    /// session names its host itself). With one host, that host.
+    pub async fn connect_primary(config: &SourceConfig) -> Result<(ConnInfo, Control)> {
+        let urls = config.urls();
+        if urls.len() < 2 {
+            let info = ConnInfo::from_config(config)?;
+            let control = Control::connect(&info).await?;
+            return Ok((info, control));
+        }
+        let mut standby = None;
+        let mut failed = None;
+        for url in urls {
+            let info = ConnInfo::from_config(&config.with_url(url))?;
+            match Control::connect(&info).await {
+                Ok(control) => match control.server().await {
+                    Ok(server) if !server.standby => return Ok((info, control)),
+                    Ok(_) => {
+                        standby.get_or_insert((info, control));
+                    }
+                    Err(e) => failed = Some(e),
+                },
+                Err(e) if e.is_transient() => failed = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        match (standby, failed) {
+            (Some(found), _) => Ok(found),
+            (None, Some(e)) => Err(e),
+            (None, None) => Err(Error::config("source.url lists no host")),
+        }
+    }
+
+    /// The server's version and role, refusing one older than [`MIN_SERVER`]: `pgoutput` takes the
+    /// `messages` option (the heartbeat and the table-less outbox ride on logical decoding
+    /// messages) from 14 on, and 13 would answer the replication command with "unrecognized
+    /// pgoutput option".
+    pub async fn server(&self) -> Result<Server> {
         let row = self
             .client
             .query_one(
-                "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
+                "SELECT current_setting('server_version_num')::int, current_setting('server_version'), pg_is_in_recovery()",
                 &[],
             )
             .await
             .map_err(|e| self.failed("reading the server's version", e))?;
-        let (number, version): (i32, String) = (row.get(0), row.get(1));
-        if number < MIN_SERVER {
+        let server = Server {
+            number: row.get(0),
+            version: row.get(1),
+            standby: row.get(2),
+        };
+        if server.number < MIN_SERVER {
             return Err(Error::source(format!(
-                "{}: PostgreSQL {version} is too old: outboxd reads PostgreSQL 14 and later (pgoutput's logical decoding messages, which carry its heartbeat and the table-less outbox, came in 14)",
-                self.shown
+                "{}: PostgreSQL {} is too old: outboxd reads PostgreSQL 14 and later (pgoutput's logical decoding messages, which carry its heartbeat and the table-less outbox, came in 14)",
+                self.shown, server.version
             ))
             .remedy("point source.url at PostgreSQL 14 or later (upgrade the server, or read a newer replica)"));
         }
-        Ok(())
+        Ok(server)
     }
 
     /// The TLS protocol version and cipher of this connection (`pg_stat_ssl`), None in plain text.
@@ -455,42 +535,56 @@ impl Control {
         Ok(partitions)
     }
 
-    /// The slot's `confirmed_flush_lsn`, creating the slot (pgoutput) if missing.
-    pub async fn ensure_slot(&self, slot: &str) -> Result<u64> {
-        if let Some(lsn) = self.slot_confirmed(slot).await? {
-            return Ok(lsn);
+    /// Creates the slot (pgoutput) and returns its `confirmed_flush_lsn`. On a 17+ primary it is a
+    /// failover slot ([`Server::failover_slots`]).
+    pub async fn create_slot(&self, slot: &str, server: &Server) -> Result<u64> {
+        let failover = server.failover_slots();
+        let sql = if failover {
+            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+        } else {
+            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+        };
+        if server.standby {
+            tracing::info!(
+                slot,
+                "creating the replication slot on a standby: it waits for the primary's next record of running transactions (written every 15 s while the primary is busy; `SELECT pg_log_standby_snapshot()` on the primary writes one now)"
+            );
         }
-        let row = self
-            .client
-            .query_one(
-                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-                &[&slot],
+        let row = self.client.query_one(sql, &[&slot]).await.map_err(|e| {
+            self.failed("creating the replication slot", e).remedy(
+                "the user needs the REPLICATION attribute (ALTER ROLE … REPLICATION) and a free slot (max_replication_slots)",
             )
-            .await
-            .map_err(|e| {
-                self.failed("creating the replication slot", e).remedy(
-                    "the user needs the REPLICATION attribute (ALTER ROLE … REPLICATION) and a free slot (max_replication_slots)",
-                )
-            })?;
+        })?;
         let text: String = row.get(0);
-        tracing::info!(slot, lsn = %text, "created the replication slot");
+        tracing::info!(slot, lsn = %text, failover, "created the replication slot");
         parse_lsn(&text).ok_or_else(|| Error::source(format!("slot LSN {text:?} is not an LSN")))
     }
 
     /// The slot's `confirmed_flush_lsn`; `None` if there is no such slot. A slot of another plugin is
     /// an error.
     pub async fn slot_confirmed(&self, slot: &str) -> Result<Option<u64>> {
+        Ok(self.slot(slot).await?.map(|s| s.confirmed))
+    }
+
+    /// What `pg_replication_slots` says about `slot` in this database; `None` if there is no such
+    /// slot. A slot of another plugin is an error.
+    pub async fn slot(&self, slot: &str) -> Result<Option<SlotState>> {
+        // `failover` and `synced` came in 17.
         let row = self
             .client
             .query_opt(
-                "SELECT plugin, confirmed_flush_lsn::text FROM pg_replication_slots \
+                "SELECT to_jsonb(s)::text FROM pg_replication_slots s \
                  WHERE slot_name = $1 AND database = current_database()",
                 &[&slot],
             )
             .await
             .map_err(|e| self.failed("reading pg_replication_slots", e))?;
         let Some(row) = row else { return Ok(None) };
-        let plugin: Option<String> = row.get(0);
+        let state: serde_json::Value = serde_json::from_str(row.get(0))
+            .map_err(|e| Error::source(format!("reading pg_replication_slots: {e}")))?;
+        let text = |key: &str| state.get(key).and_then(|v| v.as_str()).map(str::to_string);
+        let flag = |key: &str| state.get(key).and_then(|v| v.as_bool()).unwrap_or(false);
+        let plugin = text("plugin");
         if plugin.as_deref() != Some("pgoutput") {
             return Err(Error::source(format!(
                 "replication slot {slot} uses plugin {}, not pgoutput",
@@ -498,8 +592,15 @@ impl Control {
             ))
             .remedy("set source.slot to another name (outboxd creates it), or drop that slot"));
         }
-        let lsn: Option<String> = row.get(1);
-        Ok(lsn.as_deref().and_then(parse_lsn).or(Some(0)))
+        Ok(Some(SlotState {
+            confirmed: text("confirmed_flush_lsn")
+                .as_deref()
+                .and_then(parse_lsn)
+                .unwrap_or(0),
+            temporary: flag("temporary"),
+            failover: flag("failover"),
+            synced: flag("synced"),
+        }))
     }
 
     /// Ends the connection that holds `slot` if it is one of this pipeline's (the same role and the

@@ -4,10 +4,17 @@
 //! Checkpoints hold a commit's *end LSN* (or a keepalive's WAL end when nothing was open), and a
 //! session starts replication at that LSN: Postgres skips transactions that committed before it. The
 //! slot's `confirmed_flush_lsn` is advanced only to LSNs already durable in the local checkpoint (the
-//! checkpoint's [`Durable`] handle says which), so the server never discards WAL we may still need. If
-//! the slot is ahead of the checkpoint (someone else consumed it), we say so and start at the slot:
-//! the server cannot go back. Without a checkpoint the stream starts at the slot's position, which for
-//! a slot outboxd just created is "now".
+//! checkpoint's [`Durable`] handle says which), so the server never discards WAL we may still need. A
+//! slot that is missing, or ahead of the checkpoint, no longer holds the changes since it (a failover
+//! to a server without a copy of the slot, a slot made anew, another consumer): that is refused,
+//! never skipped over. Without a checkpoint the stream starts at the slot's position, which for a
+//! slot outboxd just created is "now".
+//!
+//! ## Failover
+//! `source.url` may list the primary and its physical standbys. On 17+ the slot outboxd creates on
+//! a primary is a failover slot, which standbys with `sync_replication_slots` keep a copy of; a
+//! standby refuses to serve from that copy until it is promoted (its host's refusal, so the next
+//! host is tried), and after the promotion the stream continues from it at the checkpoint.
 //!
 //! ## Liveness
 //! With `heartbeat_interval_ms`, outboxd emits a non-transactional `pg_logical_emit_message` on the
@@ -36,8 +43,8 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 
-use self::control::SlotHolder;
 pub use self::control::{quote_table, ConnInfo, Control};
+use self::control::{Server, SlotHolder, SlotState, STANDBY_DECODING};
 pub use self::decoder::{position, HEARTBEAT_PREFIX};
 use self::decoder::{Decoder, Step};
 use self::lsn::lsn_to_string;
@@ -90,60 +97,13 @@ impl PostgresSource {
     ) -> Result<PostgresSource> {
         let info = ConnInfo::from_config(config)?;
         let control = Control::connect(&info).await?;
-        control.refuse_unsupported().await?;
+        let server = control.server().await?;
         let source = config;
+        let slot = usable_slot(&control, &server, &info, own).await?;
         control
             .ensure_publication(&own.publication, &source.tables)
             .await?;
-        let slot_lsn = match resume {
-            // With a checkpoint, a missing slot means the changes since it are gone with the slot:
-            // creating a new one would silently skip them.
-            Some(_) => control.slot_confirmed(&own.slot).await?.ok_or_else(|| {
-                Error::source(format!(
-                    "replication slot {} does not exist, but a checkpoint does: the changes since the checkpoint went with the slot (dropped, or a failover to a server without it)",
-                    own.slot
-                ))
-                .remedy("if losing those changes is acceptable, run `outboxd checkpoint reset` (outboxd then creates the slot at the current end); otherwise restore the slot before starting")
-            })?,
-            None => control.ensure_slot(&own.slot).await?,
-        };
-        let start = match resume {
-            Some((stored, position)) => {
-                if stored.kind != SourceKind::Postgres {
-                    return Err(Error::checkpoint(format!(
-                        "the checkpoint belongs to a {} source, but source.kind is postgres",
-                        stored.kind.as_str()
-                    ))
-                    .remedy("point checkpoint.dir or name at this source's checkpoint"));
-                }
-                if let Some(slot) = stored.slot.as_deref().filter(|s| *s != own.slot) {
-                    return Err(Error::checkpoint(format!(
-                        "the checkpoint was written for replication slot {slot}, but own.slot is {}",
-                        own.slot
-                    ))
-                    .remedy("set own.slot back, or `outboxd checkpoint reset` to start the new slot at the current end"));
-                }
-                let lsn = position.lsn()?.0;
-                if slot_lsn > lsn {
-                    tracing::warn!(
-                        checkpoint = %lsn_to_string(lsn),
-                        slot = %lsn_to_string(slot_lsn),
-                        "the slot is ahead of the checkpoint (it was consumed elsewhere): starting at the slot, the server cannot go back"
-                    );
-                    slot_lsn
-                } else {
-                    lsn
-                }
-            }
-            None => {
-                tracing::warn!(
-                    slot = %own.slot,
-                    lsn = %lsn_to_string(slot_lsn),
-                    "no checkpoint: starting at the slot's position (for a new slot: now)"
-                );
-                slot_lsn
-            }
-        };
+        let start = start_position(&control, &server, own, slot, resume).await?;
         let heartbeat = Duration::from_millis(source.heartbeat_interval_ms);
         let mut conn = within(Connection::open(&info), &info.shown).await?;
         let system = within(conn.identify_system(), &info.shown).await?;
@@ -368,6 +328,108 @@ impl PostgresSource {
     }
 }
 
+/// The slot on this server, if it has one outboxd may read here. A standby is read only from 16
+/// on, and not through a synchronized copy of the primary's failover slot (17+): that copy is for
+/// after a promotion (Postgres refuses to decode from it before). Both are this host's refusal, so
+/// a `source.url` listing the primary and its standbys moves on to the next host.
+async fn usable_slot(
+    control: &Control,
+    server: &Server,
+    info: &ConnInfo,
+    own: &PostgresOptions,
+) -> Result<Option<SlotState>> {
+    let slot = control.slot(&own.slot).await?;
+    if !server.standby {
+        return Ok(slot);
+    }
+    if server.number < STANDBY_DECODING {
+        return Err(Error::source(format!(
+            "{} is a standby (in recovery) of PostgreSQL {}, which cannot decode logically: that came in PostgreSQL 16",
+            info.shown, server.version
+        ))
+        .remedy("point source.url at the primary (list it first, with its standbys after it for failover), or upgrade to 16 or later to read a standby")
+        .refused_by_host());
+    }
+    if slot.is_some_and(|s| s.synced) {
+        return Err(Error::source(format!(
+            "{} is a standby, and its slot {} is a synchronized copy of the primary's failover slot: Postgres lets it be read only once this standby is promoted",
+            info.shown, own.slot
+        ))
+        .remedy("list the primary in source.url as well: outboxd reads the primary, and continues on this standby from the copy after a promotion")
+        .refused_by_host());
+    }
+    Ok(slot)
+}
+
+/// Where the stream starts: the checkpoint's LSN on the slot that kept the changes since it, or,
+/// without a checkpoint, the slot's position (created now if missing: "now").
+///
+/// With a checkpoint, a slot that is missing or ahead of it is refused (this host's refusal): the
+/// changes in between are not in this slot, and starting anyway would skip them without a word.
+/// That is what a failover to a server without a copy of the slot, or a slot made anew there,
+/// looks like; also a slot someone else consumed. The remedy says how to re-send or accept.
+async fn start_position(
+    control: &Control,
+    server: &Server,
+    own: &PostgresOptions,
+    slot: Option<SlotState>,
+    resume: Option<(&SourceIdentity, &Position)>,
+) -> Result<u64> {
+    let Some((stored, position)) = resume else {
+        let lsn = match slot {
+            Some(s) => s.confirmed,
+            None => control.create_slot(&own.slot, server).await?,
+        };
+        tracing::warn!(
+            slot = %own.slot,
+            lsn = %lsn_to_string(lsn),
+            "no checkpoint: starting at the slot's position (for a new slot: now)"
+        );
+        return Ok(lsn);
+    };
+    if stored.kind != SourceKind::Postgres {
+        return Err(Error::checkpoint(format!(
+            "the checkpoint belongs to a {} source, but source.kind is postgres",
+            stored.kind.as_str()
+        ))
+        .remedy("point checkpoint.dir or name at this source's checkpoint"));
+    }
+    if let Some(name) = stored.slot.as_deref().filter(|s| *s != own.slot) {
+        return Err(Error::checkpoint(format!(
+            "the checkpoint was written for replication slot {name}, but own.slot is {}",
+            own.slot
+        ))
+        .remedy("set own.slot back, or `outboxd checkpoint reset` to start the new slot at the current end"));
+    }
+    let lsn = position.lsn()?.0;
+    let resend = "the rows are still in the outbox tables unless pruned: `outboxd snapshot --where \"created_at >= '…'\"` re-sends those written since the checkpoint (`outboxd checkpoint show` gives its time), with their ids";
+    let Some(slot) = slot else {
+        return Err(Error::source(format!(
+            "replication slot {} does not exist on this server, but a checkpoint does (at {}): the changes since then went with the slot (dropped, or a failover to a server that had no synchronized copy of it)",
+            own.slot,
+            lsn_to_string(lsn)
+        ))
+        .remedy(format!(
+            "if the slot is on another server of this cluster, list that server in source.url; otherwise {resend}, then `outboxd checkpoint reset` starts a new slot at the current end. Against the next failover: PostgreSQL 17+ keeps a failover slot on standbys with sync_replication_slots = on (see the Postgres source guide)"
+        ))
+        .refused_by_host());
+    };
+    if slot.confirmed > lsn {
+        return Err(Error::source(format!(
+            "replication slot {} starts at {}, after the checkpoint ({}): the changes in between are not in it (it was made anew after the checkpoint, as after a failover to a server without a synchronized copy, or another consumer took them)",
+            own.slot,
+            lsn_to_string(slot.confirmed),
+            lsn_to_string(lsn)
+        ))
+        .remedy(format!(
+            "{resend}; then accept the gap with `outboxd checkpoint set {}`. Give each pipeline its own source.slot",
+            lsn_to_string(slot.confirmed)
+        ))
+        .refused_by_host());
+    }
+    Ok(lsn)
+}
+
 async fn tick(ticker: &mut Option<tokio::time::Interval>) {
     match ticker {
         Some(t) => {
@@ -390,7 +452,7 @@ async fn within<T>(step: impl std::future::Future<Output = Result<T>>, server: &
 
 /// The server's current WAL position, for `replay` and tests.
 pub async fn current_end_position(config: &SourceConfig) -> Result<Position> {
-    let control = Control::connect(&ConnInfo::from_config(config)?).await?;
+    let (_, control) = Control::connect_primary(config).await?;
     Ok(position(control.current_lsn().await?))
 }
 

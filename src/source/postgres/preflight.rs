@@ -1,7 +1,10 @@
 //! Postgres preflight: logical WAL, the REPLICATION attribute, the slot, the publication and the tables.
 
-use super::control::{quote_table, refuses_plain_text, ConnInfo, Control};
-use super::lsn::{lsn_to_string, parse_lsn};
+use super::control::{
+    quote_table, refuses_plain_text, ConnInfo, Control, Server, SlotState, FAILOVER_SLOTS,
+    STANDBY_DECODING,
+};
+use super::lsn::lsn_to_string;
 use super::socket::Protection;
 use super::stream::Connection;
 use crate::preflight::{routed_columns_item, Item};
@@ -10,13 +13,15 @@ use crate::source::Position;
 
 const SUBJECT: &str = "postgres";
 
-/// Checks the server behind `config` for what outboxd needs; `checkpoint` is the stored position,
-/// `wanted` the columns the route reads.
+/// Checks the server behind `config` (its first host) for what outboxd needs; `checkpoint` is the
+/// stored position, `wanted` the columns the route reads, `several` whether `source.url` lists
+/// more hosts (a primary and its standbys, for failover).
 pub async fn preflight(
     config: &SourceConfig,
     own: &PostgresOptions,
     checkpoint: Option<&Position>,
     wanted: &[String],
+    several: bool,
 ) -> Vec<Item> {
     let mut items = Vec::new();
     let info = match ConnInfo::from_config(config) {
@@ -50,15 +55,19 @@ pub async fn preflight(
         }
     };
     items.push(tls_item(&control, &info).await);
-    if let Err(e) = control.refuse_unsupported().await {
-        items.push(Item::fail(
-            SUBJECT,
-            e.message(),
-            e.remedy_text().unwrap_or(""),
-        ));
-        return items;
-    }
-    if let Err(e) = check(&control, config, own, checkpoint, wanted, &mut items).await {
+    let server = match control.server().await {
+        Ok(server) => server,
+        Err(e) => {
+            items.push(Item::fail(
+                SUBJECT,
+                e.message(),
+                e.remedy_text().unwrap_or(""),
+            ));
+            return items;
+        }
+    };
+    let read = (wanted, several);
+    if let Err(e) = check(&control, &server, config, own, checkpoint, read, &mut items).await {
         items.push(Item::unreachable(
             SUBJECT,
             format!("checking {} failed: {e}", info.shown),
@@ -70,10 +79,11 @@ pub async fn preflight(
 
 async fn check(
     control: &Control,
+    server: &Server,
     config: &SourceConfig,
     own: &PostgresOptions,
     checkpoint: Option<&Position>,
-    wanted: &[String],
+    (wanted, several): (&[String], bool),
     items: &mut Vec<Item>,
 ) -> Result<(), tokio_postgres::Error> {
     let client = control.client();
@@ -133,63 +143,7 @@ async fn check(
             "GRANT pg_read_all_stats TO <user>; (optional: lets outboxd wait for a walsender that is still reading WAL)",
         ));
     }
-    let slot = &own.slot;
-    let slot_row = client
-        .query_opt(
-            "SELECT plugin, confirmed_flush_lsn::text, active FROM pg_replication_slots WHERE slot_name = $1",
-            &[slot],
-        )
-        .await?;
-    match slot_row {
-        Some(r) => {
-            let plugin: Option<String> = r.get(0);
-            let confirmed: Option<String> = r.get(1);
-            if plugin.as_deref() == Some("pgoutput") {
-                items.push(Item::pass(
-                    SUBJECT,
-                    format!(
-                        "slot {slot} exists (pgoutput, confirmed {})",
-                        confirmed.clone().unwrap_or_default()
-                    ),
-                ));
-            } else {
-                items.push(Item::fail(
-                    SUBJECT,
-                    format!("slot {slot} uses plugin {}", plugin.unwrap_or_default()),
-                    "set source.slot to another name (outboxd creates it) or drop that slot",
-                ));
-            }
-            if let (Some(c), Some(cp)) = (confirmed.as_deref().and_then(parse_lsn), checkpoint) {
-                if let Ok(super::Lsn(lsn)) = cp.lsn() {
-                    if c > lsn {
-                        items.push(Item::warn(
-                            SUBJECT,
-                            format!("slot {slot} is ahead of the checkpoint ({} > {}): changes in between were consumed elsewhere", lsn_to_string(c), lsn_to_string(lsn)),
-                            "make sure only this outboxd pipeline uses the slot",
-                        ));
-                    }
-                }
-            }
-        }
-        None => {
-            let used: i64 = client
-                .query_one("SELECT count(*) FROM pg_replication_slots", &[])
-                .await?
-                .get(0);
-            if used < max_slots as i64 {
-                items.push(Item::pass(
-                    SUBJECT,
-                    format!("slot {slot} will be created at start"),
-                ));
-            } else {
-                items.push(Item::fail(
-                    SUBJECT,
-                    format!("slot {slot} does not exist and all {max_slots} slots are in use"),
-                    "raise max_replication_slots (restart needed) or drop an unused slot",
-                ));
-            }
-        }
-    }
+    slot_items(control, server, own, checkpoint, several, max_slots, items).await?;
     let publication = &own.publication;
     let publication_row = client
         .query_opt(
@@ -244,6 +198,200 @@ async fn check(
                 ),
             ));
         }
+    }
+    Ok(())
+}
+
+/// The slot's lines: it exists (or will be made), holds the changes since the checkpoint, and, where
+/// standbys are involved, survives a promotion (see `failover_items`).
+async fn slot_items(
+    control: &Control,
+    server: &Server,
+    own: &PostgresOptions,
+    checkpoint: Option<&Position>,
+    several: bool,
+    max_slots: i32,
+    items: &mut Vec<Item>,
+) -> Result<(), tokio_postgres::Error> {
+    let name = &own.slot;
+    let slot = match control.slot(name).await {
+        Ok(slot) => slot,
+        Err(e) => {
+            items.push(Item::fail(
+                SUBJECT,
+                e.message(),
+                e.remedy_text().unwrap_or(""),
+            ));
+            return Ok(());
+        }
+    };
+    let checkpoint_lsn = checkpoint.and_then(|c| c.lsn().ok()).map(|l| l.0);
+    if server.standby && server.number < STANDBY_DECODING {
+        items.push(Item::fail(
+            SUBJECT,
+            format!("this server is a standby of PostgreSQL {}, which cannot decode logically (that came in 16)", server.version),
+            "point source.url at the primary (list it first, with its standbys after it for failover), or upgrade to 16 or later to read a standby",
+        ));
+        return Ok(());
+    }
+    match (slot, checkpoint_lsn) {
+        (Some(s), _) if s.synced && server.standby => {
+            if !several {
+                items.push(Item::fail(
+                    SUBJECT,
+                    format!("this server is a standby, and slot {name} here is a synchronized copy of the primary's failover slot: Postgres lets it be read only after a promotion"),
+                    "list the primary in source.url as well: outboxd reads the primary, and continues here from the copy after a promotion",
+                ));
+            }
+        }
+        (Some(s), Some(lsn)) if s.confirmed > lsn => items.push(Item::fail(
+            SUBJECT,
+            format!(
+                "slot {name} starts at {}, after the checkpoint ({}): the changes in between are not in it (made anew after the checkpoint, or consumed elsewhere); run refuses to skip them",
+                lsn_to_string(s.confirmed),
+                lsn_to_string(lsn)
+            ),
+            format!("re-send what the outbox got since the checkpoint with `outboxd snapshot --where …`, then `outboxd checkpoint set {}`; give each pipeline its own source.slot", lsn_to_string(s.confirmed)),
+        )),
+        (Some(s), _) => items.push(Item::pass(
+            SUBJECT,
+            format!("slot {name} exists (pgoutput, confirmed {})", lsn_to_string(s.confirmed)),
+        )),
+        (None, Some(lsn)) if several => items.push(Item::warn(
+            SUBJECT,
+            format!("slot {name} is not on this server, but a checkpoint is (at {}): a session here is refused, and outboxd moves on to the next host", lsn_to_string(lsn)),
+            "if this server is to take over after a failover, make it keep a synchronized copy of the slot (see the failover lines)",
+        )),
+        (None, Some(lsn)) => items.push(Item::fail(
+            SUBJECT,
+            format!("slot {name} does not exist, but a checkpoint does (at {}): the changes since then went with the slot", lsn_to_string(lsn)),
+            "list the server that has the slot in source.url; otherwise re-send what the outbox got since the checkpoint with `outboxd snapshot --where …`, then `outboxd checkpoint reset`",
+        )),
+        (None, None) => {
+            let used: i64 = control
+                .client()
+                .query_one("SELECT count(*) FROM pg_replication_slots", &[])
+                .await?
+                .get(0);
+            if used >= max_slots as i64 {
+                items.push(Item::fail(
+                    SUBJECT,
+                    format!("slot {name} does not exist and all {max_slots} slots are in use"),
+                    "raise max_replication_slots (restart needed) or drop an unused slot",
+                ));
+            } else if server.standby && several {
+                // failover_items says what this standby lacks.
+            } else {
+                let kind = if server.failover_slots() { " (a failover slot)" } else { "" };
+                let wait = if server.standby { "; on a standby that waits for the primary's next record of running transactions (`SELECT pg_log_standby_snapshot()` on the primary writes one)" } else { "" };
+                items.push(Item::pass(
+                    SUBJECT,
+                    format!("slot {name} will be created at start{kind}{wait}"),
+                ));
+            }
+        }
+    }
+    failover_items(control, server, name, slot, several, items).await
+}
+
+/// Whether a promotion keeps the slot. A primary (17+) with standbys, or listed with other hosts:
+/// the slot must be a failover slot, and `synchronized_standby_slots` must name the standbys (or a
+/// promoted standby may lack changes outboxd already forwarded); before 17 there are no failover
+/// slots. A standby listed for failover: it must keep a synchronized copy that is persistent (a
+/// copy stays `temporary` until the primary's slot has advanced past the standby's catalog xmin, and
+/// a temporary one is gone after a promotion).
+async fn failover_items(
+    control: &Control,
+    server: &Server,
+    name: &str,
+    slot: Option<SlotState>,
+    several: bool,
+    items: &mut Vec<Item>,
+) -> Result<(), tokio_postgres::Error> {
+    let client = control.client();
+    if server.standby {
+        let feedback: String = client
+            .query_one("SELECT current_setting('hot_standby_feedback')", &[])
+            .await?
+            .get(0);
+        if feedback != "on" {
+            items.push(Item::warn(
+                SUBJECT,
+                "hot_standby_feedback is off on this standby: the primary may remove catalog rows a slot here still needs (Postgres then invalidates the slot), and slots are not synchronized",
+                "ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf();",
+            ));
+        }
+        if !several {
+            return Ok(());
+        }
+        let sync_fix = "on this standby: sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name set and a dbname in primary_conninfo (PostgreSQL 17+); on the primary the slot a failover slot";
+        match slot {
+            Some(s) if s.synced && s.temporary => items.push(Item::warn(
+                SUBJECT,
+                format!("the copy of slot {name} on this standby is not persistent yet (temporary): a promotion now would lose it"),
+                "it persists once the primary's slot has advanced past this standby's catalog xmin: let outboxd forward rows for a while (SELECT synced, temporary FROM pg_replication_slots shows it)",
+            )),
+            Some(s) if s.synced => items.push(Item::pass(
+                SUBJECT,
+                format!("slot {name} here is a synchronized copy of the primary's failover slot: after a promotion outboxd continues from it"),
+            )),
+            Some(_) => items.push(Item::warn(
+                SUBJECT,
+                format!("slot {name} on this standby is its own, not a copy of the primary's: outboxd would read this standby through it when the primary is down"),
+                "drop it here (SELECT pg_drop_replication_slot(…)) and let the standby synchronize the primary's failover slot",
+            )),
+            None => items.push(Item::warn(
+                SUBJECT,
+                format!("slot {name} is not on this standby: after a promotion outboxd refuses to continue here (the changes since the checkpoint would be gone)"),
+                sync_fix,
+            )),
+        }
+        return Ok(());
+    }
+    let standbys: i64 = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'physical') + \
+             (SELECT count(*) FROM pg_stat_replication r WHERE NOT EXISTS \
+               (SELECT 1 FROM pg_replication_slots s WHERE s.active_pid = r.pid AND s.slot_type = 'logical'))",
+            &[],
+        )
+        .await?
+        .get(0);
+    if standbys == 0 && !several {
+        return Ok(());
+    }
+    if server.number < FAILOVER_SLOTS {
+        items.push(Item::warn(
+            SUBJECT,
+            format!("PostgreSQL {} has no failover slots: a promoted standby has no copy of slot {name}, and outboxd refuses to continue there", server.version),
+            "PostgreSQL 17+ keeps failover slots on standbys; until then, after a failover re-send what the outbox got since the checkpoint with `outboxd snapshot --where …`",
+        ));
+        return Ok(());
+    }
+    match slot {
+        Some(s) if !s.failover => items.push(Item::warn(
+            SUBJECT,
+            format!("slot {name} is not a failover slot: a promoted standby has no copy of it, and outboxd refuses to continue there"),
+            format!("psql \"dbname=… replication=database\" -c 'ALTER_REPLICATION_SLOT \"{name}\" (FAILOVER true)'; on the standbys sync_replication_slots = on"),
+        )),
+        Some(_) => items.push(Item::pass(SUBJECT, format!("slot {name} is a failover slot"))),
+        None => {}
+    }
+    let synchronized: String = client
+        .query_one("SELECT current_setting('synchronized_standby_slots')", &[])
+        .await?
+        .get(0);
+    if synchronized.trim().is_empty() {
+        items.push(Item::warn(
+            SUBJECT,
+            "synchronized_standby_slots is empty: outboxd may forward changes a standby has not received, and a promoted standby never had them (and its copy of the slot may lag)",
+            "ALTER SYSTEM SET synchronized_standby_slots = '<the standbys' physical slots>'; SELECT pg_reload_conf();",
+        ));
+    } else {
+        items.push(Item::pass(
+            SUBJECT,
+            format!("synchronized_standby_slots = '{synchronized}': outboxd is sent only what those standbys have"),
+        ));
     }
     Ok(())
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Statement;
 
-use super::control::{quote_ident, quote_table, ConnInfo, Control};
+use super::control::{quote_ident, quote_table, Control};
 use super::stream::Connection;
 use super::{position, within};
 use crate::error::{Error, Result};
@@ -44,8 +44,7 @@ pub struct Reader {
 /// Opens the snapshot transaction; with `exact`, in the snapshot exported by a new slot whose
 /// consistent point is `then` (see the module docs), otherwise `then` is the current WAL end.
 pub async fn begin(config: &SourceConfig, own: &PostgresOptions, exact: bool) -> Result<Begun> {
-    let info = ConnInfo::from_config(config)?;
-    let control = Control::connect(&info).await?;
+    let (info, control) = Control::connect_primary(config).await?;
     if !exact {
         let then = control.current_lsn().await?;
         open_read(&control, None).await?;
@@ -66,7 +65,11 @@ pub async fn begin(config: &SourceConfig, own: &PostgresOptions, exact: bool) ->
     let system = within(conn.identify_system(), &info.shown).await?;
     let then = match control.slot_confirmed(&own.slot).await? {
         None => {
-            let (lsn, snapshot) = within(conn.create_slot_exporting(&own.slot), &info.shown)
+            let failover = control.server().await?.failover_slots();
+            let (lsn, snapshot) = within(
+                conn.create_slot_exporting(&own.slot, failover),
+                &info.shown,
+            )
                 .await
                 .map_err(|e| {
                     e.remedy("the user needs the REPLICATION attribute (ALTER ROLE … REPLICATION) and a free slot (max_replication_slots)")

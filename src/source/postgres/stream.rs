@@ -368,11 +368,22 @@ impl Connection {
     /// `CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT`: the new slot's consistent point and the name of
     /// the snapshot it exports (every transaction committed before that point, none after), which
     /// another connection can import (`SET TRANSACTION SNAPSHOT`) while this one stays open and idle.
-    pub async fn create_slot_exporting(&mut self, slot: &str) -> Result<(u64, String)> {
+    /// With `failover` (17+ primaries), a failover slot.
+    pub async fn create_slot_exporting(
+        &mut self,
+        slot: &str,
+        failover: bool,
+    ) -> Result<(u64, String)> {
         let mut out = BytesMut::new();
+        // The option list came in 15; FAILOVER in 17.
+        let options = if failover {
+            "(SNAPSHOT 'export', FAILOVER true)"
+        } else {
+            "EXPORT_SNAPSHOT"
+        };
         frontend::query(
             &format!(
-                "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT",
+                "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput {options}",
                 quote_ident(slot)
             ),
             &mut out,

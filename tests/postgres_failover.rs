@@ -1,0 +1,263 @@
+//! A Postgres primary with a physical standby, listed together in `source.url`: under load the
+//! primary dies and the standby is promoted. On a failover slot (17+) outboxd continues on the new
+//! primary from the standby's synchronized copy of the slot and forwards exactly the rows that
+//! server has; without one it refuses to skip the changes since the checkpoint and says how to
+//! re-send them.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::postgres_pipeline::{insert_rows, insert_sql, setup_on, PgEnv, SCHEMA};
+use crate::rig::scenario::{
+    check_per_key_order, consume_distinct_events, n_of, transactions, LIMIT,
+};
+use crate::rig::{wait_until, Postgres};
+
+/// The physical slot (and `application_name`) of the standby.
+const STANDBY_SLOT: &str = "sb1";
+
+/// A primary of `major` with the outbox schema, a broker, a standby, and outboxd configured with
+/// both hosts (primary first). With `failover` (17+), the standby synchronizes failover slots and
+/// the primary sends logical changes only once the standby has them.
+fn primary_and_standby(major: u32, name: &str, failover: bool) -> (PgEnv, Postgres) {
+    let env = setup_on(major, name, SCHEMA, "", &[]);
+    let extra: &[&str] = if failover {
+        &["sync_replication_slots = on"]
+    } else {
+        &[]
+    };
+    let standby = env.pg.start_standby(STANDBY_SLOT, extra);
+    if failover {
+        env.pg.sql(
+            "postgres",
+            &format!("ALTER SYSTEM SET synchronized_standby_slots = '{STANDBY_SLOT}'; SELECT pg_reload_conf();"),
+        );
+    }
+    let path = env.outboxd.config_path();
+    let both = format!(
+        "postgres://cdc@127.0.0.1:{},127.0.0.1:{}/app",
+        env.pg.port, standby.port
+    );
+    let body = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace(&env.pg.url("cdc", "app"), &both);
+    std::fs::write(&path, body).unwrap();
+    (env, standby)
+}
+
+/// `check`'s output (stdout and stderr).
+fn check(env: &PgEnv) -> String {
+    let out = env.outboxd.command_output(&["check"]);
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The `n` of every outbox row `pg` holds.
+fn rows_on(pg: &Postgres) -> BTreeSet<u64> {
+    pg.sql("app", "SELECT payload->>'n' FROM public.outbox;")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.trim().parse().unwrap())
+        .collect()
+}
+
+/// Writes transactions of 5 rows from `from` on until the primary stops answering (it is stopped
+/// once `kill_after` rows are committed); returns where the writes stopped.
+fn write_until_the_primary_dies(pg: &Postgres, from: u64, kill_after: u64) -> u64 {
+    let next = AtomicU64::new(from);
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| loop {
+            let n = next.load(Ordering::SeqCst);
+            if pg
+                .try_sql("app", &transactions(n, n + 5, 5, insert_sql))
+                .is_err()
+            {
+                return n;
+            }
+            next.store(n + 5, Ordering::SeqCst);
+        });
+        wait_until("rows written under load", LIMIT, || {
+            next.load(Ordering::SeqCst) >= from + kill_after
+        });
+        pg.stop_immediate();
+        writer.join().unwrap()
+    })
+}
+
+fn the_slot_on(pg: &Postgres, slot: &str) -> String {
+    pg.sql(
+        "app",
+        &format!("SELECT synced, temporary, failover FROM pg_replication_slots WHERE slot_name = '{slot}';"),
+    )
+    .trim()
+    .to_string()
+}
+
+fn a_primary_failover_on_a_failover_slot_loses_nothing_and_keeps_key_order(major: u32) {
+    let name = format!("failover{major}");
+    let (mut env, standby) = primary_and_standby(major, &name, true);
+    let slot = format!("outboxd_{name}");
+    let before = check(&env);
+    assert!(
+        before.contains(&format!(
+            "slot {slot} will be created at start (a failover slot)"
+        )),
+        "{before}"
+    );
+    env.outboxd.start();
+    assert_eq!(
+        the_slot_on(&env.pg, &slot),
+        "f|f|t",
+        "outboxd made a failover slot"
+    );
+    insert_rows(&env.pg, 0, 300, 3);
+    // A copy stays temporary (and would be gone after a promotion) until the primary's slot has
+    // advanced past the standby's catalog xmin: outboxd advances it as it forwards.
+    wait_until(
+        "a persistent synchronized copy on the standby",
+        LIMIT,
+        || {
+            env.pg
+                .sql("app", "INSERT INTO public.other (note) VALUES ('tick');");
+            the_slot_on(&standby, &slot) == "t|f|t"
+        },
+    );
+    let ready = check(&env);
+    for line in [
+        format!("slot {slot} is a failover slot"),
+        format!("synchronized_standby_slots = '{STANDBY_SLOT}'"),
+        format!("slot {slot} here is a synchronized copy of the primary's failover slot"),
+    ] {
+        assert!(ready.contains(&line), "{line}: {ready}");
+    }
+    let stopped = write_until_the_primary_dies(&env.pg, 300, 500);
+    standby.promote();
+    insert_rows(&standby, 5000, 5300, 3);
+    let held = rows_on(&standby);
+    assert!(
+        held.contains(&(stopped - 1)) && held.contains(&5299),
+        "the new primary has the writes up to the failover and after it"
+    );
+    let records = consume_distinct_events(&env.broker.bootstrap(), held.len());
+    let delivered: BTreeSet<u64> = records.iter().map(n_of).collect();
+    let lost: Vec<_> = held.difference(&delivered).collect();
+    let phantom: Vec<_> = delivered.difference(&held).collect();
+    assert!(
+        lost.is_empty() && phantom.is_empty(),
+        "PostgreSQL {major}: lost {lost:?}, forwarded but not on the new primary {phantom:?}\n{}",
+        env.outboxd.log()
+    );
+    check_per_key_order(&records);
+    println!(
+        "postgres {major} failover: {} rows, {} duplicates",
+        held.len(),
+        records.len() - delivered.len()
+    );
+    let log = env.outboxd.log();
+    let on_the_new_primary = format!("127.0.0.1:{}/app", standby.port);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("replication stream opened") && l.contains(&on_the_new_primary)),
+        "{log}"
+    );
+    env.outboxd.stop();
+}
+
+#[test]
+fn postgres_17_primary_failover_on_a_failover_slot_loses_nothing_and_keeps_key_order() {
+    a_primary_failover_on_a_failover_slot_loses_nothing_and_keeps_key_order(17);
+}
+
+#[test]
+fn postgres_18_primary_failover_on_a_failover_slot_loses_nothing_and_keeps_key_order() {
+    a_primary_failover_on_a_failover_slot_loses_nothing_and_keeps_key_order(18);
+}
+
+/// A slot that is not a failover slot (made by hand before outboxd, as on 16 and earlier) has no
+/// copy on the promoted standby: outboxd refuses to continue there, and refuses a slot made anew
+/// there too (it starts after the checkpoint), instead of skipping the rows in between. The remedy
+/// it names (re-send with `snapshot --where`, then accept the new slot with `checkpoint set`) loses
+/// nothing.
+#[test]
+fn a_failover_to_a_standby_without_the_slot_is_refused_with_the_remedy_instead_of_skipping_rows() {
+    let (mut env, standby) = primary_and_standby(17, "nofailover", false);
+    let slot = "outboxd_nofailover";
+    env.pg.sql(
+        "app",
+        &format!("SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');"),
+    );
+    let warned = check(&env);
+    assert!(
+        warned.contains(&format!("slot {slot} is not a failover slot"))
+            && warned.contains(&format!("slot {slot} is not on this standby")),
+        "{warned}"
+    );
+    env.outboxd.start();
+    insert_rows(&env.pg, 0, 200, 4);
+    consume_distinct_events(&env.broker.bootstrap(), 200);
+    let stopped = write_until_the_primary_dies(&env.pg, 200, 100);
+    standby.promote();
+    insert_rows(&standby, 5000, 5100, 4);
+    let missing = "does not exist on this server, but a checkpoint does";
+    wait_until("the refusal of the promoted standby", LIMIT, || {
+        env.outboxd.log().contains(missing)
+    });
+    let log = env.outboxd.log();
+    assert!(log.contains("outboxd snapshot --where"), "{log}");
+    // A slot made anew on the new primary starts after the checkpoint: refused too.
+    standby.sql(
+        "app",
+        &format!("SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');"),
+    );
+    let new_slot = standby.sql(
+        "app",
+        &format!(
+            "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}';"
+        ),
+    );
+    wait_until("the refusal of the slot made anew", LIMIT, || {
+        env.outboxd.log().contains("after the checkpoint")
+    });
+    assert!(
+        env.outboxd.child_running(),
+        "outboxd waits for a host that can serve it"
+    );
+    env.outboxd.stop();
+    let held = rows_on(&standby);
+    let delivered: BTreeSet<u64> = consume_distinct_events(&env.broker.bootstrap(), 0)
+        .iter()
+        .map(n_of)
+        .collect();
+    assert!(
+        delivered.iter().all(|n| *n < stopped),
+        "nothing of the new primary's was forwarded from the wrong place"
+    );
+    // The remedy: re-send what the outbox got since the checkpoint, accept the new slot.
+    let resend =
+        env.outboxd
+            .command_output(&["snapshot", "--where", "(payload->>'n')::int >= 200"]);
+    assert!(
+        resend.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resend.stderr)
+    );
+    let set = env
+        .outboxd
+        .command_output(&["checkpoint", "set", new_slot.trim()]);
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    env.outboxd.start();
+    insert_rows(&standby, 6000, 6040, 4);
+    let held: BTreeSet<u64> = held.into_iter().chain(6000..6040).collect();
+    let records = consume_distinct_events(&env.broker.bootstrap(), held.len());
+    let delivered: BTreeSet<u64> = records.iter().map(n_of).collect();
+    let lost: Vec<_> = held.difference(&delivered).collect();
+    assert!(lost.is_empty(), "lost {lost:?}\n{}", env.outboxd.log());
+    env.outboxd.stop();
+}
