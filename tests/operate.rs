@@ -233,7 +233,8 @@ fn schema_prints_debezium_compatible_ddl_with_grants() {
 }
 
 /// Secret values planted in every place a secret may live.
-const PLANTED: [&str; 12] = [
+const PLANTED: [&str; 13] = [
+    "planted-pg-hosts-pw-84",
     "planted-amqp-pw-81",
     "planted-aws-secret-82",
     "planted-aws-token-83",
@@ -451,6 +452,25 @@ fn no_command_prints_a_planted_secret() {
         assert!(text.contains("password as a query parameter"), "{text}");
         assert_no_secret(&format!("{args:?} with a Postgres URL password"), &text);
     }
+    // A Postgres primary and standby in one URL with a password, where nothing answers: check
+    // names each host, run rotates through them.
+    env.outboxd.rewrite_config(&format!(
+        "[source]\nkind = \"postgres\"\nurl = \"postgres://cdc:planted-pg-hosts-pw-84@127.0.0.1:{port},127.0.0.1:{port}/app\"\ntables = [\"public.outbox\"]\n[kafka]\nbrokers = \"{bootstrap}\"\n[http]\nlisten = \"\"\n"
+    ));
+    let (ok, text) = output_with_env(&env.outboxd, &["check"], &[]);
+    assert!(
+        !ok && text.contains(&format!("postgres 127.0.0.1:{port}")),
+        "{text}"
+    );
+    assert_no_secret("check with Postgres hosts", &text);
+    env.outboxd.start_until(
+        &["--skip-checks"],
+        &[("RUST_LOG", "debug")],
+        &["moving to the next source host"],
+    );
+    let log = env.outboxd.log();
+    env.outboxd.kill9();
+    assert_no_secret("run with Postgres hosts", &log);
 }
 
 #[test]

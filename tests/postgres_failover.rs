@@ -261,3 +261,79 @@ fn a_failover_to_a_standby_without_the_slot_is_refused_with_the_remedy_instead_o
     assert!(lost.is_empty(), "lost {lost:?}\n{}", env.outboxd.log());
     env.outboxd.stop();
 }
+
+/// Without `synchronized_standby_slots` outboxd is sent changes the standby has not received. A
+/// standby promoted while it lags (here: stopped while outboxd forwarded 200 more rows) forks
+/// before the checkpoint: starting at the checkpoint would skip its own rows between the fork and
+/// the checkpoint. outboxd refuses it, naming the fork; `checkpoint set` at the fork then forwards
+/// every row the new primary has.
+#[test]
+fn a_standby_promoted_before_it_had_what_outboxd_forwarded_is_refused_naming_the_fork() {
+    let (mut env, standby) = primary_and_standby(17, "fork", true);
+    env.pg.sql(
+        "postgres",
+        "ALTER SYSTEM RESET synchronized_standby_slots; SELECT pg_reload_conf();",
+    );
+    let slot = "outboxd_fork";
+    env.outboxd.start();
+    insert_rows(&env.pg, 0, 100, 4);
+    wait_until(
+        "a persistent synchronized copy on the standby",
+        LIMIT,
+        || {
+            env.pg
+                .sql("app", "INSERT INTO public.other (note) VALUES ('tick');");
+            the_slot_on(&standby, slot) == "t|f|t"
+        },
+    );
+    standby.stop_fast();
+    insert_rows(&env.pg, 100, 300, 4);
+    let end = lsn_of(&env.pg.sql("app", "SELECT pg_current_wal_lsn();"));
+    consume_distinct_events(&env.broker.bootstrap(), 300);
+    wait_until("the checkpoint past the standby's end", LIMIT, || {
+        lsn_of(
+            env.outboxd.checkpoint()["position"]["lsn"]
+                .as_str()
+                .unwrap(),
+        ) >= end
+    });
+    assert_eq!(env.outboxd.checkpoint()["source"]["timeline"], 1);
+    env.pg.stop_immediate();
+    standby.start_again();
+    standby.promote();
+    insert_rows(&standby, 5000, 5100, 4);
+    let fork = "left timeline 1 at ";
+    wait_until("the refusal naming the fork", LIMIT, || {
+        env.outboxd.log().contains(fork)
+    });
+    env.outboxd.stop();
+    let log = env.outboxd.log();
+    let at = log[log.find(fork).unwrap() + fork.len()..]
+        .split(',')
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(log.contains("before the checkpoint"), "{log}");
+    let set = env.outboxd.command_output(&["checkpoint", "set", &at]);
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    env.outboxd.start();
+    let held = rows_on(&standby);
+    assert!(
+        held.contains(&5099) && !held.contains(&299),
+        "the fork lost the rows the standby never had"
+    );
+    let records = consume_distinct_events(&env.broker.bootstrap(), 300 + 100);
+    let delivered: BTreeSet<u64> = records.iter().map(n_of).collect();
+    let lost: Vec<_> = held.difference(&delivered).collect();
+    assert!(lost.is_empty(), "lost {lost:?}\n{}", env.outboxd.log());
+    env.outboxd.stop();
+}
+
+fn lsn_of(text: &str) -> u64 {
+    let (hi, lo) = text.trim().split_once('/').unwrap();
+    (u64::from_str_radix(hi, 16).unwrap() << 32) | u64::from_str_radix(lo, 16).unwrap()
+}

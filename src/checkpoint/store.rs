@@ -458,6 +458,7 @@ mod tests {
             server_uuid: None,
             system_identifier: None,
             slot: None,
+            timeline: None,
         }
     }
 

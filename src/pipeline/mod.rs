@@ -365,7 +365,7 @@ async fn drive(
         let config = match hosts.url() {
             Some(url) => {
                 session_config = config.clone();
-                session_config.source.url = url.to_string();
+                session_config.source = config.source.with_url(url.to_string());
                 &session_config
             }
             None => config,

@@ -51,6 +51,8 @@ pub struct SourceConfig {
     pub db: SourceDb,
     /// Keys that were set but belong to the other kind of database (not used).
     pub other_db_keys: Vec<&'static str>,
+    /// `url` is one host of several in the configured `source.url` ([`SourceConfig::with_url`]).
+    pub one_of_several: bool,
 }
 
 /// `source.snapshot`: what a first start does with the rows already in the outbox tables.
@@ -216,6 +218,7 @@ impl TryFrom<RawSource> for SourceConfig {
             snapshot_chunk: raw.snapshot_chunk,
             db,
             other_db_keys,
+            one_of_several: false,
         })
     }
 }
@@ -315,6 +318,7 @@ impl SourceConfig {
     pub fn with_url(&self, url: String) -> SourceConfig {
         SourceConfig {
             url,
+            one_of_several: self.one_of_several || self.urls().len() > 1,
             ..self.clone()
         }
     }

@@ -148,6 +148,9 @@ pub struct SourceIdentity {
     /// Postgres: the replication slot the position belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot: Option<String>,
+    /// Postgres: the timeline the server was on (a promotion starts a new one), from IDENTIFY_SYSTEM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<u32>,
 }
 
 impl SourceIdentity {
@@ -159,6 +162,7 @@ impl SourceIdentity {
             server_uuid: None,
             system_identifier: None,
             slot: None,
+            timeline: None,
         }
     }
 }
@@ -170,6 +174,7 @@ static FILES_IDENTITY: SourceIdentity = SourceIdentity {
     server_uuid: None,
     system_identifier: None,
     slot: None,
+    timeline: None,
 };
 
 /// A connected source of either kind. Adding a database means one module and one arm here.

@@ -611,6 +611,7 @@ impl ServerInfo {
             server_uuid: self.server_uuid.clone(),
             system_identifier: None,
             slot: None,
+            timeline: None,
         }
     }
 

@@ -250,7 +250,7 @@ impl Server {
 }
 
 /// A logical slot as `pg_replication_slots` shows it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SlotState {
     pub confirmed: u64,
     pub temporary: bool,
@@ -258,6 +258,9 @@ pub struct SlotState {
     pub failover: bool,
     /// 17+: this is such a copy (on a standby; left over on a promoted one).
     pub synced: bool,
+    /// Why Postgres invalidated the slot (`wal_status = lost`, 17+'s `invalidation_reason`, 16's
+    /// `conflicting`), if it did: it can no longer be decoded from.
+    pub invalidated: Option<String>,
 }
 
 impl Control {
@@ -307,8 +310,9 @@ impl Control {
     }
 
     /// A connection to the first host of `source.url` that answers and is a primary, or, when none
-    /// is, to the first that answers (one-shot commands: `snapshot`, `replay`'s end; a pipeline's
-    /// session names its host itself). With one host, that host.
+    /// is, to the first standby that answers (one-shot lookups such as the current WAL end; a
+    /// session, of `run` or `snapshot`, is given its host by the pipeline). With one host, that
+    /// host. When no host answers, the first host's error.
     pub async fn connect_primary(config: &SourceConfig) -> Result<(ConnInfo, Control)> {
         let urls = config.urls();
         if urls.len() < 2 {
@@ -320,16 +324,24 @@ impl Control {
         let mut failed = None;
         for url in urls {
             let info = ConnInfo::from_config(&config.with_url(url))?;
-            match Control::connect(&info).await {
-                Ok(control) => match control.server().await {
-                    Ok(server) if !server.standby => return Ok((info, control)),
-                    Ok(_) => {
-                        standby.get_or_insert((info, control));
-                    }
-                    Err(e) => failed = Some(e),
-                },
-                Err(e) if e.is_transient() => failed = Some(e),
-                Err(e) => return Err(e),
+            let asked = async {
+                let control = Control::connect(&info).await?;
+                let server = control.server().await?;
+                Ok::<_, Error>((control, server))
+            };
+            match tokio::time::timeout(Duration::from_secs(20), asked).await {
+                Ok(Ok((control, server))) if !server.standby => return Ok((info, control)),
+                Ok(Ok((control, _))) => {
+                    standby.get_or_insert((info, control));
+                }
+                Ok(Err(e)) => {
+                    failed.get_or_insert(e);
+                }
+                Err(_) => {
+                    failed.get_or_insert(
+                        Error::source(format!("{}: no answer within 20 s", info.shown)).transient(),
+                    );
+                }
             }
         }
         match (standby, failed) {
@@ -550,11 +562,24 @@ impl Control {
                 "creating the replication slot on a standby: it waits for the primary's next record of running transactions (written every 15 s while the primary is busy; `SELECT pg_log_standby_snapshot()` on the primary writes one now)"
             );
         }
-        let row = self.client.query_one(sql, &[&slot]).await.map_err(|e| {
-            self.failed("creating the replication slot", e).remedy(
-                "the user needs the REPLICATION attribute (ALTER ROLE … REPLICATION) and a free slot (max_replication_slots)",
-            )
-        })?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&slot];
+        let created = self.client.query_one(sql, &params);
+        let row = match tokio::time::timeout(Duration::from_secs(120), created).await {
+            Ok(row) => row.map_err(|e| {
+                self.failed("creating the replication slot", e).remedy(
+                    "the user needs the REPLICATION attribute (ALTER ROLE … REPLICATION) and a free slot (max_replication_slots)",
+                )
+            })?,
+            // Dropping the query leaves the server waiting; the next session's connection asks anew.
+            Err(_) => {
+                return Err(Error::source(format!(
+                    "{}: creating the replication slot did not finish within 120 s (on a standby it waits for the primary's next record of running transactions)",
+                    self.shown
+                ))
+                .remedy("run SELECT pg_log_standby_snapshot() on the primary; outboxd tries again")
+                .transient())
+            }
+        };
         let text: String = row.get(0);
         tracing::info!(slot, lsn = %text, failover, "created the replication slot");
         parse_lsn(&text).ok_or_else(|| Error::source(format!("slot LSN {text:?} is not an LSN")))
@@ -570,11 +595,12 @@ impl Control {
     /// slot. A slot of another plugin is an error.
     pub async fn slot(&self, slot: &str) -> Result<Option<SlotState>> {
         // `failover` and `synced` came in 17.
+        // Slot names are the cluster's, not a database's.
         let row = self
             .client
             .query_opt(
-                "SELECT to_jsonb(s)::text FROM pg_replication_slots s \
-                 WHERE slot_name = $1 AND database = current_database()",
+                "SELECT to_jsonb(s)::text, s.database = current_database() FROM pg_replication_slots s \
+                 WHERE slot_name = $1",
                 &[&slot],
             )
             .await
@@ -584,6 +610,13 @@ impl Control {
             .map_err(|e| Error::source(format!("reading pg_replication_slots: {e}")))?;
         let text = |key: &str| state.get(key).and_then(|v| v.as_str()).map(str::to_string);
         let flag = |key: &str| state.get(key).and_then(|v| v.as_bool()).unwrap_or(false);
+        if row.get::<_, Option<bool>>(1) != Some(true) {
+            return Err(Error::source(format!(
+                "replication slot {slot} belongs to database {} (or is a physical slot), not this one",
+                text("database").unwrap_or_else(|| "none".into())
+            ))
+            .remedy("set source.slot to another name (outboxd creates it), or point source.url at that database"));
+        }
         let plugin = text("plugin");
         if plugin.as_deref() != Some("pgoutput") {
             return Err(Error::source(format!(
@@ -600,6 +633,12 @@ impl Control {
             temporary: flag("temporary"),
             failover: flag("failover"),
             synced: flag("synced"),
+            invalidated: text("invalidation_reason")
+                .or_else(|| {
+                    (text("wal_status").as_deref() == Some("lost"))
+                        .then(|| "wal_status = lost".into())
+                })
+                .or_else(|| flag("conflicting").then(|| "conflicting with recovery".into())),
         }))
     }
 

@@ -28,6 +28,7 @@
 
 mod control;
 mod decoder;
+mod lineage;
 pub mod lsn;
 pub mod pgoutput;
 mod preflight;
@@ -47,10 +48,11 @@ pub use self::control::{quote_table, ConnInfo, Control};
 use self::control::{Server, SlotHolder, SlotState, STANDBY_DECODING};
 pub use self::decoder::{position, HEARTBEAT_PREFIX};
 use self::decoder::{Decoder, Step};
+use self::lineage::Lineage;
 use self::lsn::lsn_to_string;
 pub use self::lsn::Lsn;
 pub use self::preflight::preflight;
-use self::stream::{Connection, ReplicationStream};
+use self::stream::{Connection, ReplicationStream, System};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::source::config::{PostgresOptions, SourceConfig, SourceKind};
@@ -99,32 +101,33 @@ impl PostgresSource {
         let control = Control::connect(&info).await?;
         let server = control.server().await?;
         let source = config;
-        let slot = usable_slot(&control, &server, &info, own).await?;
-        control
-            .ensure_publication(&own.publication, &source.tables)
-            .await?;
-        let start = start_position(&control, &server, own, slot, resume).await?;
-        let heartbeat = Duration::from_millis(source.heartbeat_interval_ms);
         let mut conn = within(Connection::open(&info), &info.shown).await?;
         let system = within(conn.identify_system(), &info.shown).await?;
+        if let Some((stored, position)) = resume {
+            same_cluster(stored, &system)?;
+            same_history(&mut conn, stored, position, &system, &info).await?;
+        }
+        let slot = usable_slot(&control, &server, &info, own, config.one_of_several).await?;
+        control
+            .ensure_publication(&own.publication, &source.tables)
+            .await
+            .map_err(|e| {
+                if server.standby {
+                    e.refused_by_host()
+                } else {
+                    e
+                }
+            })?;
+        let start = start_position(&control, &server, own, slot, resume).await?;
+        let heartbeat = Duration::from_millis(source.heartbeat_interval_ms);
         let identity = SourceIdentity {
             kind: SourceKind::Postgres,
             server_id: None,
             server_uuid: None,
-            system_identifier: Some(system),
+            system_identifier: Some(system.id),
             slot: Some(own.slot.clone()),
+            timeline: Some(system.timeline),
         };
-        if let Some((stored, _)) = resume {
-            if stored.system_identifier.is_some()
-                && stored.system_identifier != identity.system_identifier
-            {
-                return Err(Error::checkpoint(format!(
-                    "the checkpoint was written against Postgres cluster {:?}, but this is cluster {:?}; its LSNs mean nothing here",
-                    stored.system_identifier, identity.system_identifier
-                ))
-                .remedy("point source.url back at that cluster, or set a position for this one with `outboxd checkpoint set LSN`"));
-            }
-        }
         if durable.fenced_earlier() {
             end_fenced_holder(&control, &own.slot, &info.application_name).await;
         }
@@ -337,6 +340,7 @@ async fn usable_slot(
     server: &Server,
     info: &ConnInfo,
     own: &PostgresOptions,
+    several: bool,
 ) -> Result<Option<SlotState>> {
     let slot = control.slot(&own.slot).await?;
     if !server.standby {
@@ -350,7 +354,7 @@ async fn usable_slot(
         .remedy("point source.url at the primary (list it first, with its standbys after it for failover), or upgrade to 16 or later to read a standby")
         .refused_by_host());
     }
-    if slot.is_some_and(|s| s.synced) {
+    if slot.as_ref().is_some_and(|s| s.synced) {
         return Err(Error::source(format!(
             "{} is a standby, and its slot {} is a synchronized copy of the primary's failover slot: Postgres lets it be read only once this standby is promoted",
             info.shown, own.slot
@@ -358,7 +362,74 @@ async fn usable_slot(
         .remedy("list the primary in source.url as well: outboxd reads the primary, and continues on this standby from the copy after a promotion")
         .refused_by_host());
     }
+    if several && slot.is_none() {
+        // Listed beside its primary, a standby is there for failover: the slot belongs on the
+        // primary (a failover slot), not here, where it would also wait for the primary.
+        return Err(Error::source(format!(
+            "{} is a standby without slot {}: with several hosts in source.url, outboxd makes the slot on the primary, never on a standby",
+            info.shown, own.slot
+        ))
+        .remedy("nothing while the primary is up: outboxd reads it. To read this standby instead, list it alone in source.url")
+        .refused_by_host());
+    }
     Ok(slot)
+}
+
+/// A checkpoint of another cluster is refused: its LSNs mean nothing here.
+fn same_cluster(stored: &SourceIdentity, system: &System) -> Result<()> {
+    match &stored.system_identifier {
+        Some(id) if *id != system.id => Err(Error::checkpoint(format!(
+            "the checkpoint was written against Postgres cluster {id:?}, but this is cluster {:?}; its LSNs mean nothing here",
+            system.id
+        ))
+        .remedy("point source.url back at that cluster, or set a position for this one with `outboxd checkpoint set LSN`")),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses a server whose history does not hold the checkpoint (see [`lineage`]): this host's
+/// refusal, so another listed host (the current primary) is tried.
+async fn same_history(
+    conn: &mut Connection,
+    stored: &SourceIdentity,
+    position: &Position,
+    system: &System,
+    info: &ConnInfo,
+) -> Result<()> {
+    let (Some(then), Ok(Lsn(lsn))) = (stored.timeline, position.lsn()) else {
+        return Ok(());
+    };
+    let history = if system.timeline > then {
+        Some(within(conn.timeline_history(system.timeline), &info.shown).await?)
+    } else {
+        None
+    };
+    let now = system.timeline;
+    let refusal = match lineage::judge(then, now, lsn, history.as_deref()) {
+        Lineage::Holds => return Ok(()),
+        Lineage::Behind => Error::source(format!(
+            "{} is on timeline {now}, but the checkpoint was written on timeline {then}: this server is behind a promotion (an old primary that came back, or a standby of one)",
+            info.shown
+        ))
+        .remedy("point source.url at the current primary; a former primary must be rewound (pg_rewind) or rebuilt as a standby before it serves again"),
+        Lineage::Forked { at } => Error::source(format!(
+            "{} left timeline {then} at {}, before the checkpoint ({}): it never had the changes outboxd forwarded from the old primary after {}, and starting at the checkpoint would skip its own changes up to there",
+            info.shown,
+            lsn_to_string(at),
+            lsn_to_string(lsn),
+            lsn_to_string(at)
+        ))
+        .remedy(format!(
+            "`outboxd checkpoint set {}` reads this server from where its history forked (what was forwarded from the old primary after that point is not in its tables; consumers may hold it). Against the next time: synchronized_standby_slots on the primary, naming the standbys' physical slots",
+            lsn_to_string(at)
+        )),
+        Lineage::Unrelated => Error::source(format!(
+            "{}'s timeline history (timeline {now}) does not pass through timeline {then}, on which the checkpoint was written",
+            info.shown
+        ))
+        .remedy("point source.url at the cluster the checkpoint belongs to, or set a position for this server with `outboxd checkpoint set LSN`"),
+    };
+    Err(refusal.refused_by_host())
 }
 
 /// Where the stream starts: the checkpoint's LSN on the slot that kept the changes since it, or,
@@ -402,7 +473,7 @@ async fn start_position(
         .remedy("set own.slot back, or `outboxd checkpoint reset` to start the new slot at the current end"));
     }
     let lsn = position.lsn()?.0;
-    let resend = "the rows are still in the outbox tables unless pruned: `outboxd snapshot --where \"created_at >= '…'\"` re-sends those written since the checkpoint (`outboxd checkpoint show` gives its time), with their ids";
+    let resend = "the rows are still in the outbox tables unless pruned: `outboxd snapshot --where \"created_at >= '…'\"` re-sends them with their ids (take a time well before the checkpoint's `updated_at` in `outboxd checkpoint show`: a row's created_at is when its transaction wrote it, not when it committed)";
     let Some(slot) = slot else {
         return Err(Error::source(format!(
             "replication slot {} does not exist on this server, but a checkpoint does (at {}): the changes since then went with the slot (dropped, or a failover to a server that had no synchronized copy of it)",
@@ -410,10 +481,21 @@ async fn start_position(
             lsn_to_string(lsn)
         ))
         .remedy(format!(
-            "if the slot is on another server of this cluster, list that server in source.url; otherwise {resend}, then `outboxd checkpoint reset` starts a new slot at the current end. Against the next failover: PostgreSQL 17+ keeps a failover slot on standbys with sync_replication_slots = on (see the Postgres source guide)"
+            "if the slot is on another server of this cluster, list that server in source.url. Otherwise: `outboxd checkpoint reset` and start outboxd (it makes a new slot at the current end), then re-send what came before it: {resend}. Against the next failover: PostgreSQL 17+ keeps a failover slot on standbys with sync_replication_slots = on (see the Postgres source guide)"
         ))
         .refused_by_host());
     };
+    if let Some(why) = &slot.invalidated {
+        return Err(Error::source(format!(
+            "replication slot {} is invalidated ({why}): Postgres removed WAL or catalog rows it needed, so the changes since the checkpoint cannot be decoded from it",
+            own.slot
+        ))
+        .remedy(format!(
+            "drop it (SELECT pg_drop_replication_slot('{}')), `outboxd checkpoint reset` and start outboxd, then re-send what came before: {resend}. Against it: max_slot_wal_keep_size large enough, hot_standby_feedback on standbys",
+            own.slot
+        ))
+        .refused_by_host());
+    }
     if slot.confirmed > lsn {
         return Err(Error::source(format!(
             "replication slot {} starts at {}, after the checkpoint ({}): the changes in between are not in it (it was made anew after the checkpoint, as after a failover to a server without a synchronized copy, or another consumer took them)",

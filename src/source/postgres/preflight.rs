@@ -227,14 +227,21 @@ async fn slot_items(
     };
     let checkpoint_lsn = checkpoint.and_then(|c| c.lsn().ok()).map(|l| l.0);
     if server.standby && server.number < STANDBY_DECODING {
-        items.push(Item::fail(
-            SUBJECT,
-            format!("this server is a standby of PostgreSQL {}, which cannot decode logically (that came in 16)", server.version),
-            "point source.url at the primary (list it first, with its standbys after it for failover), or upgrade to 16 or later to read a standby",
-        ));
+        let problem = format!("this server is a standby of PostgreSQL {}, which cannot decode logically (that came in 16)", server.version);
+        let fix = "point source.url at the primary (list it first, with its standbys after it for failover), or upgrade to 16 or later to read a standby";
+        items.push(if several {
+            // A session refuses this host and moves on; it takes over once promoted.
+            Item::warn(
+                SUBJECT,
+                format!("{problem}: a session here is refused until it is promoted"),
+                fix,
+            )
+        } else {
+            Item::fail(SUBJECT, problem, fix)
+        });
         return Ok(());
     }
-    match (slot, checkpoint_lsn) {
+    match (slot.clone(), checkpoint_lsn) {
         (Some(s), _) if s.synced && server.standby => {
             if !several {
                 items.push(Item::fail(
@@ -244,6 +251,11 @@ async fn slot_items(
                 ));
             }
         }
+        (Some(s), Some(_)) if s.invalidated.is_some() && !s.synced => items.push(Item::fail(
+            SUBJECT,
+            format!("slot {name} is invalidated ({}): the changes since the checkpoint cannot be decoded from it", s.invalidated.clone().unwrap_or_default()),
+            "drop it, `outboxd checkpoint reset` and start outboxd, then re-send what came before with `outboxd snapshot --where …`; keep max_slot_wal_keep_size large enough",
+        )),
         (Some(s), Some(lsn)) if s.confirmed > lsn => items.push(Item::fail(
             SUBJECT,
             format!(
@@ -265,7 +277,7 @@ async fn slot_items(
         (None, Some(lsn)) => items.push(Item::fail(
             SUBJECT,
             format!("slot {name} does not exist, but a checkpoint does (at {}): the changes since then went with the slot", lsn_to_string(lsn)),
-            "list the server that has the slot in source.url; otherwise re-send what the outbox got since the checkpoint with `outboxd snapshot --where …`, then `outboxd checkpoint reset`",
+            "list the server that has the slot in source.url; otherwise `outboxd checkpoint reset` and start outboxd (it makes a new slot now), then re-send what came before with `outboxd snapshot --where …`",
         )),
         (None, None) => {
             let used: i64 = control
@@ -326,6 +338,11 @@ async fn failover_items(
         }
         let sync_fix = "on this standby: sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name set and a dbname in primary_conninfo (PostgreSQL 17+); on the primary the slot a failover slot";
         match slot {
+            Some(s) if s.synced && s.invalidated.is_some() => items.push(Item::warn(
+                SUBJECT,
+                format!("the copy of slot {name} on this standby is invalidated ({}): a promotion could not continue from it", s.invalidated.clone().unwrap_or_default()),
+                "set hot_standby_feedback = on and primary_slot_name on this standby; drop the copy (after a promotion) so it is synchronized anew",
+            )),
             Some(s) if s.synced && s.temporary => items.push(Item::warn(
                 SUBJECT,
                 format!("the copy of slot {name} on this standby is not persistent yet (temporary): a promotion now would lose it"),

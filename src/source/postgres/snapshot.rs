@@ -99,8 +99,9 @@ pub async fn begin(config: &SourceConfig, own: &PostgresOptions, exact: bool) ->
             kind: SourceKind::Postgres,
             server_id: None,
             server_uuid: None,
-            system_identifier: Some(system),
+            system_identifier: Some(system.id),
             slot: Some(own.slot.clone()),
+            timeline: Some(system.timeline),
         },
         then: position(then),
     })

@@ -44,6 +44,14 @@ use crate::source::Durable;
 const READ_CHUNK: usize = 128 * 1024;
 /// The largest message accepted: a single change larger than this stops outboxd.
 const MAX_MESSAGE: usize = 512 * 1024 * 1024;
+/// What `IDENTIFY_SYSTEM` says about the server.
+pub struct System {
+    /// The cluster's system identifier (the same on its physical standbys).
+    pub id: String,
+    /// The server's timeline: a promotion starts a new one.
+    pub timeline: u32,
+}
+
 /// The largest message accepted before streaming starts (startup, login, IDENTIFY_SYSTEM).
 const HANDSHAKE_MESSAGE: usize = 1024 * 1024;
 /// A read buffer grown past this for one large message is given back once it is empty again.
@@ -343,26 +351,60 @@ impl Connection {
         }
     }
 
-    /// `IDENTIFY_SYSTEM`: the cluster's system identifier.
-    pub async fn identify_system(&mut self) -> Result<String> {
+    /// `IDENTIFY_SYSTEM`: the cluster's system identifier and the server's timeline.
+    pub async fn identify_system(&mut self) -> Result<System> {
+        let row = self.one_row("IDENTIFY_SYSTEM").await?;
+        let id = row.first().cloned().flatten();
+        let timeline = row
+            .get(1)
+            .cloned()
+            .flatten()
+            .and_then(|t| String::from_utf8_lossy(&t).parse().ok());
+        match (id, timeline) {
+            (Some(id), Some(timeline)) => Ok(System {
+                id: String::from_utf8_lossy(&id).into_owned(),
+                timeline,
+            }),
+            _ => Err(protocol_error(
+                &self.shown,
+                "IDENTIFY_SYSTEM returned no system identifier and timeline".into(),
+            )),
+        }
+    }
+
+    /// `TIMELINE_HISTORY timeline`: the history file's text (`parent\tswitch point\treason` lines).
+    pub async fn timeline_history(&mut self, timeline: u32) -> Result<String> {
+        let row = self
+            .one_row(&format!("TIMELINE_HISTORY {timeline}"))
+            .await?;
+        let content = row.get(1).cloned().flatten().ok_or_else(|| {
+            protocol_error(&self.shown, "TIMELINE_HISTORY returned no content".into())
+        })?;
+        Ok(String::from_utf8_lossy(&content).into_owned())
+    }
+
+    /// The fields of the one row a replication command answers with (raw bytes; `None` for NULL).
+    async fn one_row(&mut self, command: &str) -> Result<Vec<Option<Vec<u8>>>> {
         let mut out = BytesMut::new();
-        frontend::query("IDENTIFY_SYSTEM", &mut out)
+        frontend::query(command, &mut out)
             .map_err(|e| protocol_error(&self.shown, e.to_string()))?;
         self.write(&out).await?;
-        let mut system = None;
+        let mut fields = None;
         loop {
             match self.message().await? {
                 backend::Message::DataRow(row) => {
+                    let mut values = Vec::new();
                     let mut ranges = row.ranges();
-                    if let Ok(Some(Some(range))) = ranges.next() {
-                        system = Some(String::from_utf8_lossy(&row.buffer()[range]).into_owned());
+                    while let Ok(Some(range)) = ranges.next() {
+                        values.push(range.map(|r| row.buffer()[r].to_vec()));
                     }
+                    fields = Some(values);
                 }
                 backend::Message::ReadyForQuery(_) => break,
                 _ => {}
             }
         }
-        system.ok_or_else(|| protocol_error(&self.shown, "IDENTIFY_SYSTEM returned no row".into()))
+        fields.ok_or_else(|| protocol_error(&self.shown, format!("{command} returned no row")))
     }
 
     /// `CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT`: the new slot's consistent point and the name of
