@@ -1,15 +1,17 @@
-//! A Postgres primary with a physical standby, listed together in `source.url`: under load the
-//! primary dies and the standby is promoted. On a failover slot (17+) outboxd continues on the new
+//! A Postgres primary with a physical standby. Listed together in `source.url`, under load the
+//! primary dies and the standby is promoted: on a failover slot (17+) outboxd continues on the new
 //! primary from the standby's synchronized copy of the slot and forwards exactly the rows that
 //! server has; without one it refuses to skip the changes since the checkpoint and says how to
-//! re-send them.
+//! re-send them. Listed alone (16+), the standby is read instead of the primary.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::postgres_pipeline::{insert_rows, insert_sql, setup_on, PgEnv, SCHEMA};
+use crate::postgres_pipeline::{
+    insert_rows, insert_sql, mixed_script, pg_payload, setup_on, PgEnv, SCHEMA,
+};
 use crate::rig::scenario::{
-    check_per_key_order, consume_distinct_events, n_of, transactions, LIMIT,
+    check_per_key_order, check_records_by, consume_distinct_events, n_of, transactions, LIMIT,
 };
 use crate::rig::{wait_until, Postgres};
 
@@ -336,4 +338,69 @@ fn a_standby_promoted_before_it_had_what_outboxd_forwarded_is_refused_naming_the
 fn lsn_of(text: &str) -> u64 {
     let (hi, lo) = text.trim().split_once('/').unwrap();
     (u64::from_str_radix(hi, 16).unwrap() << 32) | u64::from_str_radix(lo, 16).unwrap()
+}
+
+/// outboxd reads a standby (16+) listed alone in `source.url`: the publication made on the primary,
+/// the slot on the standby (its creation waits for the primary's next record of running
+/// transactions), rows committed on the primary in mixed transactions arrive once in key order,
+/// and after a kill -9 the rest arrive from the checkpoint.
+fn reading_a_standby_forwards_every_row_and_resumes_after_a_kill(major: u32) {
+    let name = format!("readstandby{major}");
+    let mut env = setup_on(major, &name, SCHEMA, "", &[]);
+    let standby = env.pg.start_standby(STANDBY_SLOT, &[]);
+    let path = env.outboxd.config_path();
+    let body = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace(&env.pg.url("cdc", "app"), &standby.url("cdc", "app"));
+    std::fs::write(&path, body).unwrap();
+    let publication = format!("outboxd_{name}");
+    let missing = check(&env);
+    assert!(
+        missing.contains("FAIL") && missing.contains("a standby cannot create it"),
+        "{missing}"
+    );
+    env.pg.sql(
+        "app",
+        &format!("CREATE PUBLICATION {publication} FOR TABLE public.outbox WITH (publish = 'insert', publish_via_partition_root = true);"),
+    );
+    wait_until("the standby to replay the publication", LIMIT, || {
+        standby
+            .sql(
+                "app",
+                &format!("SELECT count(*) FROM pg_publication WHERE pubname = '{publication}';"),
+            )
+            .trim()
+            == "1"
+    });
+    let ready = check(&env);
+    assert!(!ready.contains("FAIL"), "{ready}");
+    env.outboxd.spawn(&[]);
+    wait_until("the slot on the standby and the stream", LIMIT, || {
+        env.pg.sql("postgres", "SELECT pg_log_standby_snapshot();");
+        env.outboxd.log().contains("replication stream opened")
+    });
+    env.pg.sql("app", &mixed_script());
+    consume_distinct_events(&env.broker.bootstrap(), 500);
+    env.outboxd.kill9();
+    insert_rows(&env.pg, 1000, 1100, 5);
+    env.outboxd.start();
+    let records = consume_distinct_events(&env.broker.bootstrap(), 1100);
+    check_records_by(&records, 0..1100, pg_payload);
+    check_per_key_order(&records);
+    let on_primary = env.pg.sql(
+        "app",
+        &format!("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'outboxd_{name}';"),
+    );
+    assert_eq!(on_primary.trim(), "0", "no slot on the primary");
+    env.outboxd.stop();
+}
+
+#[test]
+fn postgres_16_standby_is_read_and_every_row_arrives_once_in_key_order() {
+    reading_a_standby_forwards_every_row_and_resumes_after_a_kill(16);
+}
+
+#[test]
+fn postgres_18_standby_is_read_and_every_row_arrives_once_in_key_order() {
+    reading_a_standby_forwards_every_row_and_resumes_after_a_kill(18);
 }

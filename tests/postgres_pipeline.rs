@@ -115,7 +115,7 @@ fn checkpoint_lsn(env: &PgEnv) -> u64 {
 
 /// Rows `0..1000` in mixed transactions: with other tables' inserts (text and bytea) in the same
 /// transaction, updates of outbox rows, and other tables' updates alone.
-fn mixed_script() -> String {
+pub(crate) fn mixed_script() -> String {
     mixed_transactions(&MixedSql {
         insert: insert_sql,
         other_in_txn: |i| {

@@ -173,6 +173,17 @@ async fn check(
             continue;
         }
         let state = control.publication_state(publication, table).await?;
+        if !exists && server.standby {
+            items.push(Item::fail(
+                SUBJECT,
+                format!("publication {publication} does not exist, and a standby cannot create it"),
+                format!(
+                    "run on the primary: {}",
+                    super::control::create_publication_sql(publication, &config.tables)
+                ),
+            ));
+            break;
+        }
         if !exists {
             items.push(Item::pass(SUBJECT, format!("publication {publication} will be created for {table} at start (needs table ownership)")));
             continue;
