@@ -9,6 +9,7 @@
 # --profile DIR: record every timed outboxd run with `perf record --call-graph dwarf` into DIR.
 # --baseline PATH[=LABEL]: also drain each backlog with another outboxd binary (e.g. an older
 #          commit's release build), interleaved with this build's runs: before/after in one run.
+# --pg-majors 15,18: the PostgreSQL majors the postgres section drains, side by side (default 15).
 # --peer deltaforge=PATH: also drain a MariaDB backlog with a DeltaForge binary built outside the
 #          repository (BENCHMARKS.md says how), interleaved with outboxd on the same backlog.
 set -euo pipefail

@@ -338,6 +338,9 @@ struct Args {
     /// `--peer deltaforge=PATH`: also drain a backlog with this DeltaForge binary (the `peer`
     /// section; built outside the repository, see BENCHMARKS.md).
     peer: Option<std::path::PathBuf>,
+    /// `--pg-majors 15,18`: the PostgreSQL majors the `postgres` section drains, one after the
+    /// other in the same run (default 15; the latency series runs on the first).
+    pg_majors: Vec<u32>,
 }
 
 impl Args {
@@ -360,6 +363,17 @@ impl Args {
                 Some(("deltaforge", path)) => path.into(),
                 _ => panic!("--peer takes deltaforge=PATH (the only peer measured)"),
             }),
+            pg_majors: value("--pg-majors")
+                .map(|v| {
+                    v.split(',')
+                        .map(|m| {
+                            m.trim()
+                                .parse()
+                                .expect("--pg-majors takes majors like 15,18")
+                        })
+                        .collect()
+                })
+                .unwrap_or_else(|| vec![15]),
         }
     }
 
@@ -655,17 +669,22 @@ fn main() {
 
     let mut pg_latency_rows = Vec::new();
     if args.wants("postgres") || args.wants("latency") {
-        let (pg_rows, pg_latency) = postgres_section(
-            &rt,
-            n,
-            record_bytes,
-            quick,
-            args.wants("postgres"),
-            args.wants("latency"),
-            args.baseline.as_ref(),
-        );
-        rows.extend(pg_rows);
-        pg_latency_rows = pg_latency;
+        for (i, &major) in args.pg_majors.iter().enumerate() {
+            let (pg_rows, pg_latency) = postgres_section(
+                &rt,
+                major,
+                n,
+                record_bytes,
+                quick,
+                args.wants("postgres"),
+                args.wants("latency") && i == 0,
+                args.baseline.as_ref(),
+            );
+            rows.extend(pg_rows);
+            if i == 0 {
+                pg_latency_rows = pg_latency;
+            }
+        }
     }
 
     // Latency at offered rates (outboxd running and caught up, 1-row transactions).
@@ -1326,10 +1345,13 @@ fn pg_recvlogical(
     )
 }
 
-/// The same drains against PostgreSQL 15 (pgoutput) with `pg_recvlogical` reading the same WAL
-/// (with `drains`), and the latency series against a Postgres outbox (with `latency`).
+/// The same drains against PostgreSQL `major` (pgoutput) with `pg_recvlogical` reading the same
+/// WAL (with `drains`), and the latency series against a Postgres outbox (with `latency`). Rows of
+/// a major other than 15 carry it in their key (`pg-drain1@18`) and label.
+#[allow(clippy::too_many_arguments)]
 fn postgres_section(
     rt: &tokio::runtime::Runtime,
+    major: u32,
     n: u64,
     record_bytes: u64,
     quick: bool,
@@ -1338,9 +1360,22 @@ fn postgres_section(
     baseline: Option<&(std::path::PathBuf, String)>,
 ) -> (Vec<Row>, Vec<latency::Latency>) {
     // Per size: up to 3 + 3 pipelines' slots and 9 raw readers' slots.
-    let pg = Postgres::start(&["max_replication_slots = 20", "max_wal_senders = 20"]);
+    let pg = Postgres::start_major(
+        major,
+        &["max_replication_slots = 20", "max_wal_senders = 20"],
+    );
     pg.sql("postgres", "CREATE DATABASE app;");
     let postmaster = pg.postmaster_pid().expect("postmaster.pid").as_raw();
+    let tag = |key: &'static str| -> &'static str {
+        match major {
+            15 => key,
+            _ => Box::leak(format!("{key}@{major}").into_boxed_str()),
+        }
+    };
+    let version = match major {
+        15 => String::new(),
+        _ => format!("PostgreSQL {major}: "),
+    };
     // A broker of its own: the shared one holds every record the MariaDB sections sent, and
     // costs more CPU per record for it (1.1 against 0.6 CPU s per 200k rows in one run).
     let broker = Broker::start();
@@ -1482,7 +1517,7 @@ fn postgres_section(
                 ),
             };
             rows.push(Row {
-                key: match (i, per_txn) {
+                key: tag(match (i, per_txn) {
                     (0, 1) => "pg-raw1",
                     (0, 10) => "pg-raw-source",
                     (0, _) => "pg-raw100",
@@ -1492,9 +1527,9 @@ fn postgres_section(
                     (_, 1) => "pg-rawpu1",
                     (_, 10) => "pg-rawpu10",
                     (_, _) => "pg-rawpu100",
-                },
+                }),
                 what: format!(
-                    "raw source: pg_recvlogical ({plugin}), same WAL ({per_txn}-row transactions)"
+                    "{version}raw source: pg_recvlogical ({plugin}), same WAL ({per_txn}-row transactions)"
                 ),
                 events: n,
                 seconds,
@@ -1517,13 +1552,13 @@ fn postgres_section(
             let (seconds, stats, spread) = median(runs, n);
             let who = build_label(label);
             rows.push(Row {
-                key: match (label.is_some(), per_txn) {
+                key: tag(match (label.is_some(), per_txn) {
                     (false, _) => key,
                     (true, 1) => "pg-base1",
                     (true, 10) => "pg-base10",
                     (true, _) => "pg-base100",
-                },
-                what: format!("{who}, Postgres backlog drain, {per_txn}-row transactions"),
+                }),
+                what: format!("{version}{who}, Postgres backlog drain, {per_txn}-row transactions"),
                 events: n,
                 seconds,
                 bytes: n * record_bytes,

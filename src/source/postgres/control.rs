@@ -615,7 +615,8 @@ impl Control {
                 "replication slot {slot} belongs to database {} (or is a physical slot), not this one",
                 text("database").unwrap_or_else(|| "none".into())
             ))
-            .remedy("set source.slot to another name (outboxd creates it), or point source.url at that database"));
+            .remedy("set source.slot to another name (outboxd creates it), or point source.url at that database")
+            .refused_by_host());
         }
         let plugin = text("plugin");
         if plugin.as_deref() != Some("pgoutput") {

@@ -105,7 +105,7 @@ impl PostgresSource {
         let system = within(conn.identify_system(), &info.shown).await?;
         if let Some((stored, position)) = resume {
             same_cluster(stored, &system)?;
-            same_history(&mut conn, stored, position, &system, &info).await?;
+            same_history(&mut conn, stored, position, &system, &server, &info).await?;
         }
         let slot = usable_slot(&control, &server, &info, own, config.one_of_several).await?;
         control
@@ -126,7 +126,9 @@ impl PostgresSource {
             server_uuid: None,
             system_identifier: Some(system.id),
             slot: Some(own.slot.clone()),
-            timeline: Some(system.timeline),
+            // A standby's timeline can change under a session (a promotion, or following a new
+            // primary), and the checkpoints would name the old one: a primary's only.
+            timeline: (!server.standby).then_some(system.timeline),
         };
         if durable.fenced_earlier() {
             end_fenced_holder(&control, &own.slot, &info.application_name).await;
@@ -394,19 +396,37 @@ async fn same_history(
     stored: &SourceIdentity,
     position: &Position,
     system: &System,
+    server: &Server,
     info: &ConnInfo,
 ) -> Result<()> {
     let (Some(then), Ok(Lsn(lsn))) = (stored.timeline, position.lsn()) else {
         return Ok(());
     };
     let history = if system.timeline > then {
-        Some(within(conn.timeline_history(system.timeline), &info.shown).await?)
+        let asked = within(conn.timeline_history(system.timeline), &info.shown).await;
+        // A server that cannot show its history (the file is gone) cannot be vouched for.
+        Some(asked.map_err(|e| {
+            if e.is_transient() {
+                e
+            } else {
+                e.refused_by_host()
+            }
+        })?)
     } else {
         None
     };
     let now = system.timeline;
     let refusal = match lineage::judge(then, now, lsn, history.as_deref()) {
         Lineage::Holds => return Ok(()),
+        // A standby reports the timeline it has replayed: it may not have reached the switch yet.
+        Lineage::Behind if server.standby => {
+            return Err(Error::source(format!(
+                "{} is a standby still replaying timeline {now}; the checkpoint was written on timeline {then}",
+                info.shown
+            ))
+            .remedy("outboxd waits for the standby's replay to reach the newer timeline; if it never does, it follows an old primary: point it at the current one")
+            .transient())
+        }
         Lineage::Behind => Error::source(format!(
             "{} is on timeline {now}, but the checkpoint was written on timeline {then}: this server is behind a promotion (an old primary that came back, or a standby of one)",
             info.shown

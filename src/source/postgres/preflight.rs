@@ -174,15 +174,23 @@ async fn check(
         }
         let state = control.publication_state(publication, table).await?;
         if !exists && server.standby {
-            items.push(Item::fail(
-                SUBJECT,
-                format!("publication {publication} does not exist, and a standby cannot create it"),
-                format!(
-                    "run on the primary: {}",
-                    super::control::create_publication_sql(publication, &config.tables)
-                ),
-            ));
-            break;
+            let problem =
+                format!("publication {publication} does not exist, and a standby cannot create it");
+            let fix = format!(
+                "run on the primary: {}",
+                super::control::create_publication_sql(publication, &config.tables)
+            );
+            // Listed beside its primary, the standby gets it from the primary, where run creates it.
+            items.push(if several {
+                Item::warn(
+                    SUBJECT,
+                    format!("{problem} (run creates it on the primary)"),
+                    fix,
+                )
+            } else {
+                Item::fail(SUBJECT, problem, fix)
+            });
+            continue;
         }
         if !exists {
             items.push(Item::pass(SUBJECT, format!("publication {publication} will be created for {table} at start (needs table ownership)")));
@@ -262,7 +270,7 @@ async fn slot_items(
                 ));
             }
         }
-        (Some(s), Some(_)) if s.invalidated.is_some() && !s.synced => items.push(Item::fail(
+        (Some(s), Some(_)) if s.invalidated.is_some() => items.push(Item::fail(
             SUBJECT,
             format!("slot {name} is invalidated ({}): the changes since the checkpoint cannot be decoded from it", s.invalidated.clone().unwrap_or_default()),
             "drop it, `outboxd checkpoint reset` and start outboxd, then re-send what came before with `outboxd snapshot --where …`; keep max_slot_wal_keep_size large enough",

@@ -57,15 +57,32 @@ pub async fn begin(config: &SourceConfig, own: &PostgresOptions, exact: bool) ->
             then: position(then),
         });
     }
+    let server = control.server().await?;
+    if server.standby && config.one_of_several {
+        // As for a stream (`usable_slot`): beside its primary, a standby gets no slot.
+        return Err(Error::source(format!(
+            "{} is a standby: with several hosts in source.url, outboxd makes its slot (and the first start's snapshot) on the primary",
+            info.shown
+        ))
+        .remedy("nothing while the primary is up: outboxd reads it")
+        .refused_by_host());
+    }
     // The publication must exist before the slot: pgoutput reads it as of each change's time.
     control
         .ensure_publication(&own.publication, &config.tables)
-        .await?;
+        .await
+        .map_err(|e| {
+            if server.standby {
+                e.refused_by_host()
+            } else {
+                e
+            }
+        })?;
     let mut conn = within(Connection::open(&info), &info.shown).await?;
     let system = within(conn.identify_system(), &info.shown).await?;
     let then = match control.slot_confirmed(&own.slot).await? {
         None => {
-            let failover = control.server().await?.failover_slots();
+            let failover = server.failover_slots();
             let (lsn, snapshot) = within(
                 conn.create_slot_exporting(&own.slot, failover),
                 &info.shown,
@@ -101,7 +118,8 @@ pub async fn begin(config: &SourceConfig, own: &PostgresOptions, exact: bool) ->
             server_uuid: None,
             system_identifier: Some(system.id),
             slot: Some(own.slot.clone()),
-            timeline: Some(system.timeline),
+            // A standby's timeline can change under a session (a promotion): a primary's only.
+            timeline: (!server.standby).then_some(system.timeline),
         },
         then: position(then),
     })
