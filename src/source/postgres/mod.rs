@@ -5,10 +5,12 @@
 //! session starts replication at that LSN: Postgres skips transactions that committed before it. The
 //! slot's `confirmed_flush_lsn` is advanced only to LSNs already durable in the local checkpoint (the
 //! checkpoint's [`Durable`] handle says which), so the server never discards WAL we may still need. A
-//! slot that is missing, or ahead of the checkpoint, no longer holds the changes since it (a failover
-//! to a server without a copy of the slot, a slot made anew, another consumer): that is refused,
-//! never skipped over. Without a checkpoint the stream starts at the slot's position, which for a
-//! slot outboxd just created is "now".
+//! slot ahead of the checkpoint means an older copy of the checkpoint (restored, rewound): the rows
+//! in between were forwarded, so we say so and start at the slot. A missing slot, or one ahead of
+//! the checkpoint on a server promoted since, no longer holds the changes since the checkpoint (a
+//! failover to a server without a copy of the slot, a slot made anew): that is refused, never
+//! skipped over. Without a checkpoint the stream starts at the slot's position, which for a slot
+//! outboxd just created is "now".
 //!
 //! ## Failover
 //! `source.url` may list the primary and its physical standbys. On 17+ the slot outboxd creates on
@@ -118,7 +120,7 @@ impl PostgresSource {
                     e
                 }
             })?;
-        let start = start_position(&control, &server, own, slot, resume).await?;
+        let start = start_position(&control, &server, own, slot, (resume, system.timeline)).await?;
         let heartbeat = Duration::from_millis(source.heartbeat_interval_ms);
         let identity = SourceIdentity {
             kind: SourceKind::Postgres,
@@ -455,16 +457,17 @@ async fn same_history(
 /// Where the stream starts: the checkpoint's LSN on the slot that kept the changes since it, or,
 /// without a checkpoint, the slot's position (created now if missing: "now").
 ///
-/// With a checkpoint, a slot that is missing or ahead of it is refused (this host's refusal): the
-/// changes in between are not in this slot, and starting anyway would skip them without a word.
-/// That is what a failover to a server without a copy of the slot, or a slot made anew there,
-/// looks like; also a slot someone else consumed. The remedy says how to re-send or accept.
+/// With a checkpoint, a missing slot is refused (this host's refusal): the changes since the
+/// checkpoint went with it, and a new slot would skip them without a word. So is a slot ahead of
+/// the checkpoint on a server promoted since (made there after the checkpoint); on the server the
+/// checkpoint was written on, a slot ahead of it means an older copy of the checkpoint, and the
+/// stream starts at the slot with a warning. The remedy says how to re-send or accept.
 async fn start_position(
     control: &Control,
     server: &Server,
     own: &PostgresOptions,
     slot: Option<SlotState>,
-    resume: Option<(&SourceIdentity, &Position)>,
+    (resume, timeline): (Option<(&SourceIdentity, &Position)>, u32),
 ) -> Result<u64> {
     let Some((stored, position)) = resume else {
         let lsn = match slot {
@@ -516,9 +519,22 @@ async fn start_position(
         ))
         .refused_by_host());
     }
+    // On the server the checkpoint was written on, a slot ahead of it was confirmed by outboxd
+    // itself (only ever up to a durable checkpoint) and the checkpoint is an older copy (restored,
+    // or rewound by hand): the rows in between were forwarded, and the server cannot go back. After
+    // a promotion (another timeline) the slot was made there after the checkpoint.
+    let promoted = stored.timeline.is_some_and(|t| t != timeline);
+    if slot.confirmed > lsn && !promoted {
+        tracing::warn!(
+            checkpoint = %lsn_to_string(lsn),
+            slot = %lsn_to_string(slot.confirmed),
+            "the slot is ahead of the checkpoint (an older copy of the checkpoint, or the slot was consumed elsewhere): starting at the slot, the server cannot go back"
+        );
+        return Ok(slot.confirmed);
+    }
     if slot.confirmed > lsn {
         return Err(Error::source(format!(
-            "replication slot {} starts at {}, after the checkpoint ({}): the changes in between are not in it (it was made anew after the checkpoint, as after a failover to a server without a synchronized copy, or another consumer took them)",
+            "replication slot {} starts at {}, after the checkpoint ({}), on a server promoted since the checkpoint: the slot was made here after it, and the changes in between are not in it",
             own.slot,
             lsn_to_string(slot.confirmed),
             lsn_to_string(lsn)

@@ -275,14 +275,14 @@ async fn slot_items(
             format!("slot {name} is invalidated ({}): the changes since the checkpoint cannot be decoded from it", s.invalidated.clone().unwrap_or_default()),
             "drop it, `outboxd checkpoint reset` and start outboxd, then re-send what came before with `outboxd snapshot --where …`; keep max_slot_wal_keep_size large enough",
         )),
-        (Some(s), Some(lsn)) if s.confirmed > lsn => items.push(Item::fail(
+        (Some(s), Some(lsn)) if s.confirmed > lsn => items.push(Item::warn(
             SUBJECT,
             format!(
-                "slot {name} starts at {}, after the checkpoint ({}): the changes in between are not in it (made anew after the checkpoint, or consumed elsewhere); run refuses to skip them",
+                "slot {name} is ahead of the checkpoint ({} > {}): an older copy of the checkpoint (run starts at the slot: those rows were forwarded), or the slot was consumed elsewhere; on a server promoted since the checkpoint run refuses it",
                 lsn_to_string(s.confirmed),
                 lsn_to_string(lsn)
             ),
-            format!("re-send what the outbox got since the checkpoint with `outboxd snapshot --where …`, then `outboxd checkpoint set {}`; give each pipeline its own source.slot", lsn_to_string(s.confirmed)),
+            format!("make sure only this pipeline uses the slot; to accept the slot's position, `outboxd checkpoint set {}`", lsn_to_string(s.confirmed)),
         )),
         (Some(s), _) => items.push(Item::pass(
             SUBJECT,
