@@ -89,6 +89,20 @@ fn write_until_the_primary_dies(pg: &Postgres, from: u64, kill_after: u64) -> u6
     })
 }
 
+/// Waits until the standby's copy of `slot` is synchronized and persistent. A copy stays temporary
+/// (and would be gone after a promotion) until the primary's slot has advanced past the standby's
+/// catalog xmin: outboxd advances it as it forwards, and the writes here give it something to.
+fn a_persistent_copy(primary: &Postgres, standby: &Postgres, slot: &str) {
+    wait_until(
+        "a persistent synchronized copy on the standby",
+        LIMIT,
+        || {
+            primary.sql("app", "INSERT INTO public.other (note) VALUES ('tick');");
+            the_slot_on(standby, slot) == "t|f|t"
+        },
+    );
+}
+
 fn the_slot_on(pg: &Postgres, slot: &str) -> String {
     pg.sql(
         "app",
@@ -116,17 +130,7 @@ fn a_primary_failover_on_a_failover_slot_loses_nothing_and_keeps_key_order(major
         "outboxd made a failover slot"
     );
     insert_rows(&env.pg, 0, 300, 3);
-    // A copy stays temporary (and would be gone after a promotion) until the primary's slot has
-    // advanced past the standby's catalog xmin: outboxd advances it as it forwards.
-    wait_until(
-        "a persistent synchronized copy on the standby",
-        LIMIT,
-        || {
-            env.pg
-                .sql("app", "INSERT INTO public.other (note) VALUES ('tick');");
-            the_slot_on(&standby, &slot) == "t|f|t"
-        },
-    );
+    a_persistent_copy(&env.pg, &standby, &slot);
     let ready = check(&env);
     for line in [
         format!("slot {slot} is a failover slot"),
@@ -279,15 +283,7 @@ fn a_standby_promoted_before_it_had_what_outboxd_forwarded_is_refused_naming_the
     let slot = "outboxd_fork";
     env.outboxd.start();
     insert_rows(&env.pg, 0, 100, 4);
-    wait_until(
-        "a persistent synchronized copy on the standby",
-        LIMIT,
-        || {
-            env.pg
-                .sql("app", "INSERT INTO public.other (note) VALUES ('tick');");
-            the_slot_on(&standby, slot) == "t|f|t"
-        },
-    );
+    a_persistent_copy(&env.pg, &standby, slot);
     standby.stop_fast();
     insert_rows(&env.pg, 100, 300, 4);
     let end = lsn_of(&env.pg.sql("app", "SELECT pg_current_wal_lsn();"));

@@ -469,6 +469,23 @@ impl Control {
         Ok(())
     }
 
+    /// [`Control::ensure_publication`] on `server`: a standby cannot create the publication, and
+    /// that is this host's refusal (another listed host, the primary, can).
+    pub async fn ensure_publication_on(
+        &self,
+        server: &Server,
+        name: &str,
+        tables: &[String],
+    ) -> Result<()> {
+        self.ensure_publication(name, tables).await.map_err(|e| {
+            if server.standby {
+                e.refused_by_host()
+            } else {
+                e
+            }
+        })
+    }
+
     /// Whether `table` exists, is partitioned, and is published by `publication` under its own name
     /// (for a partitioned table that needs `publish_via_partition_root`; without it the publication
     /// lists the partitions instead, which outboxd refuses anyway).

@@ -111,15 +111,8 @@ impl PostgresSource {
         }
         let slot = usable_slot(&control, &server, &info, own, config.one_of_several).await?;
         control
-            .ensure_publication(&own.publication, &source.tables)
-            .await
-            .map_err(|e| {
-                if server.standby {
-                    e.refused_by_host()
-                } else {
-                    e
-                }
-            })?;
+            .ensure_publication_on(&server, &own.publication, &source.tables)
+            .await?;
         let start = start_position(&control, &server, own, slot, (resume, system.timeline)).await?;
         let heartbeat = Duration::from_millis(source.heartbeat_interval_ms);
         let identity = SourceIdentity {

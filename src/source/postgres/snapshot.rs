@@ -69,15 +69,8 @@ pub async fn begin(config: &SourceConfig, own: &PostgresOptions, exact: bool) ->
     }
     // The publication must exist before the slot: pgoutput reads it as of each change's time.
     control
-        .ensure_publication(&own.publication, &config.tables)
-        .await
-        .map_err(|e| {
-            if server.standby {
-                e.refused_by_host()
-            } else {
-                e
-            }
-        })?;
+        .ensure_publication_on(&server, &own.publication, &config.tables)
+        .await?;
     let mut conn = within(Connection::open(&info), &info.shown).await?;
     let system = within(conn.identify_system(), &info.shown).await?;
     let then = match control.slot_confirmed(&own.slot).await? {
