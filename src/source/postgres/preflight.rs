@@ -27,11 +27,7 @@ pub async fn preflight(
     let info = match ConnInfo::from_config(config) {
         Ok(i) => i,
         Err(e) => {
-            items.push(Item::fail(
-                SUBJECT,
-                e.message(),
-                e.remedy_text().unwrap_or(""),
-            ));
+            items.push(failed(&e));
             return items;
         }
     };
@@ -46,11 +42,7 @@ pub async fn preflight(
             return items;
         }
         Err(e) => {
-            items.push(Item::fail(
-                SUBJECT,
-                e.message(),
-                e.remedy_text().unwrap_or(""),
-            ));
+            items.push(failed(&e));
             return items;
         }
     };
@@ -58,11 +50,7 @@ pub async fn preflight(
     let server = match control.server().await {
         Ok(server) => server,
         Err(e) => {
-            items.push(Item::fail(
-                SUBJECT,
-                e.message(),
-                e.remedy_text().unwrap_or(""),
-            ));
+            items.push(failed(&e));
             return items;
         }
     };
@@ -221,6 +209,11 @@ async fn check(
     Ok(())
 }
 
+/// An error that ends the checks, as a FAIL line with its remedy.
+fn failed(e: &crate::error::Error) -> Item {
+    Item::fail(SUBJECT, e.message(), e.remedy_text().unwrap_or(""))
+}
+
 /// The slot's lines: it exists (or will be made), holds the changes since the checkpoint, and, where
 /// standbys are involved, survives a promotion (see `failover_items`).
 async fn slot_items(
@@ -236,11 +229,7 @@ async fn slot_items(
     let slot = match control.slot(name).await {
         Ok(slot) => slot,
         Err(e) => {
-            items.push(Item::fail(
-                SUBJECT,
-                e.message(),
-                e.remedy_text().unwrap_or(""),
-            ));
+            items.push(failed(&e));
             return Ok(());
         }
     };
