@@ -290,6 +290,9 @@ impl Config {
             secrets.push(p);
         }
         secrets.extend(url_secrets(&self.source.url));
+        if let SourceDb::Postgres(own) = &self.source.db {
+            secrets.extend(own.primary_url.iter().flat_map(|u| url_secrets(u)));
+        }
         if let Some(url) = self.prune.as_ref().and_then(|p| p.url.as_deref()) {
             secrets.extend(url_secrets(url));
         }
@@ -364,8 +367,10 @@ fn secrets_in(doc: &toml::Table) -> Vec<String> {
         if let Some(p) = source.get("password") {
             secrets.push(text(p));
         }
-        if let Some(url) = source.get("url").and_then(toml::Value::as_str) {
-            secrets.extend(url_secrets(url));
+        for key in ["url", "primary_url"] {
+            if let Some(url) = source.get(key).and_then(toml::Value::as_str) {
+                secrets.extend(url_secrets(url));
+            }
         }
     }
     if let Some(url) = section("prune")
@@ -591,6 +596,7 @@ tls = { mode = "verify-full", ca = "/etc/outboxd/ca.pem" }
 slot = "s1"
 publication = "p1"
 message_prefixes = ["outbox"]
+primary_url = "postgres://cdc@pg1:5432/app"
 heartbeat_interval_ms = 1000
 [route]
 by = "topic"
@@ -623,6 +629,16 @@ listen = ""
         };
         assert_eq!((own.slot.as_str(), own.publication.as_str()), ("s1", "p1"));
         assert_eq!(own.message_prefixes, ["outbox"]);
+        assert_eq!(
+            own.primary_url.as_deref(),
+            Some("postgres://cdc@pg1:5432/app")
+        );
+        // The primary a standby follows is one server.
+        let two = text.replace("@pg1:5432/app", "@pg1:5432,pg2:5432/app");
+        assert!(parse(&two, &[])
+            .unwrap_err()
+            .to_string()
+            .contains("source.primary_url"));
         assert_eq!(c.source.tls.as_ref().unwrap().mode, TlsMode::VerifyFull);
         // Certificates with TLS switched off are a mistake, not something to ignore.
         let tls = text.replace("mode = \"verify-full\"", "mode = \"disable\"");

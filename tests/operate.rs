@@ -233,8 +233,9 @@ fn schema_prints_debezium_compatible_ddl_with_grants() {
 }
 
 /// Secret values planted in every place a secret may live.
-const PLANTED: [&str; 13] = [
+const PLANTED: [&str; 14] = [
     "planted-pg-hosts-pw-84",
+    "planted-pg-primary-pw-85",
     "planted-amqp-pw-81",
     "planted-aws-secret-82",
     "planted-aws-token-83",
@@ -452,10 +453,17 @@ fn no_command_prints_a_planted_secret() {
         assert!(text.contains("password as a query parameter"), "{text}");
         assert_no_secret(&format!("{args:?} with a Postgres URL password"), &text);
     }
-    // A Postgres primary and standby in one URL with a password, where nothing answers: check
-    // names each host, run rotates through them.
+    // A primary_url that is not one server's URL is refused without showing its password.
     env.outboxd.rewrite_config(&format!(
-        "[source]\nkind = \"postgres\"\nurl = \"postgres://cdc:planted-pg-hosts-pw-84@127.0.0.1:{port},127.0.0.1:{port}/app\"\ntables = [\"public.outbox\"]\n[kafka]\nbrokers = \"{bootstrap}\"\n[http]\nlisten = \"\"\n"
+        "[source]\nkind = \"postgres\"\nurl = \"postgres://cdc@127.0.0.1:{port}/app\"\nprimary_url = \"postgres://cdc:planted-pg-primary-pw-85@127.0.0.1:{port},127.0.0.1:{port}/app\"\ntables = [\"public.outbox\"]\n[kafka]\nbrokers = \"{bootstrap}\"\n[http]\nlisten = \"\"\n"
+    ));
+    let (ok, text) = output_with_env(&env.outboxd, &["check"], &[]);
+    assert!(!ok && text.contains("source.primary_url"), "{text}");
+    assert_no_secret("check with a bad primary_url", &text);
+    // A Postgres primary and standby in one URL with a password (and a primary_url with one),
+    // where nothing answers: check names each host, run rotates through them.
+    env.outboxd.rewrite_config(&format!(
+        "[source]\nkind = \"postgres\"\nurl = \"postgres://cdc:planted-pg-hosts-pw-84@127.0.0.1:{port},127.0.0.1:{port}/app\"\nprimary_url = \"postgres://cdc:planted-pg-primary-pw-85@127.0.0.1:{port}/app\"\ntables = [\"public.outbox\"]\n[kafka]\nbrokers = \"{bootstrap}\"\n[http]\nlisten = \"\"\n"
     ));
     let (ok, text) = output_with_env(&env.outboxd, &["check"], &[]);
     assert!(

@@ -336,18 +336,38 @@ fn lsn_of(text: &str) -> u64 {
     (u64::from_str_radix(hi, 16).unwrap() << 32) | u64::from_str_radix(lo, 16).unwrap()
 }
 
+/// How this test's outboxd learns of the primary behind the standby it reads.
+#[derive(Clone, Copy, PartialEq)]
+enum Primary {
+    /// Not at all: the heartbeat cannot be written, `check` says what that costs.
+    Unknown,
+    /// `source.primary_url`: the heartbeat is written there and comes back through the standby.
+    Named,
+}
+
 /// outboxd reads a standby (16+) listed alone in `source.url`: the publication made on the primary,
 /// the slot on the standby (its creation waits for the primary's next record of running
 /// transactions), rows committed on the primary in mixed transactions arrive once in key order,
-/// and after a kill -9 the rest arrive from the checkpoint.
-fn reading_a_standby_forwards_every_row_and_resumes_after_a_kill(major: u32) {
+/// and after a kill -9 the rest arrive from the checkpoint. With `source.primary_url` the heartbeat
+/// is written on the primary, so a quiet standby stays ready (`/readyz`) for many heartbeat
+/// intervals and its slot is confirmed past the primary's WAL; without it `check` warns that it
+/// would not.
+fn reading_a_standby_forwards_every_row_and_resumes_after_a_kill(major: u32, primary: Primary) {
     let name = format!("readstandby{major}");
     let mut env = setup_on(major, &name, SCHEMA, "", &[]);
     let standby = env.pg.start_standby(STANDBY_SLOT, &[]);
+    let port = crate::rig::free_port();
     let path = env.outboxd.config_path();
-    let body = std::fs::read_to_string(&path)
+    let mut body = std::fs::read_to_string(&path)
         .unwrap()
-        .replace(&env.pg.url("cdc", "app"), &standby.url("cdc", "app"));
+        .replace(&env.pg.url("cdc", "app"), &standby.url("cdc", "app"))
+        .replace("listen = \"\"", &format!("listen = \"127.0.0.1:{port}\""));
+    if primary == Primary::Named {
+        body = body.replace(
+            "[kafka]",
+            &format!("primary_url = \"{}\"\n[kafka]", env.pg.url("cdc", "app")),
+        );
+    }
     std::fs::write(&path, body).unwrap();
     let publication = format!("outboxd_{name}");
     let missing = check(&env);
@@ -370,6 +390,17 @@ fn reading_a_standby_forwards_every_row_and_resumes_after_a_kill(major: u32) {
     });
     let ready = check(&env);
     assert!(!ready.contains("FAIL"), "{ready}");
+    match primary {
+        Primary::Unknown => assert!(
+            ready.contains("source.primary_url is not set")
+                && ready.contains("/readyz answers 503"),
+            "{ready}"
+        ),
+        Primary::Named => assert!(
+            ready.contains("the heartbeat is written on the primary"),
+            "{ready}"
+        ),
+    }
     env.outboxd.spawn(&[]);
     wait_until("the slot on the standby and the stream", LIMIT, || {
         env.pg.sql("postgres", "SELECT pg_log_standby_snapshot();");
@@ -388,15 +419,46 @@ fn reading_a_standby_forwards_every_row_and_resumes_after_a_kill(major: u32) {
         &format!("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'outboxd_{name}';"),
     );
     assert_eq!(on_primary.trim(), "0", "no slot on the primary");
+    if primary == Primary::Named {
+        // Quiet now: only the heartbeats written on the primary come through. The standby's slot is
+        // confirmed past where the primary's WAL ends now, and readiness holds all along, for
+        // many times the three heartbeat intervals (3 s here) it allows a silent stream.
+        let end = lsn_of(&env.pg.sql("postgres", "SELECT pg_current_wal_lsn();"));
+        let slot = format!(
+            "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'outboxd_{name}';"
+        );
+        wait_until(
+            "the slot on the standby to pass the primary's end",
+            LIMIT,
+            || {
+                assert_eq!(
+                    crate::rig::http_get(port, "/readyz").0,
+                    200,
+                    "{}",
+                    env.outboxd.log()
+                );
+                lsn_of(&standby.sql("postgres", &slot)) > end
+            },
+        );
+        for _ in 0..60 {
+            assert_eq!(
+                crate::rig::http_get(port, "/readyz").0,
+                200,
+                "a quiet standby read with source.primary_url stays ready\n{}",
+                env.outboxd.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(150));
+        }
+    }
     env.outboxd.stop();
 }
 
 #[test]
 fn postgres_16_standby_is_read_and_every_row_arrives_once_in_key_order() {
-    reading_a_standby_forwards_every_row_and_resumes_after_a_kill(16);
+    reading_a_standby_forwards_every_row_and_resumes_after_a_kill(16, Primary::Unknown);
 }
 
 #[test]
-fn postgres_18_standby_is_read_and_every_row_arrives_once_in_key_order() {
-    reading_a_standby_forwards_every_row_and_resumes_after_a_kill(18);
+fn postgres_18_standby_is_read_with_its_primary_named_and_stays_ready_while_quiet() {
+    reading_a_standby_forwards_every_row_and_resumes_after_a_kill(18, Primary::Named);
 }

@@ -96,11 +96,24 @@ impl MysqlOptions {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PostgresOptions {
     pub slot: String,
     pub publication: String,
     pub message_prefixes: Vec<String>,
+    /// Reading a standby: the primary it follows, where the heartbeat is written.
+    pub primary_url: Option<String>,
+}
+
+impl std::fmt::Debug for PostgresOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresOptions")
+            .field("slot", &self.slot)
+            .field("publication", &self.publication)
+            .field("message_prefixes", &self.message_prefixes)
+            .field("primary_url", &self.primary_url.as_deref().map(redact_url))
+            .finish()
+    }
 }
 
 /// The schema of `[source]` is the schema of what is written ([`RawSource`]).
@@ -153,6 +166,13 @@ struct RawSource {
     /// (`pg_logical_emit_message(true, 'outbox', …)`), the table-less outbox.
     #[serde(default)]
     message_prefixes: Option<Vec<String>>,
+    /// Postgres, reading a standby: the primary it follows (`postgres://cdc@pg1:5432/app`, one
+    /// host). A standby cannot write, so outboxd writes its heartbeat message there; it replicates
+    /// to the standby and comes back through the stream, so a quiet database still shows progress
+    /// (`/readyz`) and the slot keeps moving. The source's password and TLS settings apply. Not
+    /// used while `url` is a primary.
+    #[serde(default)]
+    primary_url: Option<String>,
     /// How often an idle stream proves it is alive (MySQL/MariaDB: the server's binlog heartbeat;
     /// Postgres: a message outboxd emits with `pg_logical_emit_message`); a stream silent for three
     /// of them is treated as dead and reconnected.
@@ -183,6 +203,7 @@ impl TryFrom<RawSource> for SourceConfig {
                     ("source.slot", raw.slot.is_some()),
                     ("source.publication", raw.publication.is_some()),
                     ("source.message_prefixes", raw.message_prefixes.is_some()),
+                    ("source.primary_url", raw.primary_url.is_some()),
                 ] {
                     if set {
                         other_db_keys.push(key);
@@ -203,6 +224,7 @@ impl TryFrom<RawSource> for SourceConfig {
                     slot: raw.slot.unwrap_or_else(default_slot),
                     publication: raw.publication.unwrap_or_else(default_slot),
                     message_prefixes: raw.message_prefixes.unwrap_or_default(),
+                    primary_url: raw.primary_url,
                 })
             }
         };
@@ -409,6 +431,23 @@ impl SourceConfig {
                 format!("{} rows per read is out of range", self.snapshot_chunk),
                 "use 1..=100000 (default 1000)",
             );
+        }
+        if let SourceDb::Postgres(PostgresOptions {
+            primary_url: Some(primary),
+            ..
+        }) = &self.db
+        {
+            let one = source_urls(primary);
+            if !primary.starts_with("postgres://") && !primary.starts_with("postgresql://")
+                || one.len() != 1
+                || url::Url::parse(primary).is_err()
+            {
+                return bad(
+                    "source.primary_url",
+                    format!("{} is not one Postgres server's URL", redact_url(primary)),
+                    "name the primary the standby in source.url follows: postgres://USER@HOST:PORT/DB (one host; percent-encode special characters)",
+                );
+            }
         }
         // URL TLS parameters against source.tls (files are read when connecting).
         crate::source::tls::TlsSettings::of(self)?;

@@ -734,6 +734,25 @@ impl Control {
             })
     }
 
+    /// Whether the connection is gone (the server closed it, or the network failed).
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    /// The cluster's system identifier (the same on its physical standbys), as IDENTIFY_SYSTEM
+    /// gives it.
+    pub async fn system_identifier(&self) -> Result<String> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT system_identifier::text FROM pg_control_system()",
+                &[],
+            )
+            .await
+            .map_err(|e| self.failed("reading the system identifier", e))?;
+        Ok(row.get(0))
+    }
+
     /// A non-transactional message that makes the walsender send us something even when the database
     /// is idle. Fails on a standby (read-only).
     pub async fn emit_heartbeat(&self) -> Result<()> {

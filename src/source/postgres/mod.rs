@@ -21,15 +21,17 @@
 //! ## Liveness
 //! With `heartbeat_interval_ms`, outboxd emits a non-transactional `pg_logical_emit_message` on the
 //! control connection; it comes back through the stream, so a quiet database still shows progress and a
-//! stream that stays silent for three intervals is treated as dead. On a standby (read-only) the
-//! message cannot be emitted; outboxd then relies on the walsender's keepalives (every
-//! `wal_sender_timeout / 2`) and allows 100 s of silence.
+//! stream that stays silent for three intervals is treated as dead. A standby (read-only) cannot
+//! write it: with `source.primary_url` it is written on the primary and replicates through
+//! ([`heartbeat`]); without, outboxd relies on the walsender's keepalives and allows 100 s of
+//! silence.
 //!
 //! The wire codec ([`pgoutput`]) lives apart from the connection so it can be tested on captured bytes
 //! alone, and the state machine ([`decoder`]) apart from both.
 
 mod control;
 mod decoder;
+mod heartbeat;
 mod lineage;
 pub mod lsn;
 pub mod pgoutput;
@@ -50,6 +52,7 @@ pub use self::control::{quote_table, ConnInfo, Control};
 use self::control::{Server, SlotHolder, SlotState, STANDBY_DECODING};
 pub use self::decoder::{position, HEARTBEAT_PREFIX};
 use self::decoder::{Decoder, Step};
+use self::heartbeat::{Emitted, Heartbeat};
 use self::lineage::Lineage;
 use self::lsn::lsn_to_string;
 pub use self::lsn::Lsn;
@@ -74,7 +77,9 @@ pub struct PostgresSource {
     identity: SourceIdentity,
     start: u64,
     metrics: Arc<Metrics>,
+    /// When the next heartbeat is due (`None`: none can be written), and where it goes.
     heartbeat: Option<tokio::time::Interval>,
+    beat: Heartbeat,
     read_timeout: Duration,
     /// When the stream last said anything.
     last_message: tokio::time::Instant,
@@ -150,6 +155,12 @@ impl PostgresSource {
             .unwrap_or(KEEPALIVE_SILENCE);
         let mut ticker = tokio::time::interval(heartbeat);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let beat = Heartbeat::for_server(config, own, &server)?;
+        let read_timeout = if beat.is_off() {
+            KEEPALIVE_SILENCE.max(heartbeat * 3)
+        } else {
+            heartbeat * 3
+        };
         Ok(PostgresSource {
             stream,
             control,
@@ -166,11 +177,12 @@ impl PostgresSource {
             identity,
             start,
             metrics,
-            heartbeat: Some(ticker),
-            read_timeout: heartbeat * 3,
+            heartbeat: (!beat.is_off()).then_some(ticker),
+            beat,
+            read_timeout,
             last_message: tokio::time::Instant::now(),
             unstamped: 0,
-            check_at: tokio::time::Instant::now() + heartbeat * 3,
+            check_at: tokio::time::Instant::now() + read_timeout,
             progress: None,
             busy_limit,
         })
@@ -255,19 +267,14 @@ impl PostgresSource {
         self.unstamped = 0;
     }
 
-    /// Emits the heartbeat message on the control connection (it comes back through the stream).
+    /// Writes the heartbeat message (here, or on the primary of the standby read); it comes back
+    /// through the stream.
     async fn emit_heartbeat(&mut self) {
-        let emitted =
-            tokio::time::timeout(Duration::from_secs(5), self.control.emit_heartbeat()).await;
-        match emitted {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "cannot emit heartbeat messages (a standby?): relying on walsender keepalives");
-                self.heartbeat = None;
-                self.read_timeout = self.read_timeout.max(KEEPALIVE_SILENCE);
-                self.check_at = self.check_at.max(self.last_message + self.read_timeout);
-            }
-            Err(_) => tracing::warn!("emitting the heartbeat message timed out"),
+        if let Emitted::Cannot(e) = self.beat.emit(&self.control).await {
+            tracing::warn!(error = %e, "cannot emit heartbeat messages: relying on walsender keepalives");
+            self.heartbeat = None;
+            self.read_timeout = self.read_timeout.max(KEEPALIVE_SILENCE);
+            self.check_at = self.check_at.max(self.last_message + self.read_timeout);
         }
     }
 

@@ -132,6 +132,8 @@ async fn check(
         ));
     }
     slot_items(control, server, own, checkpoint, several, max_slots, items).await?;
+    let system = control.system_identifier().await.ok();
+    items.extend(super::heartbeat::items(config, own, server, system.as_deref(), SUBJECT).await);
     let publication = &own.publication;
     let publication_row = client
         .query_opt(

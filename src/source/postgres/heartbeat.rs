@@ -1,0 +1,207 @@
+//! Where outboxd's heartbeat message is written, and the `check` lines about it.
+//!
+//! The heartbeat is a non-transactional `pg_logical_emit_message` that comes back through the
+//! stream: a quiet database still shows progress end to end (the silence timer, `/readyz`, and a
+//! slot confirmed past the primary's WAL). A primary writes it on the control connection. A standby
+//! cannot write; with `source.primary_url` the message is written on the primary it follows,
+//! replicates to the standby and is decoded there like any other record. Without it a standby
+//! relies on walsender keepalives, which come only while WAL moves: on a quiet primary the stream
+//! says nothing, so readiness fails and the stream is reconnected every few minutes (`check` says
+//! so).
+//!
+//! The primary being down does not stop the standby from being read: the heartbeat then pauses
+//! (one WARN), and resumes when the primary answers again.
+
+use std::time::Duration;
+
+use super::control::{ConnInfo, Control, Server};
+use crate::error::{Error, Result};
+use crate::preflight::Item;
+use crate::source::config::{redact_url, PostgresOptions, SourceConfig};
+
+/// How long one heartbeat (a connection to the primary included) may take.
+const EMIT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where this session writes its heartbeat.
+pub enum Heartbeat {
+    /// On the server read (a primary).
+    Here,
+    /// On the primary the standby read follows (`source.primary_url`).
+    OnPrimary(Box<Primary>),
+    /// Nowhere: a standby without `source.primary_url`.
+    Off,
+}
+
+pub struct Primary {
+    info: ConnInfo,
+    control: Option<Control>,
+    /// Whether the last attempt failed (a WARN was logged; the next success is logged too).
+    failing: bool,
+}
+
+/// What [`Heartbeat::emit`] found.
+pub enum Emitted {
+    /// Written (or skipped for now: the primary is away, and was said to be).
+    Fine,
+    /// This server cannot write it (read-only): rely on keepalives from now on.
+    Cannot(Error),
+}
+
+impl Heartbeat {
+    /// The heartbeat for a session on `server`.
+    pub fn for_server(
+        config: &SourceConfig,
+        own: &PostgresOptions,
+        server: &Server,
+    ) -> Result<Heartbeat> {
+        if !server.standby {
+            return Ok(Heartbeat::Here);
+        }
+        let Some(url) = &own.primary_url else {
+            tracing::warn!(
+                "reading a standby without source.primary_url: a standby cannot write outboxd's heartbeat, so while the primary is quiet the stream says nothing (readiness fails, and the stream is reconnected every few minutes); set source.primary_url to the primary"
+            );
+            return Ok(Heartbeat::Off);
+        };
+        let info = ConnInfo::from_config(&config.with_url(url.clone()))?;
+        tracing::info!(primary = %info.shown, "reading a standby: the heartbeat is written on the primary");
+        Ok(Heartbeat::OnPrimary(Box::new(Primary {
+            info,
+            control: None,
+            failing: false,
+        })))
+    }
+
+    pub fn is_off(&self) -> bool {
+        matches!(self, Heartbeat::Off)
+    }
+
+    /// Writes one heartbeat: here on `local`'s server, or on the primary.
+    pub async fn emit(&mut self, local: &Control) -> Emitted {
+        match self {
+            Heartbeat::Here => {
+                match tokio::time::timeout(EMIT_TIMEOUT, local.emit_heartbeat()).await {
+                    Ok(Ok(())) => Emitted::Fine,
+                    Ok(Err(e)) => Emitted::Cannot(e),
+                    Err(_) => {
+                        tracing::warn!("emitting the heartbeat message timed out");
+                        Emitted::Fine
+                    }
+                }
+            }
+            Heartbeat::OnPrimary(primary) => {
+                primary.emit().await;
+                Emitted::Fine
+            }
+            Heartbeat::Off => Emitted::Fine,
+        }
+    }
+}
+
+impl Primary {
+    async fn emit(&mut self) {
+        let outcome = tokio::time::timeout(EMIT_TIMEOUT, self.try_emit()).await;
+        let failure = match outcome {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some(format!("no answer within {EMIT_TIMEOUT:?}")),
+        };
+        match (failure, self.failing) {
+            (None, true) => {
+                tracing::info!(primary = %self.info.shown, "the heartbeat is written on the primary again");
+                self.failing = false;
+            }
+            (Some(why), false) => {
+                tracing::warn!(
+                    primary = %self.info.shown,
+                    error = %why,
+                    "cannot write the heartbeat on source.primary_url: the standby is still read, but while the primary is quiet the stream says nothing; outboxd keeps trying"
+                );
+                self.failing = true;
+                self.control = None;
+            }
+            (Some(_), true) => self.control = None,
+            (None, false) => {}
+        }
+    }
+
+    async fn try_emit(&mut self) -> Result<()> {
+        if self.control.as_ref().is_none_or(Control::is_closed) {
+            let control = Control::connect(&self.info).await?;
+            if control.server().await?.standby {
+                return Err(Error::config(format!(
+                    "source.primary_url {} is in recovery (a standby): a standby cannot write the heartbeat",
+                    self.info.shown
+                )));
+            }
+            self.control = Some(control);
+        }
+        let control = self.control.as_ref().expect("connected above");
+        control.emit_heartbeat().await
+    }
+}
+
+/// `check`'s lines about the heartbeat of a session on `server` (whose cluster is `system`).
+pub async fn items(
+    config: &SourceConfig,
+    own: &PostgresOptions,
+    server: &Server,
+    system: Option<&str>,
+    subject: &'static str,
+) -> Vec<Item> {
+    let Some(url) = &own.primary_url else {
+        if !server.standby {
+            return Vec::new();
+        }
+        return vec![Item::warn(
+            subject,
+            "this server is a standby and source.primary_url is not set: a standby cannot write outboxd's heartbeat, so while the primary is quiet the stream says nothing (/readyz answers 503, and the stream is reconnected every few minutes)",
+            "set source.primary_url to the primary this standby follows (postgres://USER@PRIMARY:5432/DB; the same user, password and TLS settings are used)",
+        )];
+    };
+    let shown = redact_url(url);
+    if !server.standby {
+        return vec![Item::pass(
+            subject,
+            format!("source.primary_url ({shown}) is not used: source.url is a primary, which writes the heartbeat itself"),
+        )];
+    }
+    let reached = async {
+        let info = ConnInfo::from_config(&config.with_url(url.clone()))?;
+        let control = Control::connect(&info).await?;
+        let primary = control.server().await?;
+        let id = control.system_identifier().await?;
+        Ok::<_, Error>((primary, id))
+    };
+    match tokio::time::timeout(Duration::from_secs(15), reached).await {
+        Err(_) => vec![Item::warn(
+            subject,
+            format!("source.primary_url {shown} did not answer within 15 s: the standby is read, but without a heartbeat while the primary is quiet"),
+            "start the primary or fix source.primary_url",
+        )],
+        Ok(Err(e)) if e.is_transient() => vec![Item::warn(
+            subject,
+            format!("source.primary_url: {}: the standby is read, but without a heartbeat while the primary is quiet", e.message()),
+            "start the primary or fix source.primary_url",
+        )],
+        Ok(Err(e)) => vec![Item::fail(
+            subject,
+            format!("source.primary_url: {}", e.message()),
+            e.remedy_text().unwrap_or("fix source.primary_url").to_string(),
+        )],
+        Ok(Ok((primary, _))) if primary.standby => vec![Item::fail(
+            subject,
+            format!("source.primary_url {shown} is a standby too: only a primary can write the heartbeat"),
+            "set source.primary_url to the primary (the server not in recovery)",
+        )],
+        Ok(Ok((_, id))) if system.is_some_and(|here| here != id) => vec![Item::fail(
+            subject,
+            format!("source.primary_url {shown} is another cluster (system identifier {id}, this standby's is {}): its heartbeat never reaches this standby", system.unwrap_or_default()),
+            "set source.primary_url to the primary this standby replicates from",
+        )],
+        Ok(Ok(_)) => vec![Item::pass(
+            subject,
+            format!("the heartbeat is written on the primary {shown} (the same cluster) and comes back through this standby"),
+        )],
+    }
+}
