@@ -37,6 +37,7 @@ pub mod lsn;
 pub mod pgoutput;
 mod preflight;
 pub mod prune;
+mod published;
 pub mod snapshot;
 mod socket;
 mod stream;

@@ -162,6 +162,8 @@ async fn check(
         if missing_table {
             continue;
         }
+        let unsent = super::published::item(client, server, table, publication, wanted, SUBJECT);
+        items.extend(unsent.await?);
         let state = control.publication_state(publication, table).await?;
         if !exists && server.standby {
             let problem =

@@ -38,6 +38,8 @@ struct Plan {
 
 pub struct Reader {
     control: Control,
+    /// Whether the publication sends stored generated columns (so the snapshot reads them too).
+    generated: bool,
     plans: HashMap<(String, Option<String>, usize), Plan>,
 }
 
@@ -45,12 +47,16 @@ pub struct Reader {
 /// consistent point is `then` (see the module docs), otherwise `then` is the current WAL end.
 pub async fn begin(config: &SourceConfig, own: &PostgresOptions, exact: bool) -> Result<Begun> {
     let (info, control) = Control::connect_primary(config).await?;
+    let generated = super::published::stored_generated_sent(control.client(), &own.publication)
+        .await
+        .map_err(|e| control.failed("reading the publication", e))?;
     if !exact {
         let then = control.current_lsn().await?;
         open_read(&control, None).await?;
         return Ok(Begun {
             reader: TableReader::Postgres(Reader {
                 control,
+                generated,
                 plans: HashMap::new(),
             }),
             identity: SourceIdentity::anonymous(SourceKind::Postgres),
@@ -103,6 +109,7 @@ pub async fn begin(config: &SourceConfig, own: &PostgresOptions, exact: bool) ->
     Ok(Begun {
         reader: TableReader::Postgres(Reader {
             control,
+            generated,
             plans: HashMap::new(),
         }),
         identity: SourceIdentity {
@@ -191,17 +198,17 @@ impl Reader {
         Ok(rows)
     }
 
-    /// The table's columns (those pgoutput sends: not dropped, not generated) and primary key, and
-    /// the two statements that read it.
+    /// The table's columns (those pgoutput sends: not dropped, not generated unless stored and
+    /// published, see [`super::published`]) and primary key, and the two statements that read it.
     async fn plan(&mut self, table: &str, predicate: Option<&str>, limit: usize) -> Result<Plan> {
         let client = self.control.client();
         let quoted = quote_table(table);
         let columns = client
             .query(
                 "SELECT a.attname::text, a.atttypid::oid FROM pg_attribute a \
-                 WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' \
-                 ORDER BY a.attnum",
-                &[&quoted],
+                 WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped \
+                 AND (a.attgenerated = '' OR ($2 AND a.attgenerated = 's')) ORDER BY a.attnum",
+                &[&quoted, &self.generated],
             )
             .await
             .map_err(|e| {
