@@ -9,8 +9,9 @@
 //! says nothing, so readiness fails and the stream is reconnected every few minutes (`check` says
 //! so).
 //!
-//! The primary being down does not stop the standby from being read: the heartbeat then pauses
-//! (one WARN), and resumes when the primary answers again.
+//! The primary's heartbeats are written by a task of their own, so a primary that is slow, gone or
+//! blackholed never holds up reading the standby: the heartbeat then pauses (one WARN), and
+//! resumes when the primary answers again.
 
 use std::time::Duration;
 
@@ -26,13 +27,23 @@ const EMIT_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum Heartbeat {
     /// On the server read (a primary).
     Here,
-    /// On the primary the standby read follows (`source.primary_url`).
-    OnPrimary(Box<Primary>),
+    /// On the primary the standby read follows (`source.primary_url`), by a task of its own: a
+    /// primary that is slow or gone never holds up reading the stream.
+    OnPrimary { _task: Beating },
     /// Nowhere: a standby without `source.primary_url`.
     Off,
 }
 
-pub struct Primary {
+/// The task writing heartbeats on the primary; it ends with the session (dropped).
+pub struct Beating(tokio::task::JoinHandle<()>);
+
+impl Drop for Beating {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+struct Primary {
     info: ConnInfo,
     control: Option<Control>,
     /// Whether the last attempt failed (a WARN was logged; the next success is logged too).
@@ -48,11 +59,12 @@ pub enum Emitted {
 }
 
 impl Heartbeat {
-    /// The heartbeat for a session on `server`.
+    /// The heartbeat for a session on `server`, every `every`.
     pub fn for_server(
         config: &SourceConfig,
         own: &PostgresOptions,
         server: &Server,
+        every: Duration,
     ) -> Result<Heartbeat> {
         if !server.standby {
             return Ok(Heartbeat::Here);
@@ -65,18 +77,29 @@ impl Heartbeat {
         };
         let info = ConnInfo::from_config(&config.with_url(url.clone()))?;
         tracing::info!(primary = %info.shown, "reading a standby: the heartbeat is written on the primary");
-        Ok(Heartbeat::OnPrimary(Box::new(Primary {
+        let mut primary = Primary {
             info,
             control: None,
             failing: false,
-        })))
+        };
+        Ok(Heartbeat::OnPrimary {
+            _task: Beating(tokio::spawn(async move {
+                let mut ticker = tokio::time::interval(every);
+                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    ticker.tick().await;
+                    primary.emit().await;
+                }
+            })),
+        })
     }
 
-    pub fn is_off(&self) -> bool {
-        matches!(self, Heartbeat::Off)
+    /// Whether the session's own ticks write it (on the server read).
+    pub fn ticks_here(&self) -> bool {
+        matches!(self, Heartbeat::Here)
     }
 
-    /// Writes one heartbeat: here on `local`'s server, or on the primary.
+    /// Writes one heartbeat here on `local`'s server (the primary's task writes its own).
     pub async fn emit(&mut self, local: &Control) -> Emitted {
         match self {
             Heartbeat::Here => {
@@ -89,11 +112,7 @@ impl Heartbeat {
                     }
                 }
             }
-            Heartbeat::OnPrimary(primary) => {
-                primary.emit().await;
-                Emitted::Fine
-            }
-            Heartbeat::Off => Emitted::Fine,
+            Heartbeat::OnPrimary { .. } | Heartbeat::Off => Emitted::Fine,
         }
     }
 }

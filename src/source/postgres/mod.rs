@@ -156,8 +156,8 @@ impl PostgresSource {
             .unwrap_or(KEEPALIVE_SILENCE);
         let mut ticker = tokio::time::interval(heartbeat);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let beat = Heartbeat::for_server(config, own, &server)?;
-        let read_timeout = if beat.is_off() {
+        let beat = Heartbeat::for_server(config, own, &server, heartbeat)?;
+        let read_timeout = if matches!(beat, Heartbeat::Off) {
             KEEPALIVE_SILENCE.max(heartbeat * 3)
         } else {
             heartbeat * 3
@@ -178,7 +178,7 @@ impl PostgresSource {
             identity,
             start,
             metrics,
-            heartbeat: (!beat.is_off()).then_some(ticker),
+            heartbeat: beat.ticks_here().then_some(ticker),
             beat,
             read_timeout,
             last_message: tokio::time::Instant::now(),
