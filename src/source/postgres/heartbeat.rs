@@ -118,17 +118,27 @@ impl Heartbeat {
 }
 
 impl Primary {
-    async fn emit(&mut self) {
+    /// One heartbeat on the primary; false after a permanent error (a refused login, a standby
+    /// named as the primary), which is not retried before the next session.
+    async fn emit(&mut self) -> bool {
         let outcome = tokio::time::timeout(EMIT_TIMEOUT, self.try_emit()).await;
-        let failure = match outcome {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(_) => Some(format!("no answer within {EMIT_TIMEOUT:?}")),
+        let (failure, permanent) = match outcome {
+            Ok(Ok(())) => (None, false),
+            Ok(Err(e)) => (Some(e.to_string()), !e.is_transient()),
+            Err(_) => (Some(format!("no answer within {EMIT_TIMEOUT:?}")), false),
         };
         match (failure, self.failing) {
             (None, true) => {
                 tracing::info!(primary = %self.info.shown, "the heartbeat is written on the primary again");
                 self.failing = false;
+            }
+            (Some(why), _) if permanent => {
+                tracing::warn!(
+                    primary = %self.info.shown,
+                    error = %why,
+                    "cannot write the heartbeat on source.primary_url, and retrying will not help: the standby is still read, but while the primary is quiet the stream says nothing; fix source.primary_url (outboxd check says what is wrong)"
+                );
+                return false;
             }
             (Some(why), false) => {
                 tracing::warn!(
@@ -142,6 +152,7 @@ impl Primary {
             (Some(_), true) => self.control = None,
             (None, false) => {}
         }
+        true
     }
 
     async fn try_emit(&mut self) -> Result<()> {
