@@ -169,7 +169,8 @@ struct RawSource {
     /// Postgres, reading a standby: the primary it follows (`postgres://cdc@pg1:5432/app`, one
     /// host). A standby cannot write, so outboxd writes its heartbeat message there; it replicates
     /// to the standby and comes back through the stream, so a quiet database still shows progress
-    /// (`/readyz`) and the slot keeps moving. The source's password and TLS settings apply. Not
+    /// (`/readyz`) and the slot keeps moving. The password is `password`/`password_file`, else its
+    /// own; without parameters of its own it takes `url`'s (TLS included). Not
     /// used while `url` is a primary.
     #[serde(default)]
     primary_url: Option<String>,
@@ -345,6 +346,22 @@ impl SourceConfig {
         }
     }
 
+    /// Reading a standby: this config aimed at `source.primary_url`. A primary URL without
+    /// parameters takes those of `source.url` (its TLS settings: `sslmode`, `sslrootcert`, …), so
+    /// the primary is reached as safely as the standby.
+    pub fn primary(&self) -> Option<SourceConfig> {
+        let SourceDb::Postgres(own) = &self.db else {
+            return None;
+        };
+        let primary = own.primary_url.as_ref()?;
+        let first = self.urls().into_iter().next().unwrap_or_default();
+        let url = match (primary.contains('?'), first.split_once('?')) {
+            (false, Some((_, query))) => format!("{primary}?{query}"),
+            _ => primary.clone(),
+        };
+        Some(self.with_url(url))
+    }
+
     /// Checks what serde cannot: URL scheme and hosts, tables, TLS, intervals.
     pub fn validate(&self) -> Result<()> {
         let bad = |key: &str, why: String, fix: &str| {
@@ -451,6 +468,15 @@ impl SourceConfig {
         }
         // URL TLS parameters against source.tls (files are read when connecting).
         crate::source::tls::TlsSettings::of(self)?;
+        if let Some(primary) = self.primary() {
+            crate::source::tls::TlsSettings::of(&primary).map_err(|e| {
+                Error::config(format!("source.primary_url: {}", e.message())).remedy(
+                    e.remedy_text()
+                        .unwrap_or("fix its TLS parameters")
+                        .to_string(),
+                )
+            })?;
+        }
         if self.heartbeat_interval_ms < 100 {
             return bad(
                 "source.heartbeat_interval_ms",

@@ -62,20 +62,19 @@ impl Heartbeat {
     /// The heartbeat for a session on `server`, every `every`.
     pub fn for_server(
         config: &SourceConfig,
-        own: &PostgresOptions,
         server: &Server,
         every: Duration,
     ) -> Result<Heartbeat> {
         if !server.standby {
             return Ok(Heartbeat::Here);
         }
-        let Some(url) = &own.primary_url else {
+        let Some(primary) = config.primary() else {
             tracing::warn!(
                 "reading a standby without source.primary_url: a standby cannot write outboxd's heartbeat, so while the primary is quiet the stream says nothing (readiness fails, and the stream is reconnected every few minutes); set source.primary_url to the primary"
             );
             return Ok(Heartbeat::Off);
         };
-        let info = ConnInfo::from_config(&config.with_url(url.clone()))?;
+        let info = ConnInfo::from_config(&primary)?;
         tracing::info!(primary = %info.shown, "reading a standby: the heartbeat is written on the primary");
         let mut primary = Primary {
             info,
@@ -186,7 +185,7 @@ pub async fn items(
         return vec![Item::warn(
             subject,
             "this server is a standby and source.primary_url is not set: a standby cannot write outboxd's heartbeat, so while the primary is quiet the stream says nothing (/readyz answers 503, and the stream is reconnected every few minutes)",
-            "set source.primary_url to the primary this standby follows (postgres://USER@PRIMARY:5432/DB; the same user, password and TLS settings are used)",
+            "set source.primary_url to the primary this standby follows (postgres://USER@PRIMARY:5432/DB; the password of source.password or password_file, else its own; without parameters of its own it takes source.url's, TLS included)",
         )];
     };
     let shown = redact_url(url);
@@ -197,7 +196,8 @@ pub async fn items(
         )];
     }
     let reached = async {
-        let info = ConnInfo::from_config(&config.with_url(url.clone()))?;
+        let primary = config.primary().expect("primary_url is set");
+        let info = ConnInfo::from_config(&primary)?;
         let control = Control::connect(&info).await?;
         let primary = control.server().await?;
         let id = control.system_identifier().await?;

@@ -156,7 +156,7 @@ impl PostgresSource {
             .unwrap_or(KEEPALIVE_SILENCE);
         let mut ticker = tokio::time::interval(heartbeat);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let beat = Heartbeat::for_server(config, own, &server, heartbeat)?;
+        let beat = Heartbeat::for_server(config, &server, heartbeat)?;
         let read_timeout = if matches!(beat, Heartbeat::Off) {
             KEEPALIVE_SILENCE.max(heartbeat * 3)
         } else {
