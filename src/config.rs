@@ -633,6 +633,36 @@ listen = ""
             own.primary_url.as_deref(),
             Some("postgres://cdc@pg1:5432/app")
         );
+        // Without parameters of its own the primary is reached with source.url's (TLS included);
+        // with its own, those.
+        assert_eq!(
+            c.source.primary().unwrap().url,
+            "postgres://cdc@pg1:5432/app"
+        );
+        let tls_url = text
+            .replace(
+                "@127.0.0.1:5432/app\"",
+                "@127.0.0.1:5432/app?sslmode=verify-full&sslrootcert=/ca.pem\"",
+            )
+            .replace(
+                "tls = { mode = \"verify-full\", ca = \"/etc/outboxd/ca.pem\" }\n",
+                "",
+            );
+        let with_tls = parse(&tls_url, &[]).unwrap();
+        assert_eq!(
+            with_tls.source.primary().unwrap().url,
+            "postgres://cdc@pg1:5432/app?sslmode=verify-full&sslrootcert=/ca.pem"
+        );
+        let own_params = tls_url.replace("@pg1:5432/app", "@pg1:5432/app?sslmode=require");
+        assert_eq!(
+            parse(&own_params, &[])
+                .unwrap()
+                .source
+                .primary()
+                .unwrap()
+                .url,
+            "postgres://cdc@pg1:5432/app?sslmode=require"
+        );
         // The primary a standby follows is one server.
         let two = text.replace("@pg1:5432/app", "@pg1:5432,pg2:5432/app");
         assert!(parse(&two, &[])

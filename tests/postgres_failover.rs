@@ -355,7 +355,14 @@ enum Primary {
 fn reading_a_standby_forwards_every_row_and_resumes_after_a_kill(major: u32, primary: Primary) {
     let name = format!("readstandby{major}");
     let mut env = setup_on(major, &name, SCHEMA, "", &[]);
-    let standby = env.pg.start_standby(STANDBY_SLOT, &[]);
+    // A short wal_sender_timeout: the silence check gives a standby's walsender that much (plus
+    // three heartbeat intervals) once heartbeats stop, so the primary's absence below would end the
+    // stream within seconds were that all it got.
+    let extra: &[&str] = match primary {
+        Primary::Unknown => &[],
+        Primary::Named => &["wal_sender_timeout = 5s"],
+    };
+    let standby = env.pg.start_standby(STANDBY_SLOT, extra);
     let port = crate::rig::free_port();
     let path = env.outboxd.config_path();
     let mut body = std::fs::read_to_string(&path)
@@ -449,8 +456,122 @@ fn reading_a_standby_forwards_every_row_and_resumes_after_a_kill(major: u32, pri
             );
             std::thread::sleep(std::time::Duration::from_millis(150));
         }
+        the_primary_away_keeps_the_stream(&mut env, port);
+        a_wrong_primary_is_named_and_refused(&mut env, &standby);
+        a_promotion_under_the_session_beats_on_the_promoted(&mut env, &standby, port);
     }
     env.outboxd.stop();
+}
+
+/// How many sessions outboxd has opened so far.
+fn sessions(env: &PgEnv) -> usize {
+    env.outboxd
+        .log()
+        .matches("replication stream opened")
+        .count()
+}
+
+/// The primary stops: its heartbeat cannot be written (one WARN), and the silence is then judged
+/// as without a heartbeat (keepalives, 100 s), not three intervals: the stream stays open, though
+/// nothing comes through it. Back, the heartbeat resumes on the primary and readiness with it.
+fn the_primary_away_keeps_the_stream(env: &mut PgEnv, port: u16) {
+    let before = sessions(env);
+    env.pg.stop_fast();
+    wait_until("the WARN about the primary", LIMIT, || {
+        env.outboxd
+            .log()
+            .contains("cannot write the heartbeat on source.primary_url")
+    });
+    // Nothing to await: the property is that nothing happens. Three intervals plus the standby's
+    // 5 s wal_sender_timeout twice over would have ended the stream (about 12 s) without the wider
+    // allowance.
+    std::thread::sleep(std::time::Duration::from_secs(15));
+    let log = env.outboxd.log();
+    assert!(!log.contains("treated as dead"), "{log}");
+    assert_eq!(sessions(env), before, "{log}");
+    env.pg.start_again();
+    wait_until(
+        "the heartbeat on the primary again, and readiness",
+        LIMIT,
+        || {
+            env.outboxd
+                .log()
+                .contains("the heartbeat is written on the primary again")
+                && crate::rig::http_get(port, "/readyz").0 == 200
+        },
+    );
+}
+
+/// `check` FAILs a `primary_url` that is a standby, or the primary of another cluster; `run` past
+/// its checks with another cluster's primary WARNs once that retrying will not help (its heartbeat
+/// would never come back), and keeps reading.
+fn a_wrong_primary_is_named_and_refused(env: &mut PgEnv, standby: &Postgres) {
+    let path = env.outboxd.config_path();
+    let right = std::fs::read_to_string(&path).unwrap();
+    let with_primary = |url: &str| {
+        let body: Vec<String> = right
+            .lines()
+            .map(|line| match line.starts_with("primary_url = ") {
+                true => format!("primary_url = \"{url}\""),
+                false => line.to_string(),
+            })
+            .collect();
+        std::fs::write(&path, body.join("\n")).unwrap();
+    };
+    with_primary(&standby.url("cdc", "app"));
+    let on_standby = check(env);
+    assert!(
+        on_standby.contains("FAIL") && on_standby.contains("is a standby too"),
+        "{on_standby}"
+    );
+    let other = Postgres::start_major(18, &[]);
+    other.sql("postgres", "CREATE ROLE cdc LOGIN REPLICATION;");
+    with_primary(&other.url("cdc", "postgres"));
+    let elsewhere = check(env);
+    assert!(
+        elsewhere.contains("FAIL") && elsewhere.contains("is another cluster"),
+        "{elsewhere}"
+    );
+    // `run` refuses to start on it as `check` does; past the checks, the session refuses it too.
+    env.outboxd.stop();
+    env.outboxd.start_with(&["--skip-checks"]);
+    wait_until("the refusal of another cluster's primary", LIMIT, || {
+        let log = env.outboxd.log();
+        log.contains("is another cluster") && log.contains("retrying will not help")
+    });
+    wait_until("nothing left connected to the other cluster", LIMIT, || {
+        other
+            .sql(
+                "postgres",
+                "SELECT count(*) FROM pg_stat_activity WHERE usename = 'cdc';",
+            )
+            .trim()
+            == "0"
+    });
+    env.outboxd.stop();
+    std::fs::write(&path, right).unwrap();
+    env.outboxd.start();
+}
+
+/// The standby read is promoted while outboxd reads it (its primary gone): the session notices at
+/// its next tick and writes the heartbeat on the promoted server, so it is ready again without a
+/// reconnect, and rows committed there arrive.
+fn a_promotion_under_the_session_beats_on_the_promoted(
+    env: &mut PgEnv,
+    standby: &Postgres,
+    port: u16,
+) {
+    let before = sessions(env);
+    env.pg.stop_fast();
+    standby.promote();
+    wait_until("the promotion noticed, and readiness", LIMIT, || {
+        env.outboxd.log().contains("the standby read was promoted")
+            && crate::rig::http_get(port, "/readyz").0 == 200
+    });
+    insert_rows(standby, 1100, 1110, 5);
+    let records = consume_distinct_events(&env.broker.bootstrap(), 1110);
+    check_records_by(&records, 0..1110, pg_payload);
+    assert_eq!(sessions(env), before, "{}", env.outboxd.log());
 }
 
 #[test]

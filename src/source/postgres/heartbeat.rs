@@ -13,24 +13,34 @@
 //! blackholed never holds up reading the standby: the heartbeat then pauses (one WARN), and
 //! resumes when the primary answers again.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::control::{ConnInfo, Control, Server};
+use super::stream::Connection;
 use crate::error::{Error, Result};
 use crate::preflight::Item;
 use crate::source::config::{redact_url, PostgresOptions, SourceConfig};
 
 /// How long one heartbeat (a connection to the primary included) may take.
 const EMIT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Silence allowed when no heartbeat comes back (walsender keepalives come every 30 s by default).
+pub const KEEPALIVE_SILENCE: Duration = Duration::from_secs(100);
 
 /// Where this session writes its heartbeat.
 pub enum Heartbeat {
     /// On the server read (a primary).
     Here,
     /// On the primary the standby read follows (`source.primary_url`), by a task of its own: a
-    /// primary that is slow or gone never holds up reading the stream.
-    OnPrimary { _task: Beating },
-    /// Nowhere: a standby without `source.primary_url`.
+    /// primary that is slow or gone never holds up reading the stream. `failing` is set while it
+    /// cannot be written: no heartbeat comes back then, and the stream's silence is judged as
+    /// without one.
+    OnPrimary {
+        _task: Beating,
+        failing: Arc<AtomicBool>,
+    },
+    /// Nowhere: a standby without `source.primary_url`, or a server that refused it.
     Off,
 }
 
@@ -45,9 +55,11 @@ impl Drop for Beating {
 
 struct Primary {
     info: ConnInfo,
+    /// The system identifier of the standby read: a primary of another cluster is refused.
+    cluster: String,
     control: Option<Control>,
     /// Whether the last attempt failed (a WARN was logged; the next success is logged too).
-    failing: bool,
+    failing: Arc<AtomicBool>,
 }
 
 /// What [`Heartbeat::emit`] found.
@@ -59,10 +71,11 @@ pub enum Emitted {
 }
 
 impl Heartbeat {
-    /// The heartbeat for a session on `server`, every `every`.
+    /// The heartbeat for a session on `server` (of the cluster `cluster`), every `every`.
     pub fn for_server(
         config: &SourceConfig,
         server: &Server,
+        cluster: &str,
         every: Duration,
     ) -> Result<Heartbeat> {
         if !server.standby {
@@ -76,10 +89,12 @@ impl Heartbeat {
         };
         let info = ConnInfo::from_config(&primary)?;
         tracing::info!(primary = %info.shown, "reading a standby: the heartbeat is written on the primary");
+        let failing = Arc::new(AtomicBool::new(false));
         let mut primary = Primary {
             info,
+            cluster: cluster.to_string(),
             control: None,
-            failing: false,
+            failing: failing.clone(),
         };
         Ok(Heartbeat::OnPrimary {
             _task: Beating(tokio::spawn(async move {
@@ -87,38 +102,68 @@ impl Heartbeat {
                 ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     ticker.tick().await;
-                    primary.emit().await;
+                    if !primary.emit().await {
+                        break;
+                    }
                 }
             })),
+            failing,
         })
     }
 
-    /// Whether the session's own ticks write it (on the server read).
-    pub fn ticks_here(&self) -> bool {
-        matches!(self, Heartbeat::Here)
+    /// How long the stream may say nothing before it is looked at: three heartbeat intervals while
+    /// heartbeats come back, the walsender's keepalive rhythm while none can.
+    pub fn silence_allowed(&self, every: Duration) -> Duration {
+        let beating = match self {
+            Heartbeat::Here => true,
+            Heartbeat::OnPrimary { failing, .. } => !failing.load(Ordering::Relaxed),
+            Heartbeat::Off => false,
+        };
+        if beating {
+            every * 3
+        } else {
+            KEEPALIVE_SILENCE.max(every * 3)
+        }
     }
 
-    /// Writes one heartbeat here on `local`'s server (the primary's task writes its own).
+    /// The session's tick: writes one heartbeat on `local`'s server (a primary's), or, while a
+    /// standby is read, looks whether it was promoted: from then on it writes its own.
     pub async fn emit(&mut self, local: &Control) -> Emitted {
-        match self {
-            Heartbeat::Here => {
-                match tokio::time::timeout(EMIT_TIMEOUT, local.emit_heartbeat()).await {
-                    Ok(Ok(())) => Emitted::Fine,
-                    Ok(Err(e)) => Emitted::Cannot(e),
-                    Err(_) => {
-                        tracing::warn!("emitting the heartbeat message timed out");
-                        Emitted::Fine
-                    }
+        if !matches!(self, Heartbeat::Here) {
+            match tokio::time::timeout(EMIT_TIMEOUT, local.server()).await {
+                Ok(Ok(server)) if !server.standby => {
+                    tracing::info!(
+                        "the standby read was promoted: the heartbeat is written on it from now on"
+                    );
+                    *self = Heartbeat::Here;
                 }
+                _ => return Emitted::Fine,
             }
-            Heartbeat::OnPrimary { .. } | Heartbeat::Off => Emitted::Fine,
+        }
+        match tokio::time::timeout(EMIT_TIMEOUT, local.emit_heartbeat()).await {
+            Ok(Ok(())) => Emitted::Fine,
+            Ok(Err(e)) => Emitted::Cannot(e),
+            Err(_) => {
+                tracing::warn!("emitting the heartbeat message timed out");
+                Emitted::Fine
+            }
         }
     }
 }
 
+/// The system identifier of `control`'s cluster: from `pg_control_system()`, else (where it is
+/// revoked) from a replication connection's IDENTIFY_SYSTEM; `None` when neither answers.
+pub async fn cluster_of(info: &ConnInfo, control: &Control) -> Option<String> {
+    if let Ok(id) = control.system_identifier().await {
+        return Some(id);
+    }
+    let mut conn = Connection::open(info).await.ok()?;
+    conn.identify_system().await.ok().map(|system| system.id)
+}
+
 impl Primary {
-    /// One heartbeat on the primary; false after a permanent error (a refused login, a standby
-    /// named as the primary), which is not retried before the next session.
+    /// One heartbeat on the primary; false after a permanent error (a refused login, a standby or
+    /// another cluster named as the primary), which is not retried before the next session.
     async fn emit(&mut self) -> bool {
         let outcome = tokio::time::timeout(EMIT_TIMEOUT, self.try_emit()).await;
         let (failure, permanent) = match outcome {
@@ -126,10 +171,11 @@ impl Primary {
             Ok(Err(e)) => (Some(e.to_string()), !e.is_transient()),
             Err(_) => (Some(format!("no answer within {EMIT_TIMEOUT:?}")), false),
         };
-        match (failure, self.failing) {
+        let failing = self.failing.load(Ordering::Relaxed);
+        match (failure, failing) {
             (None, true) => {
                 tracing::info!(primary = %self.info.shown, "the heartbeat is written on the primary again");
-                self.failing = false;
+                self.failing.store(false, Ordering::Relaxed);
             }
             (Some(why), _) if permanent => {
                 tracing::warn!(
@@ -137,6 +183,7 @@ impl Primary {
                     error = %why,
                     "cannot write the heartbeat on source.primary_url, and retrying will not help: the standby is still read, but while the primary is quiet the stream says nothing; fix source.primary_url (outboxd check says what is wrong)"
                 );
+                self.failing.store(true, Ordering::Relaxed);
                 return false;
             }
             (Some(why), false) => {
@@ -145,7 +192,7 @@ impl Primary {
                     error = %why,
                     "cannot write the heartbeat on source.primary_url: the standby is still read, but while the primary is quiet the stream says nothing; outboxd keeps trying"
                 );
-                self.failing = true;
+                self.failing.store(true, Ordering::Relaxed);
                 self.control = None;
             }
             (Some(_), true) => self.control = None,
@@ -163,6 +210,14 @@ impl Primary {
                     self.info.shown
                 )));
             }
+            if let Some(id) = cluster_of(&self.info, &control).await {
+                if id != self.cluster {
+                    return Err(Error::config(format!(
+                        "source.primary_url {} is another cluster (system identifier {id}, the standby read is {}): its heartbeat never reaches the standby",
+                        self.info.shown, self.cluster
+                    )));
+                }
+            }
             self.control = Some(control);
         }
         let control = self.control.as_ref().expect("connected above");
@@ -170,12 +225,12 @@ impl Primary {
     }
 }
 
-/// `check`'s lines about the heartbeat of a session on `server` (whose cluster is `system`).
+/// `check`'s lines about the heartbeat of a session on `server` (reached through `local`).
 pub async fn items(
     config: &SourceConfig,
     own: &PostgresOptions,
     server: &Server,
-    system: Option<&str>,
+    local: &Control,
     subject: &'static str,
 ) -> Vec<Item> {
     let Some(url) = &own.primary_url else {
@@ -195,12 +250,17 @@ pub async fn items(
             format!("source.primary_url ({shown}) is not used: source.url is a primary, which writes the heartbeat itself"),
         )];
     }
+    let system = match ConnInfo::from_config(config) {
+        Ok(info) => cluster_of(&info, local).await,
+        Err(_) => None,
+    };
+    let system = system.as_deref();
     let reached = async {
         let primary = config.primary().expect("primary_url is set");
         let info = ConnInfo::from_config(&primary)?;
         let control = Control::connect(&info).await?;
         let primary = control.server().await?;
-        let id = control.system_identifier().await?;
+        let id = cluster_of(&info, &control).await;
         Ok::<_, Error>((primary, id))
     };
     match tokio::time::timeout(Duration::from_secs(15), reached).await {
@@ -224,14 +284,18 @@ pub async fn items(
             format!("source.primary_url {shown} is a standby too: only a primary can write the heartbeat"),
             "set source.primary_url to the primary (the server not in recovery)",
         )],
-        Ok(Ok((_, id))) if system.is_some_and(|here| here != id) => vec![Item::fail(
+        Ok(Ok((_, Some(id)))) if system.is_some_and(|here| here != id) => vec![Item::fail(
             subject,
             format!("source.primary_url {shown} is another cluster (system identifier {id}, this standby's is {}): its heartbeat never reaches this standby", system.unwrap_or_default()),
             "set source.primary_url to the primary this standby replicates from",
         )],
-        Ok(Ok(_)) => vec![Item::pass(
+        Ok(Ok((_, Some(_)))) if system.is_some() => vec![Item::pass(
             subject,
             format!("the heartbeat is written on the primary {shown} (the same cluster) and comes back through this standby"),
+        )],
+        Ok(Ok(_)) => vec![Item::pass(
+            subject,
+            format!("the heartbeat is written on the primary {shown} and comes back through this standby (whether it is the same cluster is not verified: the system identifier is not readable there or here)"),
         )],
     }
 }

@@ -23,8 +23,9 @@
 //! control connection; it comes back through the stream, so a quiet database still shows progress and a
 //! stream that stays silent for three intervals is treated as dead. A standby (read-only) cannot
 //! write it: with `source.primary_url` it is written on the primary and replicates through
-//! ([`heartbeat`]); without, outboxd relies on the walsender's keepalives and allows 100 s of
-//! silence.
+//! ([`heartbeat`]); without it, or while that primary does not take it, outboxd relies on the
+//! walsender's keepalives and allows 100 s of silence. A standby promoted under a session is
+//! noticed at the next tick, and writes the heartbeat itself from then on.
 //!
 //! The wire codec ([`pgoutput`]) lives apart from the connection so it can be tested on captured bytes
 //! alone, and the state machine ([`decoder`]) apart from both.
@@ -53,7 +54,7 @@ pub use self::control::{quote_table, ConnInfo, Control};
 use self::control::{Server, SlotHolder, SlotState, STANDBY_DECODING};
 pub use self::decoder::{position, HEARTBEAT_PREFIX};
 use self::decoder::{Decoder, Step};
-use self::heartbeat::{Emitted, Heartbeat};
+use self::heartbeat::{Emitted, Heartbeat, KEEPALIVE_SILENCE};
 use self::lineage::Lineage;
 use self::lsn::lsn_to_string;
 pub use self::lsn::Lsn;
@@ -64,8 +65,6 @@ use crate::metrics::Metrics;
 use crate::source::config::{PostgresOptions, SourceConfig, SourceKind};
 use crate::source::{Change, Durable, Ignored, Position, SourceIdentity};
 
-/// Silence allowed when no heartbeat can be emitted (walsender keepalives come every 30 s by default).
-const KEEPALIVE_SILENCE: Duration = Duration::from_secs(100);
 /// Messages taken from the read buffer, at most, before the silence timer and the source-event gauge
 /// are refreshed without a new socket read (a slow sink can hold thousands in one read).
 const STAMP_EVERY: u32 = 256;
@@ -81,12 +80,13 @@ pub struct PostgresSource {
     /// When the next heartbeat is due (`None`: none can be written), and where it goes.
     heartbeat: Option<tokio::time::Interval>,
     beat: Heartbeat,
-    read_timeout: Duration,
+    /// `source.heartbeat_interval_ms`.
+    every: Duration,
     /// When the stream last said anything.
     last_message: tokio::time::Instant,
     /// Messages taken since `last_message` was last set.
     unstamped: u32,
-    /// When the silence is looked at next (`last_message + read_timeout`, or later while the server
+    /// When the silence is looked at next (`last_message + read_timeout()`, or later while the server
     /// shows it is busy for us).
     check_at: tokio::time::Instant,
     /// The walsender's read position at the last look, and when it last moved.
@@ -125,7 +125,7 @@ impl PostgresSource {
             kind: SourceKind::Postgres,
             server_id: None,
             server_uuid: None,
-            system_identifier: Some(system.id),
+            system_identifier: Some(system.id.clone()),
             slot: Some(own.slot.clone()),
             // A standby's timeline can change under a session (a promotion, or following a new
             // primary), and the checkpoints would name the old one: a primary's only.
@@ -156,12 +156,8 @@ impl PostgresSource {
             .unwrap_or(KEEPALIVE_SILENCE);
         let mut ticker = tokio::time::interval(heartbeat);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let beat = Heartbeat::for_server(config, &server, heartbeat)?;
-        let read_timeout = if matches!(beat, Heartbeat::Off) {
-            KEEPALIVE_SILENCE.max(heartbeat * 3)
-        } else {
-            heartbeat * 3
-        };
+        let beat = Heartbeat::for_server(config, &server, &system.id, heartbeat)?;
+        let read_timeout = beat.silence_allowed(heartbeat);
         Ok(PostgresSource {
             stream,
             control,
@@ -178,9 +174,9 @@ impl PostgresSource {
             identity,
             start,
             metrics,
-            heartbeat: beat.ticks_here().then_some(ticker),
+            heartbeat: Some(ticker),
             beat,
-            read_timeout,
+            every: heartbeat,
             last_message: tokio::time::Instant::now(),
             unstamped: 0,
             check_at: tokio::time::Instant::now() + read_timeout,
@@ -263,19 +259,25 @@ impl PostgresSource {
     /// A message was taken now: the silence starts over.
     fn stamp(&mut self) {
         self.last_message = tokio::time::Instant::now();
-        self.check_at = self.last_message + self.read_timeout;
+        self.check_at = self.last_message + self.read_timeout();
         self.metrics.source_event();
         self.unstamped = 0;
     }
 
-    /// Writes the heartbeat message (here, or on the primary of the standby read); it comes back
-    /// through the stream.
+    /// How long the stream may say nothing before [`Self::on_silence`] looks at it (it changes
+    /// while the primary of a standby read cannot take the heartbeat).
+    fn read_timeout(&self) -> Duration {
+        self.beat.silence_allowed(self.every)
+    }
+
+    /// Writes the heartbeat message here (the primary of a standby read gets it from a task of its
+    /// own); it comes back through the stream.
     async fn emit_heartbeat(&mut self) {
         if let Emitted::Cannot(e) = self.beat.emit(&self.control).await {
             tracing::warn!(error = %e, "cannot emit heartbeat messages: relying on walsender keepalives");
             self.heartbeat = None;
-            self.read_timeout = self.read_timeout.max(KEEPALIVE_SILENCE);
-            self.check_at = self.check_at.max(self.last_message + self.read_timeout);
+            self.beat = Heartbeat::Off;
+            self.check_at = self.check_at.max(self.last_message + self.read_timeout());
         }
     }
 
@@ -290,6 +292,12 @@ impl PostgresSource {
     async fn on_silence(&mut self) -> Result<()> {
         let now = tokio::time::Instant::now();
         let silent = now - self.last_message;
+        let allowed = self.read_timeout();
+        if silent < allowed {
+            // More is allowed than when this look was set (the primary stopped taking heartbeats).
+            self.check_at = self.last_message + allowed;
+            return Ok(());
+        }
         let dead = |why: String| {
             Err(Error::source(format!(
                 "no replication message or heartbeat for {silent:?}; {why}; the stream is treated as dead"
@@ -298,8 +306,7 @@ impl PostgresSource {
             .transient())
         };
         let slot = self.identity.slot.clone().unwrap_or_default();
-        let asked =
-            tokio::time::timeout(self.read_timeout, self.control.walsender_sent_lsn(&slot)).await;
+        let asked = tokio::time::timeout(allowed, self.control.walsender_sent_lsn(&slot)).await;
         let sent = match asked {
             Ok(Ok(Some(sent))) => sent,
             Ok(Ok(None)) => return dead("the server shows no walsender on our slot".into()),
@@ -325,13 +332,13 @@ impl PostgresSource {
             self.progress = Some((sent.unwrap_or(0), now));
         }
         let last_progress = self.progress.map(|(_, at)| at).unwrap_or(now);
-        if now - last_progress > self.busy_limit + self.read_timeout {
+        if now - last_progress > self.busy_limit + allowed {
             return dead(format!(
                 "the walsender has shown no progress for {:?}",
                 now - last_progress
             ));
         }
-        self.check_at = now + self.read_timeout;
+        self.check_at = now + allowed;
         Ok(())
     }
 }

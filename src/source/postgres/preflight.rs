@@ -132,8 +132,7 @@ async fn check(
         ));
     }
     slot_items(control, server, own, checkpoint, several, max_slots, items).await?;
-    let system = control.system_identifier().await.ok();
-    items.extend(super::heartbeat::items(config, own, server, system.as_deref(), SUBJECT).await);
+    items.extend(super::heartbeat::items(config, own, server, control, SUBJECT).await);
     let publication = &own.publication;
     let publication_row = client
         .query_opt(
