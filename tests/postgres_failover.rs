@@ -482,10 +482,11 @@ fn the_primary_away_keeps_the_stream(env: &mut PgEnv, port: u16) {
             .log()
             .contains("cannot write the heartbeat on source.primary_url")
     });
-    // Nothing to await: the property is that nothing happens. Three intervals plus the standby's
-    // 5 s wal_sender_timeout twice over would have ended the stream (about 12 s) without the wider
-    // allowance.
-    std::thread::sleep(std::time::Duration::from_secs(15));
+    // Nothing to await: the property is that nothing happens. Without the wider allowance the
+    // stream would have ended about 12 s after its last message (three intervals, then the
+    // standby's 5 s wal_sender_timeout plus three intervals); the primary's shutdown may still
+    // have sent it something after the WARN.
+    std::thread::sleep(std::time::Duration::from_secs(20));
     let log = env.outboxd.log();
     assert!(!log.contains("treated as dead"), "{log}");
     assert_eq!(sessions(env), before, "{log}");
@@ -524,8 +525,12 @@ fn a_wrong_primary_is_named_and_refused(env: &mut PgEnv, standby: &Postgres) {
         on_standby.contains("FAIL") && on_standby.contains("is a standby too"),
         "{on_standby}"
     );
+    // Its pg_control_system() revoked: the system identifier comes from IDENTIFY_SYSTEM instead.
     let other = Postgres::start_major(18, &[]);
-    other.sql("postgres", "CREATE ROLE cdc LOGIN REPLICATION;");
+    other.sql(
+        "postgres",
+        "CREATE ROLE cdc LOGIN REPLICATION; REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC;",
+    );
     with_primary(&other.url("cdc", "postgres"));
     let elsewhere = check(env);
     assert!(
@@ -548,6 +553,9 @@ fn a_wrong_primary_is_named_and_refused(env: &mut PgEnv, standby: &Postgres) {
             .trim()
             == "0"
     });
+    // Still read: rows committed on the primary arrive.
+    insert_rows(&env.pg, 1100, 1105, 5);
+    consume_distinct_events(&env.broker.bootstrap(), 1105);
     env.outboxd.stop();
     std::fs::write(&path, right).unwrap();
     env.outboxd.start();
@@ -563,14 +571,19 @@ fn a_promotion_under_the_session_beats_on_the_promoted(
 ) {
     let before = sessions(env);
     env.pg.stop_fast();
+    wait_until("the WARN about the primary", LIMIT, || {
+        env.outboxd
+            .log()
+            .contains("cannot write the heartbeat on source.primary_url")
+    });
     standby.promote();
     wait_until("the promotion noticed, and readiness", LIMIT, || {
         env.outboxd.log().contains("the standby read was promoted")
             && crate::rig::http_get(port, "/readyz").0 == 200
     });
-    insert_rows(standby, 1100, 1110, 5);
-    let records = consume_distinct_events(&env.broker.bootstrap(), 1110);
-    check_records_by(&records, 0..1110, pg_payload);
+    insert_rows(standby, 1105, 1115, 5);
+    let records = consume_distinct_events(&env.broker.bootstrap(), 1115);
+    check_records_by(&records, 0..1115, pg_payload);
     assert_eq!(sessions(env), before, "{}", env.outboxd.log());
 }
 

@@ -744,13 +744,11 @@ impl Control {
     pub async fn system_identifier(&self) -> Result<String> {
         let row = self
             .client
-            .query_one(
-                "SELECT system_identifier::text FROM pg_control_system()",
-                &[],
-            )
+            .query_one("SELECT system_identifier FROM pg_control_system()", &[])
             .await
             .map_err(|e| self.failed("reading the system identifier", e))?;
-        Ok(row.get(0))
+        // A bigint here, unsigned in IDENTIFY_SYSTEM: the same 64 bits either way.
+        Ok((row.get::<_, i64>(0) as u64).to_string())
     }
 
     /// A non-transactional message that makes the walsender send us something even when the database

@@ -25,6 +25,8 @@ use crate::source::config::{redact_url, PostgresOptions, SourceConfig};
 
 /// How long one heartbeat (a connection to the primary included) may take.
 const EMIT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long asking the standby read whether it was promoted may hold up reading it.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Silence allowed when no heartbeat comes back (walsender keepalives come every 30 s by default).
 pub const KEEPALIVE_SILENCE: Duration = Duration::from_secs(100);
 
@@ -130,18 +132,36 @@ impl Heartbeat {
     /// standby is read, looks whether it was promoted: from then on it writes its own.
     pub async fn emit(&mut self, local: &Control) -> Emitted {
         if !matches!(self, Heartbeat::Here) {
-            match tokio::time::timeout(EMIT_TIMEOUT, local.server()).await {
+            // On the read path: a short bound, and none at all on a connection known gone (the
+            // silence check ends such a session); a promotion missed here is seen next session.
+            if local.is_closed() {
+                return Emitted::Fine;
+            }
+            match tokio::time::timeout(PROBE_TIMEOUT, local.server()).await {
                 Ok(Ok(server)) if !server.standby => {
                     tracing::info!(
                         "the standby read was promoted: the heartbeat is written on it from now on"
                     );
                     *self = Heartbeat::Here;
                 }
-                _ => return Emitted::Fine,
+                Ok(Ok(_)) => return Emitted::Fine,
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "could not ask whether the standby read was promoted");
+                    return Emitted::Fine;
+                }
+                Err(_) => {
+                    tracing::debug!("asking whether the standby read was promoted timed out");
+                    return Emitted::Fine;
+                }
             }
         }
         match tokio::time::timeout(EMIT_TIMEOUT, local.emit_heartbeat()).await {
             Ok(Ok(())) => Emitted::Fine,
+            // A dropped connection is the silence check's to act on; try again next tick.
+            Ok(Err(e)) if e.is_transient() => {
+                tracing::warn!(error = %e, "emitting the heartbeat message failed");
+                Emitted::Fine
+            }
             Ok(Err(e)) => Emitted::Cannot(e),
             Err(_) => {
                 tracing::warn!("emitting the heartbeat message timed out");
@@ -158,7 +178,9 @@ pub async fn cluster_of(info: &ConnInfo, control: &Control) -> Option<String> {
         return Some(id);
     }
     let mut conn = Connection::open(info).await.ok()?;
-    conn.identify_system().await.ok().map(|system| system.id)
+    let id = conn.identify_system().await.ok().map(|system| system.id);
+    conn.close().await;
+    id
 }
 
 impl Primary {
@@ -204,19 +226,26 @@ impl Primary {
     async fn try_emit(&mut self) -> Result<()> {
         if self.control.as_ref().is_none_or(Control::is_closed) {
             let control = Control::connect(&self.info).await?;
+            // Retried: during a switchover the name may point at a standby for a while.
             if control.server().await?.standby {
                 return Err(Error::config(format!(
                     "source.primary_url {} is in recovery (a standby): a standby cannot write the heartbeat",
                     self.info.shown
-                )));
+                ))
+                .transient());
             }
-            if let Some(id) = cluster_of(&self.info, &control).await {
-                if id != self.cluster {
+            match cluster_of(&self.info, &control).await {
+                Some(id) if id != self.cluster => {
                     return Err(Error::config(format!(
                         "source.primary_url {} is another cluster (system identifier {id}, the standby read is {}): its heartbeat never reaches the standby",
                         self.info.shown, self.cluster
                     )));
                 }
+                Some(_) => {}
+                None => tracing::info!(
+                    primary = %self.info.shown,
+                    "whether source.primary_url is the standby's own cluster is not verified: neither pg_control_system() nor a replication connection answers there"
+                ),
             }
             self.control = Some(control);
         }
@@ -251,7 +280,10 @@ pub async fn items(
         )];
     }
     let system = match ConnInfo::from_config(config) {
-        Ok(info) => cluster_of(&info, local).await,
+        Ok(info) => tokio::time::timeout(Duration::from_secs(15), cluster_of(&info, local))
+            .await
+            .ok()
+            .flatten(),
         Err(_) => None,
     };
     let system = system.as_deref();

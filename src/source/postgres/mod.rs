@@ -294,8 +294,10 @@ impl PostgresSource {
         let silent = now - self.last_message;
         let allowed = self.read_timeout();
         if silent < allowed {
-            // More is allowed than when this look was set (the primary stopped taking heartbeats).
+            // More is allowed than when this look was set (the primary stopped taking heartbeats):
+            // the walsender's progress is measured afresh from the next look.
             self.check_at = self.last_message + allowed;
+            self.progress = None;
             return Ok(());
         }
         let dead = |why: String| {
