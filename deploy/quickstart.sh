@@ -50,7 +50,7 @@ else
 fi
 
 step "building outboxd (release; the longest step on a fresh machine)"
-cargo build --release --locked --features quickstart --bin outboxd --bin consume
+cargo build --release --locked --no-default-features --features quickstart --bin outboxd --bin consume
 TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 
 WORK=$(mktemp -d /tmp/outboxd-quickstart.XXXXXX)

@@ -1414,4 +1414,34 @@ url = "redis://outboxd:s3cret-redis@127.0.0.1:6379/0"
         };
         assert_eq!((redis.maxlen, redis.wait_replicas), (Some(1000), 1));
     }
+
+    /// A sink this build lacks (its cargo feature off) is refused at load, naming the feature and
+    /// the build command; with the feature the same section loads. It means something in both
+    /// builds: the default one (every sink) and `cargo test --lib --no-default-features`, which
+    /// `scripts/test.sh` runs too.
+    #[test]
+    fn a_sink_this_build_lacks_is_refused_naming_its_feature() {
+        let sns = SQS.replace("[sqs]", "[sns]");
+        for (sink, feature, text) in [
+            ("rabbitmq", "rabbitmq", RABBIT),
+            ("nats", "nats", NATS),
+            ("redis", "redis", REDIS),
+            ("sqs", "aws", SQS),
+            ("sns", "aws", sns.as_str()),
+        ] {
+            let parsed = parse(text, &[]);
+            if crate::sink::built_sinks().contains(&sink) {
+                parsed.unwrap_or_else(|e| panic!("{sink}: {e}"));
+                continue;
+            }
+            let e = parsed.expect_err(sink);
+            let shown = format!("{e} {}", e.remedy_text().unwrap_or_default());
+            assert!(
+                shown.contains(&format!("without the `{feature}` feature"))
+                    && shown.contains(&format!("--features {feature}")),
+                "{shown}"
+            );
+        }
+        assert!(crate::sink::built_sinks().contains(&"kafka"));
+    }
 }

@@ -15,10 +15,21 @@ use outboxd::Error;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `outboxd --version`: the version, and what this build can read and write to (each sink but
+/// Kafka is a cargo feature).
+static LONG_VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "{}\nsources: mysql, mariadb, postgres\nsinks: {}",
+        env!("CARGO_PKG_VERSION"),
+        outboxd::sink::built_sinks().join(", ")
+    )
+});
+
 #[derive(Parser)]
 #[command(
     name = "outboxd",
     version,
+    long_version = LONG_VERSION.as_str(),
     about = "The transactional outbox without polling: database log -> Kafka, RabbitMQ, NATS, Redis, SQS or SNS, checkpointed after the broker's ack",
     long_about = "outboxd tails the database's own log (the MySQL/MariaDB binlog, or Postgres logical \
 replication through pgoutput), keeps the INSERTs into the outbox table(s), publishes each row to \

@@ -497,6 +497,13 @@ fn help_reads_like_a_man_page_and_completions_need_no_config() {
         );
         String::from_utf8(out.stdout).unwrap()
     };
+    // What the binary can read and write to: every sink with the default features.
+    let version = run(&["--version"]);
+    assert!(
+        version.contains("sinks: kafka, rabbitmq, nats, redis, sqs, sns")
+            && version.contains("sources: mysql, mariadb, postgres"),
+        "{version}"
+    );
     let help = run(&["--help"]);
     for needle in [
         "EXAMPLES:",

@@ -15,6 +15,10 @@ mod file;
 mod held;
 mod kafka;
 mod lease;
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(not(feature = "redis"))]
+#[path = "redis_unbuilt.rs"]
 mod redis;
 mod store;
 mod tracker;

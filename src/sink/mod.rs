@@ -9,19 +9,45 @@
 //! its config section (`config.rs`), its client and its `check` lines. Adding a sink is a module
 //! and an arm here (and in [`SinkConfig`]); the pipeline does not change.
 //!
+//! Every sink but Kafka is a cargo feature of the same name (`aws` for SQS and SNS). A build
+//! without one keeps its config section, so a config naming it parses and is refused by name
+//! ([`SinkConfig::missing_feature`]); its client module and its [`Sink`] arm are left out.
+//!
 //! Two sinks can commit the checkpoint atomically with the records (exactly-once): Kafka in a
 //! transaction (`kafka.exactly_once`), Redis in a `MULTI`/`EXEC` (`checkpoint.store = "redis"`).
 //! The pipeline chooses the source transaction boundary; the sink gets the checkpoint as opaque
 //! bytes in a [`CommitMark`], so positions still never reach it.
 
 pub mod ack;
-pub mod aws;
 pub mod delivery;
 pub mod kafka;
-pub mod nats;
-pub mod rabbitmq;
-pub mod redis;
 pub mod window;
+
+#[cfg(feature = "aws")]
+pub mod aws;
+#[cfg(feature = "nats")]
+pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
+#[cfg(feature = "redis")]
+pub mod redis;
+// Without its feature a sink is its config section alone.
+#[cfg(not(feature = "aws"))]
+pub mod aws {
+    pub mod config;
+}
+#[cfg(not(feature = "nats"))]
+pub mod nats {
+    pub mod config;
+}
+#[cfg(not(feature = "rabbitmq"))]
+pub mod rabbitmq {
+    pub mod config;
+}
+#[cfg(not(feature = "redis"))]
+pub mod redis {
+    pub mod config;
+}
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,8 +57,10 @@ pub use delivery::Delivery;
 pub use window::Room;
 
 use self::aws::config::{AwsConfig, Service};
+#[cfg(feature = "aws")]
 use self::aws::AwsSink;
 use self::redis::config::RedisConfig;
+#[cfg(feature = "redis")]
 use self::redis::RedisSink;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -40,8 +68,10 @@ use crate::route::Record;
 use kafka::config::KafkaConfig;
 use kafka::{KafkaSink, TopicState};
 use nats::config::NatsConfig;
+#[cfg(feature = "nats")]
 use nats::NatsSink;
 use rabbitmq::config::RabbitMqConfig;
+#[cfg(feature = "rabbitmq")]
 use rabbitmq::RabbitMqSink;
 
 /// How a session's sink commits the checkpoint with the records it covers.
@@ -82,6 +112,22 @@ pub enum SinkConfig<'a> {
 /// Every sink's section name, as [`SinkConfig::name`] gives it (the `sink` label's values).
 pub const SINK_NAMES: [&str; 6] = ["kafka", "rabbitmq", "nats", "redis", "sqs", "sns"];
 
+/// The sinks this build has: every one with the default features (`outboxd --version` lists them).
+pub fn built_sinks() -> Vec<&'static str> {
+    let aws = cfg!(feature = "aws");
+    [
+        ("kafka", true),
+        ("rabbitmq", cfg!(feature = "rabbitmq")),
+        ("nats", cfg!(feature = "nats")),
+        ("redis", cfg!(feature = "redis")),
+        ("sqs", aws),
+        ("sns", aws),
+    ]
+    .into_iter()
+    .filter_map(|(name, built)| built.then_some(name))
+    .collect()
+}
+
 impl SinkConfig<'_> {
     /// The section's name (one of [`SINK_NAMES`]).
     pub fn name(&self) -> &'static str {
@@ -95,6 +141,30 @@ impl SinkConfig<'_> {
         }
     }
 
+    /// The cargo feature this sink needs, when this build lacks it.
+    pub fn missing_feature(&self) -> Option<&'static str> {
+        let (feature, built) = match self {
+            SinkConfig::Kafka(_) => return None,
+            SinkConfig::RabbitMq(_) => ("rabbitmq", cfg!(feature = "rabbitmq")),
+            SinkConfig::Nats(_) => ("nats", cfg!(feature = "nats")),
+            SinkConfig::Redis(_) => ("redis", cfg!(feature = "redis")),
+            SinkConfig::Sqs(_) | SinkConfig::Sns(_) => ("aws", cfg!(feature = "aws")),
+        };
+        (!built).then_some(feature)
+    }
+
+    /// The refusal of a sink this build lacks.
+    fn not_built(&self, feature: &str) -> delivery::Refusal {
+        (
+            format!("[{}]", self.name()),
+            format!(
+                "this outboxd was built without the `{feature}` feature, which the {} sink needs",
+                self.name()
+            ),
+            format!("build it with the sink: cargo build --release --features {feature} (the default features have every sink)"),
+        )
+    }
+
     /// Checks the section's keys, and the header names the route adds (each broker has its own
     /// rules for them).
     pub fn validate(
@@ -102,6 +172,9 @@ impl SinkConfig<'_> {
         route: &crate::route::RouteConfig,
         checkpoint_in_kafka: bool,
     ) -> std::result::Result<(), delivery::Refusal> {
+        if let Some(feature) = self.missing_feature() {
+            return Err(self.not_built(feature));
+        }
         match self {
             SinkConfig::Kafka(kafka) => kafka.validate(checkpoint_in_kafka)?,
             SinkConfig::RabbitMq(rabbitmq) => rabbitmq.validate()?,
@@ -173,10 +246,13 @@ impl SinkConfig<'_> {
     pub async fn preflight(&self, wanted: kafka::Wanted) -> Vec<crate::preflight::Item> {
         match self {
             SinkConfig::Kafka(kafka) => kafka::preflight(kafka, wanted).await,
+            #[cfg(feature = "rabbitmq")]
             SinkConfig::RabbitMq(rabbitmq) => rabbitmq::preflight(rabbitmq).await,
+            #[cfg(feature = "nats")]
             SinkConfig::Nats(nats) => {
                 nats::preflight(nats, wanted.fixed_event_topic.as_deref()).await
             }
+            #[cfg(feature = "redis")]
             SinkConfig::Redis(redis) => {
                 self::redis::preflight(
                     redis,
@@ -185,11 +261,18 @@ impl SinkConfig<'_> {
                 )
                 .await
             }
+            #[cfg(feature = "aws")]
             SinkConfig::Sqs(aws) => {
                 aws::preflight(Service::Sqs, aws, wanted.fixed_event_topic.as_deref()).await
             }
+            #[cfg(feature = "aws")]
             SinkConfig::Sns(aws) => {
                 aws::preflight(Service::Sns, aws, wanted.fixed_event_topic.as_deref()).await
+            }
+            #[allow(unreachable_patterns)]
+            other => {
+                let (subject, why, fix) = other.not_built(other.missing_feature().unwrap_or("?"));
+                vec![crate::preflight::Item::fail(&subject, why, fix)]
             }
         }
     }
@@ -204,10 +287,10 @@ impl SinkConfig<'_> {
             }
             SinkConfig::RabbitMq(rabbitmq) => {
                 Router::new(route.clone(), rabbitmq.max_message_bytes)
-                    .with_max_header_bytes(rabbitmq::MAX_HEADER_BYTES)
+                    .with_max_header_bytes(rabbitmq::config::MAX_HEADER_BYTES)
             }
             SinkConfig::Nats(nats) => Router::new(route.clone(), nats.max_message_bytes)
-                .with_max_header_bytes(nats::MAX_HEADER_BYTES),
+                .with_max_header_bytes(nats::config::MAX_HEADER_BYTES),
             SinkConfig::Redis(redis) => Router::new(route.clone(), redis.max_message_bytes),
             SinkConfig::Sqs(aws) | SinkConfig::Sns(aws) => {
                 Router::new(route.clone(), aws.max_message_bytes)
@@ -216,15 +299,36 @@ impl SinkConfig<'_> {
     }
 }
 
-/// One session's connection to the destination.
+/// One session's connection to the destination (an arm per sink this build has).
 pub enum Sink {
     Kafka(KafkaSink),
     /// Boxed: the AMQP connection and channel handles are large, and the session holds one sink.
+    #[cfg(feature = "rabbitmq")]
     RabbitMq(Box<RabbitMqSink>),
+    #[cfg(feature = "nats")]
     Nats(Box<NatsSink>),
+    #[cfg(feature = "redis")]
     Redis(Box<RedisSink>),
     /// SQS or SNS.
+    #[cfg(feature = "aws")]
     Aws(Box<AwsSink>),
+}
+
+/// `$body` with `$sink` bound to whichever sink `$self` holds.
+macro_rules! each_sink {
+    ($self:expr, $sink:ident => $body:expr) => {
+        match $self {
+            Sink::Kafka($sink) => $body,
+            #[cfg(feature = "rabbitmq")]
+            Sink::RabbitMq($sink) => $body,
+            #[cfg(feature = "nats")]
+            Sink::Nats($sink) => $body,
+            #[cfg(feature = "redis")]
+            Sink::Redis($sink) => $body,
+            #[cfg(feature = "aws")]
+            Sink::Aws($sink) => $body,
+        }
+    };
 }
 
 impl Sink {
@@ -236,53 +340,55 @@ impl Sink {
         acks: Arc<dyn Acks>,
         metrics: Arc<Metrics>,
     ) -> Result<Sink> {
-        let (kafka_id, redis_key) = match transactional {
-            Some(Transactional::Kafka(id)) => (Some(id.as_str()), None),
-            Some(Transactional::Redis(key)) => (None, Some(key.as_str())),
-            None => (None, None),
-        };
         Ok(match config {
             SinkConfig::Kafka(kafka) => {
-                Sink::Kafka(KafkaSink::new(name, kafka, kafka_id, acks, metrics)?)
+                let id = match transactional {
+                    Some(Transactional::Kafka(id)) => Some(id.as_str()),
+                    _ => None,
+                };
+                Sink::Kafka(KafkaSink::new(name, kafka, id, acks, metrics)?)
             }
+            #[cfg(feature = "rabbitmq")]
             SinkConfig::RabbitMq(rabbitmq) => Sink::RabbitMq(Box::new(
                 RabbitMqSink::new(name, rabbitmq, acks, metrics).await?,
             )),
+            #[cfg(feature = "nats")]
             SinkConfig::Nats(nats) => {
                 Sink::Nats(Box::new(NatsSink::new(name, nats, acks, metrics).await?))
             }
-            SinkConfig::Redis(redis) => Sink::Redis(Box::new(
-                RedisSink::new(redis, redis_key, acks, metrics).await?,
-            )),
+            #[cfg(feature = "redis")]
+            SinkConfig::Redis(redis) => {
+                let key = match transactional {
+                    Some(Transactional::Redis(key)) => Some(key.as_str()),
+                    _ => None,
+                };
+                Sink::Redis(Box::new(RedisSink::new(redis, key, acks, metrics).await?))
+            }
+            #[cfg(feature = "aws")]
             SinkConfig::Sqs(aws) => Sink::Aws(Box::new(
                 AwsSink::new(Service::Sqs, aws, acks, metrics).await?,
             )),
+            #[cfg(feature = "aws")]
             SinkConfig::Sns(aws) => Sink::Aws(Box::new(
                 AwsSink::new(Service::Sns, aws, acks, metrics).await?,
             )),
+            // Refused with the config already; kept for a config built by hand.
+            #[allow(unreachable_patterns)]
+            other => {
+                let (_, why, fix) = other.not_built(other.missing_feature().unwrap_or("?"));
+                return Err(Error::config(why).remedy(fix));
+            }
         })
     }
 
     /// Waits for room in the window for `record`. Cancel-safe.
     pub async fn reserve(&self, record: &Record) -> Result<Room> {
-        match self {
-            Sink::Kafka(sink) => sink.reserve(record).await,
-            Sink::RabbitMq(sink) => sink.reserve(record).await,
-            Sink::Nats(sink) => sink.reserve(record).await,
-            Sink::Redis(sink) => sink.reserve(record).await,
-            Sink::Aws(sink) => sink.reserve(record).await,
-        }
+        each_sink!(self, sink => sink.reserve(record).await)
     }
 
     /// Sends `record` in `room`; its acknowledgement hands `ticket` to the session's [`Acks`].
     pub async fn send(&self, room: Room, record: &Record, ticket: Ticket) -> Result<()> {
-        match self {
-            Sink::Kafka(sink) => sink.send(room, record, ticket).await,
-            Sink::RabbitMq(sink) => sink.send(room, record, ticket).await,
-            Sink::Nats(sink) => sink.send(room, record, ticket).await,
-            Sink::Redis(sink) => sink.send(room, record, ticket).await,
-            Sink::Aws(sink) => sink.send(room, record, ticket).await,
-        }
+        each_sink!(self, sink => sink.send(room, record, ticket).await)
     }
 
     /// Whether `topic` can take records. Kafka says whether it exists; NATS refuses a subject
@@ -291,14 +397,15 @@ impl Sink {
     pub async fn topic_state(&self, topic: &str) -> Result<TopicState> {
         match self {
             Sink::Kafka(sink) => sink.topic_state(topic).await,
+            #[cfg(feature = "nats")]
             Sink::Nats(sink) => sink.topic_state(topic).await,
-            Sink::RabbitMq(_) | Sink::Redis(_) | Sink::Aws(_) => {
-                Ok(TopicState::Exists { partitions: None })
-            }
+            #[allow(unreachable_patterns)]
+            _ => Ok(TopicState::Exists { partitions: None }),
         }
     }
 
     /// Gets ready to send at once (Kafka: the producer id).
+    #[allow(irrefutable_let_patterns)] // a build with Kafka alone
     pub async fn warm_up(&self) {
         if let Sink::Kafka(sink) = self {
             sink.warm_up().await
@@ -306,13 +413,7 @@ impl Sink {
     }
 
     pub async fn close(self) {
-        match self {
-            Sink::Kafka(sink) => sink.close().await,
-            Sink::RabbitMq(sink) => (*sink).close().await,
-            Sink::Nats(sink) => (*sink).close().await,
-            Sink::Redis(sink) => (*sink).close().await,
-            Sink::Aws(sink) => (*sink).close().await,
-        }
+        each_sink!(self, sink => sink.close().await)
     }
 
     /// What a failed session's error means once the producer's own state is known (Kafka: a
@@ -320,6 +421,7 @@ impl Sink {
     pub fn explain_fatal(&self, e: Error) -> Error {
         match self {
             Sink::Kafka(sink) => sink.explain_fatal(e),
+            #[allow(unreachable_patterns)]
             _ => e,
         }
     }
@@ -329,6 +431,7 @@ impl Sink {
     pub async fn init_transactions(&self, limit: Duration) -> Result<()> {
         match self {
             Sink::Kafka(sink) => sink.init_transactions(limit).await,
+            #[allow(unreachable_patterns)]
             _ => Ok(()),
         }
     }
@@ -337,7 +440,9 @@ impl Sink {
     pub fn begin(&self) -> Result<()> {
         match self {
             Sink::Kafka(sink) => sink.begin(),
+            #[cfg(feature = "redis")]
             Sink::Redis(sink) => sink.begin(),
+            #[allow(unreachable_patterns)]
             _ => Err(no_transactions()),
         }
     }
@@ -348,6 +453,7 @@ impl Sink {
             (Sink::Kafka(sink), CommitMark::Record(last, index)) => {
                 sink.commit(last, index, limit).await
             }
+            #[cfg(feature = "redis")]
             (
                 Sink::Redis(sink),
                 CommitMark::Key {
@@ -362,6 +468,7 @@ impl Sink {
 
     /// Gives up the open transaction (best effort: a Kafka transaction is aborted by the next
     /// session's start otherwise; a Redis one dies with its connection at `close`).
+    #[allow(irrefutable_let_patterns)] // a build with Kafka alone
     pub async fn abort(&self, limit: Duration) {
         if let Sink::Kafka(sink) = self {
             sink.abort(limit).await

@@ -63,11 +63,6 @@ use crate::sink::window::{Room, Window};
 /// pipeline.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// The most bytes of key, id and headers a record may carry: JetStream refuses a header block
-/// over 64 KiB, and outboxd repeats the id (`Nats-Msg-Id`) and may base64 values (4/3). Larger
-/// ones are dead-lettered as `too_large` by the router.
-pub const MAX_HEADER_BYTES: usize = 16 * 1024;
-
 /// The longest previous id a message names as its stream's expected last one.
 const MAX_EXPECTED_ID: usize = 1024;
 

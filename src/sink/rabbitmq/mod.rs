@@ -78,11 +78,6 @@ pub const KEY_HEADER: &str = "outboxd.key";
 /// matched to its publish.
 pub const PUBLISH_HEADER: &str = "outboxd.publish";
 
-/// The most bytes of key, id and headers a record may carry: AMQP sends a message's properties
-/// in one frame, and RabbitMQ's `frame_max` is 128 KiB by default. Larger ones are dead-lettered
-/// as `too_large` by the router.
-pub const MAX_HEADER_BYTES: usize = 64 * 1024;
-
 pub struct RabbitMqSink {
     connection: Connection,
     channel: Channel,
