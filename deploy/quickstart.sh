@@ -13,7 +13,7 @@ START=$(date +%s)
 step() { echo "== [$(( $(date +%s) - START ))s] $*"; }
 
 if ! command -v cargo >/dev/null 2>&1; then
-  echo "quickstart: cargo (Rust 1.89 or newer) is needed to build outboxd. Install it with:" >&2
+  echo "quickstart: cargo (Rust 1.94.1 or newer) is needed to build outboxd. Install it with:" >&2
   echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y && . \"\$HOME/.cargo/env\"" >&2
   exit 1
 fi
@@ -50,8 +50,10 @@ else
 fi
 
 step "building outboxd (release; the longest step on a fresh machine)"
-cargo build --release --locked --no-default-features --features quickstart --bin outboxd --bin consume
-TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+# Kafka's client alone (the sinks are cargo features), in a folder of its own so a full build in
+# target/release stays as it is.
+TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/quickstart
+cargo build --release --locked --no-default-features --features quickstart --target-dir "$TARGET" --bin outboxd --bin consume
 
 WORK=$(mktemp -d /tmp/outboxd-quickstart.XXXXXX)
 PIDS=()

@@ -156,7 +156,7 @@ impl SinkConfig<'_> {
     /// The refusal of a sink this build lacks.
     fn not_built(&self, feature: &str) -> delivery::Refusal {
         (
-            format!("[{}]", self.name()),
+            self.name().to_string(),
             format!(
                 "this outboxd was built without the `{feature}` feature, which the {} sink needs",
                 self.name()

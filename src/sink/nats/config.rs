@@ -7,12 +7,12 @@ use serde::Deserialize;
 
 use crate::sink::delivery::{self, Delivery, Refusal};
 
-/// `[nats]` (JetStream).
 /// The most bytes of key, id and headers a record may carry: JetStream refuses a header block
 /// over 64 KiB, and outboxd repeats the id (`Nats-Msg-Id`) and may base64 values (4/3). Larger
 /// ones are dead-lettered as `too_large` by the router.
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 
+/// `[nats]` (JetStream).
 #[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NatsConfig {

@@ -7,12 +7,12 @@ use serde::Deserialize;
 use crate::sink::delivery::{self, Delivery, Refusal};
 use crate::source::config::redact_url;
 
-/// `[rabbitmq]` (AMQP 0.9.1).
 /// The most bytes of key, id and headers a record may carry: AMQP sends a message's properties
 /// in one frame, and RabbitMQ's `frame_max` is 128 KiB by default. Larger ones are dead-lettered
 /// as `too_large` by the router.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 
+/// `[rabbitmq]` (AMQP 0.9.1).
 #[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RabbitMqConfig {
