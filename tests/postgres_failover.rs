@@ -471,17 +471,23 @@ fn sessions(env: &PgEnv) -> usize {
         .count()
 }
 
-/// The primary stops: its heartbeat cannot be written (one WARN), and the silence is then judged
-/// as without a heartbeat (keepalives, 100 s), not three intervals: the stream stays open, though
-/// nothing comes through it. Back, the heartbeat resumes on the primary and readiness with it.
-fn the_primary_away_keeps_the_stream(env: &mut PgEnv, port: u16) {
-    let before = sessions(env);
+/// Stops the primary of the standby read, and waits for outboxd's WARN that it cannot write the
+/// heartbeat there.
+fn the_primary_stops(env: &PgEnv) {
     env.pg.stop_fast();
     wait_until("the WARN about the primary", LIMIT, || {
         env.outboxd
             .log()
             .contains("cannot write the heartbeat on source.primary_url")
     });
+}
+
+/// The primary stops: its heartbeat cannot be written (one WARN), and the silence is then judged
+/// as without a heartbeat (keepalives, 100 s), not three intervals: the stream stays open, though
+/// nothing comes through it. Back, the heartbeat resumes on the primary and readiness with it.
+fn the_primary_away_keeps_the_stream(env: &mut PgEnv, port: u16) {
+    let before = sessions(env);
+    the_primary_stops(env);
     // Nothing to await: the property is that nothing happens. Without the wider allowance the
     // stream would have ended about 12 s after its last message (three intervals, then the
     // standby's 5 s wal_sender_timeout plus three intervals); the primary's shutdown may still
@@ -570,12 +576,7 @@ fn a_promotion_under_the_session_beats_on_the_promoted(
     port: u16,
 ) {
     let before = sessions(env);
-    env.pg.stop_fast();
-    wait_until("the WARN about the primary", LIMIT, || {
-        env.outboxd
-            .log()
-            .contains("cannot write the heartbeat on source.primary_url")
-    });
+    the_primary_stops(env);
     standby.promote();
     wait_until("the promotion noticed, and readiness", LIMIT, || {
         env.outboxd.log().contains("the standby read was promoted")
