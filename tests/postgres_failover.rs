@@ -509,9 +509,9 @@ fn the_primary_away_keeps_the_stream(env: &mut PgEnv, port: u16) {
     );
 }
 
-/// `check` FAILs a `primary_url` that is a standby, or the primary of another cluster; `run` past
-/// its checks with another cluster's primary WARNs once that retrying will not help (its heartbeat
-/// would never come back), and keeps reading.
+/// `check` FAILs a `primary_url` that is a standby, or the primary of another cluster. `run` past
+/// its checks keeps trying a standby there, and WARNs once that retrying will not help for another
+/// cluster's primary (its heartbeat would never come back), and keeps reading.
 fn a_wrong_primary_is_named_and_refused(env: &mut PgEnv, standby: &Postgres) {
     let path = env.outboxd.config_path();
     let right = std::fs::read_to_string(&path).unwrap();
@@ -530,6 +530,19 @@ fn a_wrong_primary_is_named_and_refused(env: &mut PgEnv, standby: &Postgres) {
     assert!(
         on_standby.contains("FAIL") && on_standby.contains("is a standby too"),
         "{on_standby}"
+    );
+    // Past the checks a standby there is retried, not refused for the session: during a
+    // switchover the name points at a standby for a while.
+    env.outboxd.stop();
+    env.outboxd.start_with(&["--skip-checks"]);
+    wait_until("the retried standby as primary_url", LIMIT, || {
+        let log = env.outboxd.log();
+        log.contains("is in recovery (a standby)") && log.contains("outboxd keeps trying")
+    });
+    assert!(
+        !env.outboxd.log().contains("retrying will not help"),
+        "{}",
+        env.outboxd.log()
     );
     // Its pg_control_system() revoked: the system identifier comes from IDENTIFY_SYSTEM instead.
     let other = Postgres::start_major(18, &[]);
