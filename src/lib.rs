@@ -7,6 +7,7 @@
 //! back-pressure, reconnects and shutdown. [`reference`] makes the docs' reference pages from the
 //! code.
 
+pub mod audit;
 pub mod check;
 pub mod checkpoint;
 pub mod config;

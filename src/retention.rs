@@ -383,6 +383,7 @@ async fn round_on(
     }
     let compare = Compare {
         elsewhere: prune.elsewhere,
+        who: "prune",
         sampled: &sampled,
     };
     let started = Instant::now();
@@ -461,6 +462,8 @@ fn has_gtids(position: &Position) -> bool {
 #[derive(Clone, Copy)]
 struct Compare<'a> {
     elsewhere: bool,
+    /// Who waits: "prune" or "audit".
+    who: &'static str,
     sampled: &'a SourceIdentity,
 }
 
@@ -472,6 +475,29 @@ fn another_server(stored: &SourceIdentity, sampled: &SourceIdentity) -> bool {
     differ(&stored.server_id, &sampled.server_id)
         || differ(&stored.server_uuid, &sampled.server_uuid)
         || differ(&stored.system_identifier, &sampled.system_identifier)
+}
+
+/// Waits until the durable checkpoint of the server outboxd reads reaches `log_end`; Some(reason)
+/// if it did not within `wait` (`outboxd audit`).
+pub async fn wait_for_checkpoint_to(
+    store: &Store,
+    log_end: &Position,
+    wait: Duration,
+) -> Result<Option<String>> {
+    let sampled = SourceIdentity::anonymous(store_kind(log_end));
+    let compare = Compare {
+        elsewhere: false,
+        who: "audit",
+        sampled: &sampled,
+    };
+    wait_for_checkpoint(store, log_end, wait, compare).await
+}
+
+fn store_kind(position: &Position) -> SourceKind {
+    match position {
+        Position::Lsn(_) => SourceKind::Postgres,
+        _ => SourceKind::Mysql,
+    }
 }
 
 /// Waits until the durable checkpoint reaches `log_end`; Some(reason) if it did not within `wait`.
@@ -506,13 +532,14 @@ async fn wait_for_checkpoint(
             Some(c) if c.position.reached(log_end) => return Ok(None),
             Some(c) if matches!(c.position, Position::Snapshot(_)) => {
                 return Ok(Some(format!(
-                    "a snapshot is in progress ({}): prune waits until it has finished",
-                    c.position
+                    "a snapshot is in progress ({}): {} waits until it has finished",
+                    c.position, compare.who
                 )))
             }
             Some(c) => format!(
-                "the checkpoint ({}) has not reached the log end sampled before deleting ({log_end}) within {}",
+                "the checkpoint ({}) has not reached the log end sampled before {} ({log_end}) within {}",
                 c.position,
+                if compare.who == "prune" { "deleting" } else { "reading the tables" },
                 humantime::format_duration(wait)
             ),
             None => format!(

@@ -3,6 +3,7 @@
 
 mod rig;
 
+mod audit;
 mod aws;
 mod beside_debezium;
 mod binlog_files;

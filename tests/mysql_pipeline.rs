@@ -436,6 +436,19 @@ fn an_unroutable_row_goes_to_the_dead_letter_topic_and_the_stream_goes_on() {
     assert_eq!(row["id"], "00000000-0000-0000-0000-0000000000aa");
     let good = consume(&env.broker.bootstrap(), "outbox.event.order", 1, LIMIT);
     assert_eq!(good.len(), 1);
+    // `outboxd audit` counts the dead letter as handled, with its reason, not as missing.
+    let out = env.outboxd.command_output(&["audit", "--format", "json"]);
+    let audit: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{audit:#}");
+    assert_eq!(
+        (&audit["rows"], &audit["delivered"], &audit["dead_lettered"]),
+        (&2.into(), &1.into(), &1.into()),
+        "{audit:#}"
+    );
+    assert_eq!(
+        audit["dead_letter_reasons"]["invalid_topic"], 1,
+        "{audit:#}"
+    );
     env.outboxd.stop();
 }
 

@@ -308,6 +308,7 @@ fn no_command_prints_a_planted_secret() {
     for args in [
         &["check"][..],
         &["checkpoint", "show"],
+        &["audit", "--wait", "1s"],
         &[
             "replay",
             "--from",
@@ -340,7 +341,7 @@ fn no_command_prints_a_planted_secret() {
         .replace("mysql://cdc@", "mysql://cdc:planted-url-pw-74@");
     env.outboxd
         .rewrite_config(&config_body(&url, &bootstrap, "", ""));
-    for args in [&["check"][..], &["run"]] {
+    for args in [&["check"][..], &["run"], &["audit"]] {
         let text = output_without_password_env(&env.outboxd, args);
         assert!(
             text.contains("refused the login") || text.contains("Access denied"),
@@ -355,7 +356,7 @@ fn no_command_prints_a_planted_secret() {
             "[source]\n",
             &format!("[source]\npassword_file = \"{}\"\n", file.display()),
         ));
-    for args in [&["check"][..], &["run"]] {
+    for args in [&["check"][..], &["run"], &["audit"]] {
         let text = output_without_password_env(&env.outboxd, args);
         assert_no_secret(&format!("{args:?} with a password file"), &text);
     }

@@ -1499,7 +1499,7 @@ fn instance() -> String {
 }
 
 /// Settings every connection needs (where and how to connect), as opposed to producer tuning.
-fn is_connection_property(key: &str) -> bool {
+pub(crate) fn is_connection_property(key: &str) -> bool {
     [
         "security.",
         "ssl.",

@@ -24,7 +24,8 @@ mod store;
 mod tracker;
 
 pub use checkpointer::Checkpointer;
-pub use kafka::KafkaStore;
+pub(crate) use kafka::is_connection_property;
+pub use kafka::{KafkaStore, QuietContext};
 pub use lease::Lease;
 pub use store::{Access, Checkpoint, Store};
 pub use tracker::Tracker;

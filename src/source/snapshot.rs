@@ -193,7 +193,7 @@ pub enum TableReader {
 }
 
 impl TableReader {
-    async fn chunk(
+    pub(crate) async fn chunk(
         &mut self,
         table: &str,
         after: Option<&[KeyValue]>,
@@ -206,7 +206,7 @@ impl TableReader {
         }
     }
 
-    async fn close(self) {
+    pub(crate) async fn close(self) {
         match self {
             TableReader::Mysql(r) => r.close().await,
             TableReader::Postgres(r) => r.close().await,
@@ -544,7 +544,7 @@ async fn open_stream(
 
 /// Opens the database's snapshot reader; `exact` pairs the read with the stream start (a first
 /// start), otherwise the read is any fresh view and `then` the log's current end.
-async fn begin(config: &SourceConfig, exact: bool) -> Result<Begun> {
+pub(crate) async fn begin(config: &SourceConfig, exact: bool) -> Result<Begun> {
     match &config.db {
         SourceDb::Mysql(_) => super::mysql::snapshot::begin(config, exact).await,
         SourceDb::Postgres(own) => super::postgres::snapshot::begin(config, own, exact).await,

@@ -1,6 +1,7 @@
 //! The outbox scenario shared by the MySQL end-to-end tests: schema, deterministic rows, setup of
 //! MariaDB + broker + outboxd, and the checks on what reached Kafka.
 
+use outboxd::audit::matching::{Matcher, Rank, Record};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -234,7 +235,6 @@ pub fn check_records_by(
     range: std::ops::Range<u64>,
     payload_of: impl Fn(u64) -> String,
 ) -> usize {
-    let mut seen: HashMap<u64, usize> = HashMap::new();
     for r in records {
         let n = n_of(r);
         let (_, kind, key, _) = event(n);
@@ -251,16 +251,36 @@ pub fn check_records_by(
             r.header("outboxd.position").is_some(),
             "position header of row {n}"
         );
-        *seen.entry(n).or_default() += 1;
     }
-    let missing: Vec<u64> = range.clone().filter(|n| !seen.contains_key(n)).collect();
+    // The matching `outboxd audit` does: one implementation.
+    let mut matcher = Matcher::new();
+    for n in range.clone() {
+        matcher.expect(&uuid_of(n), &format!("row {n}"));
+    }
+    for r in records {
+        matcher.observe(audit_record(r, &r.header("id"), None));
+    }
+    let outcome = matcher.finish();
+    let missing: Vec<&str> = outcome.missing.iter().map(|a| a.place.as_str()).collect();
     assert!(
         missing.is_empty(),
         "{} rows never arrived, first: {:?}",
         missing.len(),
         &missing[..missing.len().min(10)]
     );
-    seen.values().map(|c| c - 1).sum()
+    outcome.extra_records() as usize
+}
+
+/// A consumed record as `outboxd audit`'s matcher takes it.
+fn audit_record<'a>(r: &'a Consumed, id: &'a Option<String>, rank: Option<&'a Rank>) -> Record<'a> {
+    Record {
+        id: id.as_deref(),
+        topic: &r.topic,
+        partition: r.partition,
+        offset: r.offset,
+        key: r.key.as_deref(),
+        rank,
+    }
 }
 
 /// Per key, the first occurrences of rows arrive in commit (= sequence) order.
@@ -277,25 +297,24 @@ pub fn check_per_key_order_by(records: &[Consumed], rank: impl Fn(u64) -> u64) {
             .or_default()
             .push(r);
     }
-    let mut last: HashMap<(String, Vec<u8>), u64> = HashMap::new();
-    let mut seen = std::collections::HashSet::new();
+    // The matching `outboxd audit` does, with the rank the test knows for each row.
+    let mut matcher = Matcher::new();
+    for r in records {
+        matcher.expect(&r.header("id").unwrap(), "");
+    }
     for (_, mut rs) in by_partition {
         rs.sort_by_key(|r| r.offset);
         for r in rs {
-            let n = n_of(r);
-            if !seen.insert(n) {
-                continue;
-            }
-            let key = r.key.clone().unwrap();
-            if let Some(prev) = last.insert((r.topic.clone(), key.clone()), n) {
-                assert!(
-                    rank(prev) < rank(n),
-                    "key {:?}: row {n} arrived after row {prev}",
-                    String::from_utf8_lossy(&key)
-                );
-            }
+            let id = r.header("id");
+            let rank = Rank::new("", u128::from(rank(n_of(r))));
+            matcher.observe(audit_record(r, &id, Some(&rank)));
         }
     }
+    let disorder = matcher.finish().disorder;
+    assert!(
+        disorder.is_empty(),
+        "rows arrived out of key order: {disorder:#?}"
+    );
 }
 
 /// The statements each database writes for [`mixed_transactions`].

@@ -20,6 +20,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use outboxd::audit::matching::{Matcher, Outcome, Rank, Record};
 use serde_json::{json, Value};
 
 use super::load::{producer_of, seq_of, Log};
@@ -53,12 +54,8 @@ pub fn check(inputs: &Inputs) -> Verdict {
         .iter()
         .flat_map(|l| l.rolled_back.iter().copied())
         .collect();
-    let lost: Vec<u128> = inputs
-        .committed
-        .iter()
-        .copied()
-        .filter(|id| !seen.first.contains_key(id))
-        .collect();
+    let matched = matched(inputs);
+    let lost: Vec<&str> = matched.missing.iter().map(|a| a.id.as_str()).collect();
     let phantom: Vec<u128> = seen
         .first
         .keys()
@@ -83,7 +80,7 @@ pub fn check(inputs: &Inputs) -> Verdict {
         replayed,
         others,
     } = duplicates(seen, inputs.faults);
-    let order_violations = order_violations(seen);
+    let order_violations = matched.disorder.len();
     let key_mismatches = seen.deliveries.iter().filter(|d| !d.key_ok).count();
     let (recovery, timeline) = recovery_and_timeline(inputs);
 
@@ -129,7 +126,7 @@ pub fn check(inputs: &Inputs) -> Verdict {
         "records_read": seen.deliveries.len(),
         "rows_delivered": seen.first.len(),
         "lost": lost.len(),
-        "lost_sample": lost.iter().take(20).map(|id| format!("{id:032x}")).collect::<Vec<_>>(),
+        "lost_sample": lost.iter().take(20).collect::<Vec<_>>(),
         "phantom": phantom.len(),
         "rolled_back_delivered": rolled_back_delivered,
         "duplicates": duplicates,
@@ -404,24 +401,30 @@ fn replayed_by_rewind(
 }
 
 /// Rows first seen after a later row of their key, in each partition's offset order.
-fn order_violations(seen: &Seen) -> usize {
-    let mut ordered: Vec<_> = seen.deliveries.iter().collect();
-    ordered.sort_by_key(|d| (d.partition, d.offset));
-    let mut first: HashSet<u128> = HashSet::new();
-    let mut highest: HashMap<(u64, u64), u64> = HashMap::new();
-    let mut violations = 0;
-    for d in ordered {
-        if !first.insert(d.id) {
-            continue;
-        }
-        let (producer, seq) = (producer_of(d.id), seq_of(d.id));
-        let top = highest.entry((producer, seq % 8)).or_insert(seq);
-        if seq < *top {
-            violations += 1;
-        }
-        *top = (*top).max(seq);
+/// The committed rows matched with the records read, as `outboxd audit` matches them (one
+/// implementation): rows lost, and first appearances out of key order. A row's key is its
+/// producer's `seq % 8` (see `load`), its rank its sequence number.
+fn matched(inputs: &Inputs) -> Outcome {
+    let mut matcher = Matcher::new();
+    for id in inputs.committed {
+        matcher.expect(&format!("{id:032x}"), "");
     }
-    violations
+    let mut ordered: Vec<_> = inputs.seen.deliveries.iter().collect();
+    ordered.sort_by_key(|d| (d.partition, d.offset));
+    for d in ordered {
+        let id = format!("{:032x}", d.id);
+        let key = format!("{}/{}", producer_of(d.id), seq_of(d.id) % 8);
+        let rank = Rank::new("", u128::from(seq_of(d.id)));
+        matcher.observe(Record {
+            id: Some(&id),
+            topic: "",
+            partition: d.partition,
+            offset: d.offset,
+            key: Some(key.as_bytes()),
+            rank: Some(&rank),
+        });
+    }
+    matcher.finish()
 }
 
 /// Each fault's recovery time, and the per-second timeline.

@@ -1,0 +1,119 @@
+//! The table side: every row in the window, routed as `run` routes it.
+
+use std::collections::BTreeSet;
+use std::io::IsTerminal;
+
+use super::Matcher;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::route::{Router, ID_HEADER};
+use crate::source::snapshot::KeyValue;
+
+pub struct Rows {
+    pub matcher: Matcher,
+    /// The destinations the rows route to.
+    pub topics: BTreeSet<String>,
+    /// Rows the router refuses (expected as dead letters).
+    pub unroutable: u64,
+    max_rows: u64,
+    progress: bool,
+}
+
+impl Rows {
+    pub fn new(max_rows: u64, progress: bool) -> Rows {
+        Rows {
+            matcher: Matcher::new(),
+            topics: BTreeSet::new(),
+            unroutable: 0,
+            max_rows,
+            progress: progress && std::io::stderr().is_terminal(),
+        }
+    }
+
+    pub async fn read(
+        &mut self,
+        config: &Config,
+        router: &Router,
+        since_ms: Option<i64>,
+    ) -> Result<()> {
+        let source = &config.source;
+        let mut reader = crate::source::snapshot::begin(source, false).await?.reader;
+        for table in &source.tables {
+            let mut after: Option<Vec<KeyValue>> = None;
+            loop {
+                let chunk = reader
+                    .chunk(table, after.as_deref(), None, source.snapshot_chunk)
+                    .await?;
+                let last = chunk.len() < source.snapshot_chunk;
+                for keyed in &chunk {
+                    self.add(config, router, table, keyed, since_ms)?;
+                }
+                if self.progress {
+                    eprint!("\raudit: {} rows read", self.matcher.expected());
+                }
+                match chunk.into_iter().last() {
+                    Some(row) if !last => after = Some(row.key),
+                    _ => break,
+                }
+            }
+        }
+        reader.close().await;
+        if self.progress {
+            eprintln!();
+        }
+        Ok(())
+    }
+
+    fn add(
+        &mut self,
+        config: &Config,
+        router: &Router,
+        table: &str,
+        keyed: &crate::source::snapshot::KeyedRow,
+        since_ms: Option<i64>,
+    ) -> Result<()> {
+        let key: Vec<String> = keyed.key.iter().map(ToString::to_string).collect();
+        let place = format!("{table} ({})", key.join(", "));
+        let id = match router.route(&keyed.row) {
+            Ok(record) => {
+                if since_ms.is_some_and(|s| record.timestamp.is_some_and(|t| t < s)) {
+                    return Ok(());
+                }
+                self.topics.insert(record.topic.clone());
+                record
+                    .headers
+                    .iter()
+                    .find(|(name, _)| name == ID_HEADER)
+                    .and_then(|(_, v)| v.as_deref())
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            }
+            Err(_) => {
+                self.unroutable += 1;
+                keyed
+                    .row
+                    .get(&config.route.id)
+                    .and_then(|v| match v.to_json() {
+                        serde_json::Value::String(s) => Some(s),
+                        serde_json::Value::Number(n) => Some(n.to_string()),
+                        _ => None,
+                    })
+            }
+        };
+        let Some(id) = id.filter(|id| !id.is_empty()) else {
+            return Err(Error::source(format!(
+                "audit: the row {place} has no {:?}: without a row id its records cannot be matched",
+                config.route.id
+            ))
+            .remedy("give every outbox row an id (route.id names the column)"));
+        };
+        self.matcher.expect(&id, &place);
+        if self.matcher.expected() as u64 > self.max_rows {
+            return Err(Error::config(format!(
+                "audit: the outbox tables hold more than {} rows in the window",
+                self.max_rows
+            ))
+            .remedy("audit a shorter window (--since, with route.timestamp), or raise --max-rows (about 100 bytes of memory per row)"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,310 @@
+//! `outboxd audit` on real servers (MariaDB and Postgres, Kafka): a clean pipeline audits clean;
+//! rows outboxd never forwarded are missing (pending while the checkpoint is behind), a record
+//! produced twice is duplicated, a reordered pair of one key is out of order; sinks without a
+//! non-destructive read are refused with the reason.
+
+use std::process::Output;
+use std::time::Duration;
+
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::ClientConfig;
+use serde_json::Value as Json;
+
+use crate::postgres_pipeline::{self as pg_rows, PgEnv};
+use crate::rig::scenario::{self, consume_distinct_events, uuid_of, Env};
+use crate::rig::{Broker, Consumed, Mysqld, Outboxd};
+
+/// The server under audit: what the test does on it.
+enum Db {
+    Maria(Env),
+    Pg(PgEnv),
+}
+
+impl Db {
+    fn outboxd(&mut self) -> &mut Outboxd {
+        match self {
+            Db::Maria(env) => &mut env.outboxd,
+            Db::Pg(env) => &mut env.outboxd,
+        }
+    }
+
+    fn broker(&self) -> &Broker {
+        match self {
+            Db::Maria(env) => &env.broker,
+            Db::Pg(env) => &env.broker,
+        }
+    }
+
+    fn insert(&self, from: u64, to: u64, per_txn: u64) {
+        match self {
+            Db::Maria(env) => scenario::insert_rows(&env.db, from, to, per_txn),
+            Db::Pg(env) => pg_rows::insert_rows(&env.pg, from, to, per_txn),
+        }
+    }
+
+    /// Row `n`, created long before any `--since` window.
+    fn insert_old(&self, n: u64) {
+        match self {
+            Db::Maria(env) => {
+                let sql = scenario::insert_sql(n).replace(
+                    "(id, aggregatetype, aggregateid, type, payload) VALUES (",
+                    "(created_at, id, aggregatetype, aggregateid, type, payload) VALUES ('2001-02-03 04:05:06', ",
+                );
+                env.db.sql_socket(&sql);
+            }
+            Db::Pg(env) => {
+                let sql = pg_rows::insert_sql(n).replace(
+                    "(id, aggregatetype, aggregateid, type, payload) VALUES (",
+                    "(created_at, id, aggregatetype, aggregateid, type, payload) VALUES ('2001-02-03 04:05:06+00', ",
+                );
+                env.pg.sql("app", &sql);
+            }
+        }
+    }
+
+    /// The log's end now, as `checkpoint set` takes it.
+    fn log_end(&self) -> String {
+        match self {
+            Db::Maria(env) => format!(
+                "gtid:{}",
+                env.db.sql_socket("SELECT @@gtid_binlog_pos").trim()
+            ),
+            Db::Pg(env) => env
+                .pg
+                .sql("app", "SELECT pg_current_wal_lsn()")
+                .trim()
+                .to_string(),
+        }
+    }
+}
+
+const ROUTE: &str = "[route]\ntimestamp = \"created_at\"\n";
+
+fn maria() -> Db {
+    let db = Mysqld::mariadb(&[]);
+    db.sql_socket(scenario::SCHEMA);
+    let broker = Broker::start();
+    for topic in ["outbox.event.order", "outbox.event.customer"] {
+        crate::rig::create_topic(&broker.bootstrap(), topic, 3);
+    }
+    let body = scenario::config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
+    let outboxd = Outboxd::new("audit-maria", &format!("{body}{ROUTE}"));
+    Db::Maria(Env {
+        db,
+        broker,
+        outboxd,
+    })
+}
+
+fn postgres() -> Db {
+    let env = pg_rows::setup_with_schema("auditpg", pg_rows::SCHEMA, "");
+    let body = std::fs::read_to_string(env.outboxd.config_path()).unwrap();
+    std::fs::write(env.outboxd.config_path(), format!("{body}{ROUTE}")).unwrap();
+    Db::Pg(env)
+}
+
+/// `outboxd audit ARGS --format json`: (exit code, the report, stderr).
+fn audit(outboxd: &Outboxd, args: &[&str]) -> (i32, Json, String) {
+    let mut all = vec!["audit", "--format", "json"];
+    all.extend_from_slice(args);
+    let out: Output = outboxd.command_output(&all);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "audit printed no JSON ({e}): {}\n{stderr}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    (out.status.code().unwrap_or(-1), report, stderr)
+}
+
+fn ids(list: &Json, field: &str) -> Vec<String> {
+    let mut ids: Vec<String> = list
+        .as_array()
+        .unwrap_or_else(|| panic!("not a list: {list}"))
+        .iter()
+        .map(|e| e[field].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Produces `record` again with the id header `id`, the position header `position`, and `key`,
+/// to partition 0.
+fn produce_as(bootstrap: &str, record: &Consumed, id: &str, position: &str, key: &str) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "id",
+            value: Some(id),
+        })
+        .insert(Header {
+            key: "outboxd.position",
+            value: Some(position),
+        });
+    producer
+        .send(
+            BaseRecord::to(&record.topic)
+                .partition(0)
+                .key(key)
+                .payload(record.value.as_deref().unwrap_or_default())
+                .headers(headers),
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+fn record_of(records: &[Consumed], n: u64) -> &Consumed {
+    records
+        .iter()
+        .find(|r| r.header("id").as_deref() == Some(uuid_of(n).as_str()))
+        .unwrap_or_else(|| panic!("no record of row {n}"))
+}
+
+fn audit_finds_missing_duplicated_and_reordered_rows(mut db: Db) {
+    db.outboxd().start();
+    db.insert(0, 40, 4);
+    db.insert_old(100);
+    let bootstrap = db.broker().bootstrap();
+    let records = consume_distinct_events(&bootstrap, 41);
+
+    // Clean: every row delivered once, in order.
+    let (code, report, stderr) = audit(db.outboxd(), &[]);
+    assert_eq!(code, 0, "{report:#}\n{stderr}");
+    assert_eq!(report["rows"], 41, "{report:#}");
+    assert_eq!(report["delivered"], 41, "{report:#}");
+    assert_eq!(report["missing"], serde_json::json!([]), "{report:#}");
+    assert_eq!(report["duplicates"], serde_json::json!({}), "{report:#}");
+    assert_eq!(
+        report["order_violations"],
+        serde_json::json!([]),
+        "{report:#}"
+    );
+    assert_eq!(report["pending"], 0, "{report:#}");
+    // The window: the row created in 2001 and its record are outside the last day.
+    let (code, report, _) = audit(db.outboxd(), &["--since", "1d"]);
+    assert_eq!((code, &report["rows"]), (0, &Json::from(40)), "{report:#}");
+    let text = db.outboxd().command_output(&["audit"]);
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    println!("outboxd audit, clean:\n{text}");
+    assert!(
+        text.contains("PASS") && text.contains("delivered       41"),
+        "{text}"
+    );
+
+    // A record produced twice: duplicated, and the audit still passes (same id, bounded).
+    let five = record_of(&records, 5);
+    produce_as(
+        &bootstrap,
+        five,
+        &uuid_of(5),
+        &five.header("outboxd.position").unwrap(),
+        &String::from_utf8_lossy(five.key.as_deref().unwrap()),
+    );
+    let (code, report, _) = audit(db.outboxd(), &[]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(
+        report["duplicates"],
+        serde_json::json!({ uuid_of(5): 2 }),
+        "{report:#}"
+    );
+
+    // Rows committed while outboxd is stopped: pending (not yet due) while the checkpoint is
+    // behind them...
+    db.outboxd().stop();
+    db.insert(40, 44, 1);
+    let (code, report, _) = audit(db.outboxd(), &["--wait", "1s"]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["pending"], 4, "{report:#}");
+    assert_eq!(report["missing"], serde_json::json!([]), "{report:#}");
+    // ...and missing once the checkpoint was moved past them (an operator's `checkpoint set`).
+    let end = db.log_end();
+    let set = db.outboxd().command_output(&["checkpoint", "set", &end]);
+    assert!(set.status.success(), "{set:?}");
+    db.outboxd().start();
+    db.insert(44, 46, 1);
+    consume_distinct_events(&bootstrap, 43);
+    let (code, report, _) = audit(db.outboxd(), &[]);
+    assert_eq!(code, 1, "{report:#}");
+    let lost: Vec<String> = (40..44).map(uuid_of).collect();
+    assert_eq!(ids(&report["missing"], "id"), lost, "{report:#}");
+    assert_eq!(report["delivered"], 43, "{report:#}");
+
+    // Two of them produced by hand, the later-committed first, under one key: out of order.
+    let (early, late) = (record_of(&records, 0), record_of(&records, 39));
+    let position = |r: &Consumed| r.header("outboxd.position").unwrap();
+    produce_as(
+        &bootstrap,
+        late,
+        &uuid_of(41),
+        &position(late),
+        "k-reordered",
+    );
+    produce_as(
+        &bootstrap,
+        early,
+        &uuid_of(40),
+        &position(early),
+        "k-reordered",
+    );
+    let (code, report, _) = audit(db.outboxd(), &[]);
+    assert_eq!(code, 1, "{report:#}");
+    let text = db.outboxd().command_output(&["audit"]);
+    println!(
+        "outboxd audit, failing:\n{}",
+        String::from_utf8_lossy(&text.stdout)
+    );
+    let disorder = report["order_violations"].as_array().unwrap();
+    assert_eq!(disorder.len(), 1, "{report:#}");
+    assert_eq!(disorder[0]["id"], uuid_of(40), "{report:#}");
+    assert_eq!(disorder[0]["after"], uuid_of(41), "{report:#}");
+    assert_eq!(
+        ids(&report["missing"], "id"),
+        vec![uuid_of(42), uuid_of(43)],
+        "{report:#}"
+    );
+    db.outboxd().stop();
+}
+
+#[test]
+fn mariadb_audit_finds_missing_duplicated_and_reordered_rows() {
+    audit_finds_missing_duplicated_and_reordered_rows(maria());
+}
+
+#[test]
+fn postgres_audit_finds_missing_duplicated_and_reordered_rows() {
+    audit_finds_missing_duplicated_and_reordered_rows(postgres());
+}
+
+/// Queues cannot be read without taking their messages, and `--since` needs a time the rows and
+/// records share: both are refused (exit 2) with the reason, before any server is contacted.
+#[test]
+fn audit_refuses_sinks_it_cannot_read_and_a_window_without_a_time() {
+    let source = "[source]\nkind = \"mysql\"\nurl = \"mysql://cdc@127.0.0.1:1/app\"\ntables = [\"app.outbox\"]\n";
+    for (sink, why) in [
+        (
+            "[rabbitmq]\nurl = \"amqp://outboxd:planted@127.0.0.1:1/%2f\"\nexchange = \"outbox\"\n",
+            "removes it",
+        ),
+        ("[sqs]\nregion = \"eu-west-1\"\n", "removes it"),
+    ] {
+        let outboxd = Outboxd::new("audit-refused", &format!("{source}{sink}"));
+        let out = outboxd.command_output(&["audit"]);
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        assert!(text.contains(why), "{text}");
+    }
+    let outboxd = Outboxd::new(
+        "audit-window",
+        &format!("{source}[kafka]\nbrokers = \"127.0.0.1:1\"\n"),
+    );
+    let out = outboxd.command_output(&["audit", "--since", "1h"]);
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(text.contains("--since needs route.timestamp"), "{text}");
+}
