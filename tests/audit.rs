@@ -1,4 +1,5 @@
-//! `outboxd audit` on real servers (MariaDB and Postgres, Kafka): a clean pipeline audits clean;
+//! `outboxd audit` on real servers (MariaDB and Postgres to Kafka, MariaDB to Redis Streams): a
+//! clean pipeline audits clean;
 //! rows outboxd never forwarded are missing (pending while the checkpoint is behind), a record
 //! produced twice is duplicated, a reordered pair of one key is out of order; sinks without a
 //! non-destructive read are refused with the reason.
@@ -11,54 +12,53 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::ClientConfig;
 use serde_json::Value as Json;
 
-use crate::postgres_pipeline::{self as pg_rows, PgEnv};
-use crate::rig::scenario::{self, consume_distinct_events, uuid_of, Env};
-use crate::rig::{Broker, Consumed, Mysqld, Outboxd};
+use std::collections::HashSet;
 
-/// The server under audit: what the test does on it.
+use crate::postgres_pipeline::{self as pg_rows, PgEnv};
+use crate::rig::redis::{config_with_redis, Redis};
+use crate::rig::scenario::{self, consume_distinct_events, uuid_of};
+use crate::rig::{wait_until, Broker, Consumed, Mysqld, Outboxd, Postgres};
+
+/// The database under audit.
 enum Db {
-    Maria(Env),
-    Pg(PgEnv),
+    Maria(Mysqld),
+    Pg(Postgres),
 }
 
+/// Where outboxd delivers.
+enum Sink {
+    Kafka(Broker),
+    Redis(Redis),
+}
+
+struct Rig {
+    db: Db,
+    sink: Sink,
+    outboxd: Outboxd,
+}
+
+const ROUTE: &str = "[route]\ntimestamp = \"created_at\"\n";
+const TOPICS: [&str; 2] = ["outbox.event.order", "outbox.event.customer"];
+
 impl Db {
-    fn outboxd(&mut self) -> &mut Outboxd {
-        match self {
-            Db::Maria(env) => &mut env.outboxd,
-            Db::Pg(env) => &mut env.outboxd,
-        }
-    }
-
-    fn broker(&self) -> &Broker {
-        match self {
-            Db::Maria(env) => &env.broker,
-            Db::Pg(env) => &env.broker,
-        }
-    }
-
     fn insert(&self, from: u64, to: u64, per_txn: u64) {
         match self {
-            Db::Maria(env) => scenario::insert_rows(&env.db, from, to, per_txn),
-            Db::Pg(env) => pg_rows::insert_rows(&env.pg, from, to, per_txn),
+            Db::Maria(db) => scenario::insert_rows(db, from, to, per_txn),
+            Db::Pg(pg) => pg_rows::insert_rows(pg, from, to, per_txn),
         }
     }
 
     /// Row `n`, created long before any `--since` window.
     fn insert_old(&self, n: u64) {
+        let columns = "(id, aggregatetype, aggregateid, type, payload) VALUES (";
         match self {
-            Db::Maria(env) => {
-                let sql = scenario::insert_sql(n).replace(
-                    "(id, aggregatetype, aggregateid, type, payload) VALUES (",
-                    "(created_at, id, aggregatetype, aggregateid, type, payload) VALUES ('2001-02-03 04:05:06', ",
-                );
-                env.db.sql_socket(&sql);
+            Db::Maria(db) => {
+                let at = "(created_at, id, aggregatetype, aggregateid, type, payload) VALUES ('2001-02-03 04:05:06', ";
+                db.sql_socket(&scenario::insert_sql(n).replace(columns, at));
             }
-            Db::Pg(env) => {
-                let sql = pg_rows::insert_sql(n).replace(
-                    "(id, aggregatetype, aggregateid, type, payload) VALUES (",
-                    "(created_at, id, aggregatetype, aggregateid, type, payload) VALUES ('2001-02-03 04:05:06+00', ",
-                );
-                env.pg.sql("app", &sql);
+            Db::Pg(pg) => {
+                let at = "(created_at, id, aggregatetype, aggregateid, type, payload) VALUES ('2001-02-03 04:05:06+00', ";
+                pg.sql("app", &pg_rows::insert_sql(n).replace(columns, at));
             }
         }
     }
@@ -66,12 +66,8 @@ impl Db {
     /// The log's end now, as `checkpoint set` takes it.
     fn log_end(&self) -> String {
         match self {
-            Db::Maria(env) => format!(
-                "gtid:{}",
-                env.db.sql_socket("SELECT @@gtid_binlog_pos").trim()
-            ),
-            Db::Pg(env) => env
-                .pg
+            Db::Maria(db) => format!("gtid:{}", db.sql_socket("SELECT @@gtid_binlog_pos").trim()),
+            Db::Pg(pg) => pg
                 .sql("app", "SELECT pg_current_wal_lsn()")
                 .trim()
                 .to_string(),
@@ -79,29 +75,133 @@ impl Db {
     }
 }
 
-const ROUTE: &str = "[route]\ntimestamp = \"created_at\"\n";
-
-fn maria() -> Db {
-    let db = Mysqld::mariadb(&[]);
-    db.sql_socket(scenario::SCHEMA);
-    let broker = Broker::start();
-    for topic in ["outbox.event.order", "outbox.event.customer"] {
-        crate::rig::create_topic(&broker.bootstrap(), topic, 3);
+impl Sink {
+    /// Every record of the outbox destinations, once `distinct` row ids arrived.
+    fn records(&self, distinct: usize) -> Vec<Consumed> {
+        match self {
+            Sink::Kafka(broker) => consume_distinct_events(&broker.bootstrap(), distinct),
+            Sink::Redis(redis) => {
+                let mut records = Vec::new();
+                wait_until("the rows in Redis", Duration::from_secs(120), || {
+                    records = redis
+                        .read(&TOPICS, 0, Duration::ZERO)
+                        .iter()
+                        .enumerate()
+                        .map(|(i, g)| g.as_consumed(i as i64))
+                        .collect();
+                    let ids: HashSet<Option<String>> =
+                        records.iter().map(|r| r.header("id")).collect();
+                    ids.len() >= distinct
+                });
+                records
+            }
+        }
     }
-    let body = scenario::config_body(&db.cdc_url(), &broker.bootstrap(), "", "");
-    let outboxd = Outboxd::new("audit-maria", &format!("{body}{ROUTE}"));
-    Db::Maria(Env {
-        db,
-        broker,
-        outboxd,
-    })
+
+    /// Writes `record` again, as another producer would, with the id `id`, the position
+    /// `position` and the key `key` (Kafka: to partition 0).
+    fn produce_as(&self, record: &Consumed, id: &str, position: &str, key: &str) {
+        let value = record.value.as_deref().unwrap_or_default();
+        match self {
+            Sink::Kafka(broker) => {
+                let producer: BaseProducer = ClientConfig::new()
+                    .set("bootstrap.servers", broker.bootstrap())
+                    .create()
+                    .unwrap();
+                let headers = OwnedHeaders::new()
+                    .insert(Header {
+                        key: "id",
+                        value: Some(id),
+                    })
+                    .insert(Header {
+                        key: "outboxd.position",
+                        value: Some(position),
+                    });
+                producer
+                    .send(
+                        BaseRecord::to(&record.topic)
+                            .partition(0)
+                            .key(key)
+                            .payload(value)
+                            .headers(headers),
+                    )
+                    .map_err(|(e, _)| e)
+                    .unwrap();
+                producer.flush(Duration::from_secs(30)).unwrap();
+            }
+            Sink::Redis(redis) => {
+                let _: String = redis.cmd(
+                    redis::cmd("XADD")
+                        .arg(&record.topic)
+                        .arg("*")
+                        .arg("id")
+                        .arg(id)
+                        .arg("outboxd.position")
+                        .arg(position)
+                        .arg("key")
+                        .arg(key)
+                        .arg("payload")
+                        .arg(value),
+                );
+            }
+        }
+    }
 }
 
-fn postgres() -> Db {
-    let env = pg_rows::setup_with_schema("auditpg", pg_rows::SCHEMA, "");
-    let body = std::fs::read_to_string(env.outboxd.config_path()).unwrap();
-    std::fs::write(env.outboxd.config_path(), format!("{body}{ROUTE}")).unwrap();
-    Db::Pg(env)
+fn kafka_for(db: Db, body: impl FnOnce(&Broker) -> String, name: &str) -> Rig {
+    let broker = Broker::start();
+    for topic in TOPICS {
+        crate::rig::create_topic(&broker.bootstrap(), topic, 3);
+    }
+    let outboxd = Outboxd::new(name, &format!("{}{ROUTE}", body(&broker)));
+    Rig {
+        db,
+        sink: Sink::Kafka(broker),
+        outboxd,
+    }
+}
+
+fn maria() -> Mysqld {
+    let db = Mysqld::mariadb(&[]);
+    db.sql_socket(scenario::SCHEMA);
+    db
+}
+
+fn mariadb_to_kafka() -> Rig {
+    let db = maria();
+    let url = db.cdc_url();
+    kafka_for(
+        Db::Maria(db),
+        |broker| scenario::config_body(&url, &broker.bootstrap(), "", ""),
+        "audit-maria",
+    )
+}
+
+fn postgres_to_kafka() -> Rig {
+    let PgEnv {
+        pg,
+        broker,
+        outboxd,
+    } = pg_rows::setup_with_schema("auditpg", pg_rows::SCHEMA, "");
+    let body = std::fs::read_to_string(outboxd.config_path()).unwrap();
+    std::fs::write(outboxd.config_path(), format!("{body}{ROUTE}")).unwrap();
+    Rig {
+        db: Db::Pg(pg),
+        sink: Sink::Kafka(broker),
+        outboxd,
+    }
+}
+
+fn mariadb_to_redis() -> Rig {
+    let db = maria();
+    let redis = Redis::start();
+    let body = config_with_redis(&db.cdc_url(), &redis.url(), "");
+    let outboxd = Outboxd::new("audit-redis", &format!("{body}{ROUTE}"));
+    Rig {
+        db: Db::Maria(db),
+        sink: Sink::Redis(redis),
+        outboxd,
+    }
 }
 
 /// `outboxd audit ARGS --format json`: (exit code, the report, stderr).
@@ -130,35 +230,6 @@ fn ids(list: &Json, field: &str) -> Vec<String> {
     ids
 }
 
-/// Produces `record` again with the id header `id`, the position header `position`, and `key`,
-/// to partition 0.
-fn produce_as(bootstrap: &str, record: &Consumed, id: &str, position: &str, key: &str) {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .unwrap();
-    let headers = OwnedHeaders::new()
-        .insert(Header {
-            key: "id",
-            value: Some(id),
-        })
-        .insert(Header {
-            key: "outboxd.position",
-            value: Some(position),
-        });
-    producer
-        .send(
-            BaseRecord::to(&record.topic)
-                .partition(0)
-                .key(key)
-                .payload(record.value.as_deref().unwrap_or_default())
-                .headers(headers),
-        )
-        .map_err(|(e, _)| e)
-        .unwrap();
-    producer.flush(Duration::from_secs(30)).unwrap();
-}
-
 fn record_of(records: &[Consumed], n: u64) -> &Consumed {
     records
         .iter()
@@ -166,15 +237,14 @@ fn record_of(records: &[Consumed], n: u64) -> &Consumed {
         .unwrap_or_else(|| panic!("no record of row {n}"))
 }
 
-fn audit_finds_missing_duplicated_and_reordered_rows(mut db: Db) {
-    db.outboxd().start();
-    db.insert(0, 40, 4);
-    db.insert_old(100);
-    let bootstrap = db.broker().bootstrap();
-    let records = consume_distinct_events(&bootstrap, 41);
+fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
+    rig.outboxd.start();
+    rig.db.insert(0, 40, 4);
+    rig.db.insert_old(100);
+    let records = rig.sink.records(41);
 
     // Clean: every row delivered once, in order.
-    let (code, report, stderr) = audit(db.outboxd(), &[]);
+    let (code, report, stderr) = audit(&rig.outboxd, &[]);
     assert_eq!(code, 0, "{report:#}\n{stderr}");
     assert_eq!(report["rows"], 41, "{report:#}");
     assert_eq!(report["delivered"], 41, "{report:#}");
@@ -187,9 +257,9 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut db: Db) {
     );
     assert_eq!(report["pending"], 0, "{report:#}");
     // The window: the row created in 2001 and its record are outside the last day.
-    let (code, report, _) = audit(db.outboxd(), &["--since", "1d"]);
+    let (code, report, _) = audit(&rig.outboxd, &["--since", "1d"]);
     assert_eq!((code, &report["rows"]), (0, &Json::from(40)), "{report:#}");
-    let text = db.outboxd().command_output(&["audit"]);
+    let text = rig.outboxd.command_output(&["audit"]);
     let text = String::from_utf8_lossy(&text.stdout).into_owned();
     println!("outboxd audit, clean:\n{text}");
     assert!(
@@ -199,14 +269,13 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut db: Db) {
 
     // A record produced twice: duplicated, and the audit still passes (same id, bounded).
     let five = record_of(&records, 5);
-    produce_as(
-        &bootstrap,
+    rig.sink.produce_as(
         five,
         &uuid_of(5),
         &five.header("outboxd.position").unwrap(),
         &String::from_utf8_lossy(five.key.as_deref().unwrap()),
     );
-    let (code, report, _) = audit(db.outboxd(), &[]);
+    let (code, report, _) = audit(&rig.outboxd, &[]);
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(
         report["duplicates"],
@@ -216,20 +285,20 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut db: Db) {
 
     // Rows committed while outboxd is stopped: pending (not yet due) while the checkpoint is
     // behind them...
-    db.outboxd().stop();
-    db.insert(40, 44, 1);
-    let (code, report, _) = audit(db.outboxd(), &["--wait", "1s"]);
+    rig.outboxd.stop();
+    rig.db.insert(40, 44, 1);
+    let (code, report, _) = audit(&rig.outboxd, &["--wait", "1s"]);
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(report["pending"], 4, "{report:#}");
     assert_eq!(report["missing"], serde_json::json!([]), "{report:#}");
     // ...and missing once the checkpoint was moved past them (an operator's `checkpoint set`).
-    let end = db.log_end();
-    let set = db.outboxd().command_output(&["checkpoint", "set", &end]);
+    let end = rig.db.log_end();
+    let set = rig.outboxd.command_output(&["checkpoint", "set", &end]);
     assert!(set.status.success(), "{set:?}");
-    db.outboxd().start();
-    db.insert(44, 46, 1);
-    consume_distinct_events(&bootstrap, 43);
-    let (code, report, _) = audit(db.outboxd(), &[]);
+    rig.outboxd.start();
+    rig.db.insert(44, 46, 1);
+    rig.sink.records(43);
+    let (code, report, _) = audit(&rig.outboxd, &[]);
     assert_eq!(code, 1, "{report:#}");
     let lost: Vec<String> = (40..44).map(uuid_of).collect();
     assert_eq!(ids(&report["missing"], "id"), lost, "{report:#}");
@@ -238,23 +307,13 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut db: Db) {
     // Two of them produced by hand, the later-committed first, under one key: out of order.
     let (early, late) = (record_of(&records, 0), record_of(&records, 39));
     let position = |r: &Consumed| r.header("outboxd.position").unwrap();
-    produce_as(
-        &bootstrap,
-        late,
-        &uuid_of(41),
-        &position(late),
-        "k-reordered",
-    );
-    produce_as(
-        &bootstrap,
-        early,
-        &uuid_of(40),
-        &position(early),
-        "k-reordered",
-    );
-    let (code, report, _) = audit(db.outboxd(), &[]);
+    rig.sink
+        .produce_as(late, &uuid_of(41), &position(late), "k-reordered");
+    rig.sink
+        .produce_as(early, &uuid_of(40), &position(early), "k-reordered");
+    let (code, report, _) = audit(&rig.outboxd, &[]);
     assert_eq!(code, 1, "{report:#}");
-    let text = db.outboxd().command_output(&["audit"]);
+    let text = rig.outboxd.command_output(&["audit"]);
     println!(
         "outboxd audit, failing:\n{}",
         String::from_utf8_lossy(&text.stdout)
@@ -268,17 +327,22 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut db: Db) {
         vec![uuid_of(42), uuid_of(43)],
         "{report:#}"
     );
-    db.outboxd().stop();
+    rig.outboxd.stop();
 }
 
 #[test]
 fn mariadb_audit_finds_missing_duplicated_and_reordered_rows() {
-    audit_finds_missing_duplicated_and_reordered_rows(maria());
+    audit_finds_missing_duplicated_and_reordered_rows(mariadb_to_kafka());
 }
 
 #[test]
 fn postgres_audit_finds_missing_duplicated_and_reordered_rows() {
-    audit_finds_missing_duplicated_and_reordered_rows(postgres());
+    audit_finds_missing_duplicated_and_reordered_rows(postgres_to_kafka());
+}
+
+#[test]
+fn redis_audit_finds_missing_duplicated_and_reordered_rows() {
+    audit_finds_missing_duplicated_and_reordered_rows(mariadb_to_redis());
 }
 
 /// Queues cannot be read without taking their messages, and `--since` needs a time the rows and

@@ -10,29 +10,51 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+use std::collections::BTreeSet;
+
+use super::matching::Matcher;
+use super::tally::{BrokerRead, Read, Tally};
 use crate::checkpoint::{is_connection_property, QuietContext};
 use crate::error::{Error, Result};
 use crate::sink::kafka::config::KafkaConfig;
+
+/// Reads every topic of `topics` (and the dead-letter topic) into `tally`.
+pub fn read(
+    kafka: &KafkaConfig,
+    pipeline: &str,
+    topics: &BTreeSet<String>,
+    mut tally: Tally,
+) -> Result<(Matcher, BrokerRead)> {
+    let reader = Reader::connect(kafka, pipeline)?;
+    let since_ms = tally.since_ms();
+    for topic in topics {
+        let Some(partitions) = reader.partitions(topic)? else {
+            tally.out.absent_topics.push(topic.clone());
+            continue;
+        };
+        tally.out.topics.push(topic.clone());
+        for partition in 0..partitions {
+            reader.read(topic, partition, since_ms, &mut |r| tally.record(r))?;
+        }
+    }
+    if let Some(dlq) = &kafka.dead_letter_topic {
+        if let Some(partitions) = reader.partitions(dlq)? {
+            for partition in 0..partitions {
+                reader.read(dlq, partition, since_ms, &mut |r| tally.dead_letter(r))?;
+            }
+        }
+    }
+    Ok(tally.finish())
+}
 
 /// The longest one metadata, watermark or offset lookup may take.
 const LOOKUP: Duration = Duration::from_secs(30);
 /// The longest a partition may stay silent before its end while it is read.
 const SILENCE: Duration = Duration::from_secs(60);
 
-/// One record as the audit reads it.
-pub struct Read<'a> {
-    pub topic: &'a str,
-    pub partition: i32,
-    pub offset: i64,
-    pub key: Option<&'a [u8]>,
-    pub value: Option<&'a [u8]>,
-    pub timestamp: Option<i64>,
-    pub header: &'a dyn Fn(&str) -> Option<&'a [u8]>,
-}
-
 /// Whether `topic` exists, and then every record of it from `since_ms` (all without) to its end,
 /// partition by partition, in offset order.
-pub struct Reader {
+struct Reader {
     consumer: BaseConsumer<QuietContext>,
     brokers: String,
 }

@@ -21,12 +21,14 @@
 //! Each row in the window costs its id and where it is (about 100 bytes); the records stream past.
 //! `--max-rows` bounds it: an audit that would hold more refuses before reading the broker.
 
-pub mod kafka;
+mod kafka;
 pub mod matching;
+#[cfg(feature = "redis")]
+mod redis;
 mod report;
 mod rows;
+mod tally;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
 pub use report::Report;
@@ -34,9 +36,8 @@ pub use report::Report;
 use crate::checkpoint::{Access, Store};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::route::{ID_HEADER, POSITION_HEADER};
 use crate::sink::SinkConfig;
-use matching::{Matcher, Rank, Record};
+use tally::Tally;
 
 /// What the command line chose.
 #[derive(Debug, Clone)]
@@ -51,25 +52,35 @@ pub struct Options {
     pub progress: bool,
 }
 
+/// A broker the audit can read without taking anything from it.
+enum Broker<'a> {
+    Kafka(&'a crate::sink::kafka::config::KafkaConfig),
+    #[cfg(feature = "redis")]
+    Redis(&'a crate::sink::redis::config::RedisConfig),
+}
+
 /// The sink's non-destructive reader, or why there is none.
-fn kafka_of(config: &Config) -> Result<&crate::sink::kafka::config::KafkaConfig> {
+fn broker_of(config: &Config) -> Result<Broker<'_>> {
     let name = config.sink().name();
+    #[allow(unreachable_patterns)]
     match config.sink() {
-        SinkConfig::Kafka(kafka) => Ok(kafka),
+        SinkConfig::Kafka(kafka) => Ok(Broker::Kafka(kafka)),
+        #[cfg(feature = "redis")]
+        SinkConfig::Redis(redis) => Ok(Broker::Redis(redis)),
         SinkConfig::RabbitMq(_) | SinkConfig::Sqs(_) | SinkConfig::Sns(_) => Err(Error::config(format!(
             "audit cannot read what the {name} sink delivered: a {name} queue hands each message to one consumer and removes it, so there is no way to look at what it holds without taking it from the application"
         ))
         .remedy("audit the records where your consumers store them, or run a Kafka pipeline beside this one and audit that")),
-        SinkConfig::Nats(_) | SinkConfig::Redis(_) => Err(Error::config(format!(
-            "audit does not read the {name} sink yet: only Kafka topics are audited"
+        _ => Err(Error::config(format!(
+            "audit does not read the {name} sink yet: Kafka topics and Redis streams are audited"
         ))
-        .remedy("audit a Kafka pipeline of the same tables, or compare by hand (NATS: `nats stream view`; Redis: XRANGE) until it does")),
+        .remedy("audit a Kafka pipeline of the same tables, or compare by hand (`nats stream view`) until it does")),
     }
 }
 
 /// Runs the audit (see the module docs).
 pub async fn run(config: &Config, options: &Options) -> Result<Report> {
-    let kafka = kafka_of(config)?;
+    let broker = broker_of(config)?;
     let since_ms = match options.since {
         None => None,
         Some(_) if config.route.timestamp.is_none() => {
@@ -97,30 +108,24 @@ pub async fn run(config: &Config, options: &Options) -> Result<Report> {
         .map(|c| c.position.to_string())
         .unwrap_or_else(|| "none".to_string());
     let rows::Rows {
-        mut matcher,
+        matcher,
         topics,
         unroutable,
         ..
     } = rows;
-    let kafka = kafka.clone();
-    let pipeline = config.name.clone();
-    let id_column = config.route.id.clone();
-    let progress = options.progress;
-    let read = tokio::task::spawn_blocking(move || {
-        let read = read_kafka(
-            &kafka,
-            &pipeline,
-            &topics,
-            &id_column,
-            since_ms,
-            progress,
-            &mut matcher,
-        );
-        read.map(|read| (read, matcher))
-    });
-    let (read, matcher) = read
-        .await
-        .map_err(|e| Error::sink(format!("audit: the Kafka reader stopped: {e}")))??;
+    let tally = Tally::new(matcher, since_ms, &config.route.id, options.progress);
+    let (matcher, read) = match broker {
+        Broker::Kafka(kafka) => {
+            let kafka = kafka.clone();
+            let pipeline = config.name.clone();
+            let read =
+                tokio::task::spawn_blocking(move || kafka::read(&kafka, &pipeline, &topics, tally));
+            read.await
+                .map_err(|e| Error::sink(format!("audit: the Kafka reader stopped: {e}")))??
+        }
+        #[cfg(feature = "redis")]
+        Broker::Redis(redis) => redis::read(redis, &topics, tally).await?,
+    };
     Ok(Report::new(
         matcher.finish(),
         read,
@@ -129,94 +134,4 @@ pub async fn run(config: &Config, options: &Options) -> Result<Report> {
         checkpoint,
         end.to_string(),
     ))
-}
-
-/// What the broker read found besides the matches.
-#[derive(Debug, Default)]
-pub struct KafkaRead {
-    pub records: u64,
-    pub topics: Vec<String>,
-    /// Destinations the rows route to that the brokers do not have.
-    pub absent_topics: Vec<String>,
-    /// Dead letters of rows in the window, by reason.
-    pub dead_letters: BTreeMap<String, u64>,
-}
-
-fn read_kafka(
-    kafka: &crate::sink::kafka::config::KafkaConfig,
-    pipeline: &str,
-    topics: &BTreeSet<String>,
-    id_column: &str,
-    since_ms: Option<i64>,
-    progress: bool,
-    matcher: &mut Matcher,
-) -> Result<KafkaRead> {
-    let reader = kafka::Reader::connect(kafka, pipeline)?;
-    let mut out = KafkaRead::default();
-    for topic in topics {
-        let Some(partitions) = reader.partitions(topic)? else {
-            out.absent_topics.push(topic.clone());
-            continue;
-        };
-        out.topics.push(topic.clone());
-        for partition in 0..partitions {
-            let mut each = |r: kafka::Read<'_>| {
-                let id = (r.header)(ID_HEADER).map(String::from_utf8_lossy);
-                let known = id.as_deref().is_some_and(|id| matcher.expects(id));
-                // Outside the window: neither a match nor a stranger.
-                if !known && since_ms.zip(r.timestamp).is_some_and(|(s, t)| t < s) {
-                    return;
-                }
-                let rank = (r.header)(POSITION_HEADER)
-                    .and_then(|p| std::str::from_utf8(p).ok())
-                    .and_then(Rank::of_origin);
-                matcher.observe(Record {
-                    id: id.as_deref(),
-                    topic: r.topic,
-                    partition: r.partition,
-                    offset: r.offset,
-                    key: r.key,
-                    rank: rank.as_ref(),
-                });
-            };
-            out.records += reader.read(topic, partition, since_ms, &mut each)?;
-            if progress {
-                eprint!("\raudit: {} records read", out.records);
-            }
-        }
-    }
-    if let Some(dlq) = &kafka.dead_letter_topic {
-        if let Some(partitions) = reader.partitions(dlq)? {
-            for partition in 0..partitions {
-                let mut each = |r: kafka::Read<'_>| {
-                    let Some(id) = dead_letter_id(r.value, id_column) else {
-                        return;
-                    };
-                    if matcher.dead_lettered(&id) {
-                        let error = (r.header)("outboxd.error").map(String::from_utf8_lossy);
-                        let reason = error
-                            .as_deref()
-                            .and_then(|e| e.split(':').next())
-                            .unwrap_or("unknown");
-                        *out.dead_letters.entry(reason.to_string()).or_default() += 1;
-                    }
-                };
-                reader.read(dlq, partition, since_ms, &mut each)?;
-            }
-        }
-    }
-    if progress {
-        eprintln!();
-    }
-    Ok(out)
-}
-
-/// The row id in a dead letter's body (the row as JSON), if it is text.
-fn dead_letter_id(value: Option<&[u8]>, id_column: &str) -> Option<String> {
-    let body: serde_json::Value = serde_json::from_slice(value?).ok()?;
-    match body.get(id_column)? {
-        serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Number(n) => Some(n.to_string()),
-        _ => None,
-    }
 }

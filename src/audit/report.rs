@@ -5,7 +5,7 @@ use std::fmt::Write;
 use serde_json::json;
 
 use super::matching::{Absent, Outcome};
-use super::KafkaRead;
+use super::tally::BrokerRead;
 
 /// How many ids of each kind the text lists (the JSON lists them all).
 const LISTED: usize = 20;
@@ -17,7 +17,7 @@ pub struct Report {
     pub pending: Vec<Absent>,
     /// Why the rows without a record are pending (the checkpoint did not reach the read).
     pub behind: Option<String>,
-    pub read: KafkaRead,
+    pub read: BrokerRead,
     /// Rows the router refuses (they are due as dead letters).
     pub unroutable: u64,
     pub checkpoint: String,
@@ -27,7 +27,7 @@ pub struct Report {
 impl Report {
     pub fn new(
         mut outcome: Outcome,
-        read: KafkaRead,
+        read: BrokerRead,
         unroutable: u64,
         behind: Option<String>,
         checkpoint: String,

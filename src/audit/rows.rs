@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::io::IsTerminal;
 
-use super::Matcher;
+use super::matching::Matcher;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::route::{Router, ID_HEADER};

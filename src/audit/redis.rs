@@ -1,0 +1,166 @@
+//! Reading what Redis holds for the audit: `XRANGE` over each stream, in pages, up to the last
+//! entry it had when the read began. Reading a stream takes nothing from it (no consumer group is
+//! created, nothing is acknowledged or trimmed).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Value};
+
+use super::matching::Matcher;
+use super::tally::{BrokerRead, Read, Tally};
+use crate::error::{Error, Result};
+use crate::sink::redis::config::RedisConfig;
+use crate::source::config::redact_url;
+
+/// Entries per `XRANGE`.
+const PAGE: usize = 1000;
+/// The longest one command may take.
+const REPLY: Duration = Duration::from_secs(30);
+/// An entry's id is the time Redis added it, after the row's `route.timestamp`: a window starts
+/// this much earlier, so a clock running behind the database's does not hide entries.
+const SKEW_MS: i64 = 300_000;
+
+/// Reads every stream of `topics` (and the dead-letter stream) into `tally`.
+pub async fn read(
+    config: &RedisConfig,
+    topics: &BTreeSet<String>,
+    mut tally: Tally,
+) -> Result<(Matcher, BrokerRead)> {
+    let shown = redact_url(&config.url);
+    let failed = |what: &str, e: redis::RedisError| {
+        Error::sink(format!("audit: {what} on Redis at {shown} failed: {e}"))
+            .remedy("check that Redis is up and the user may run TYPE, XRANGE and XREVRANGE (the audit never writes)")
+            .transient()
+    };
+    let options = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(REPLY))
+        .set_response_timeout(Some(REPLY));
+    let mut conn = crate::sink::redis::client(config)?
+        .get_multiplexed_async_connection_with_config(&options)
+        .await
+        .map_err(|e| failed("connecting", e))?;
+    let start = tally
+        .since_ms()
+        .map_or("-".to_string(), |ms| format!("{}-0", (ms - SKEW_MS).max(0)));
+    for topic in topics {
+        if !is_stream(&mut conn, topic)
+            .await
+            .map_err(|e| failed("TYPE", e))?
+        {
+            tally.out.absent_topics.push(topic.clone());
+            continue;
+        }
+        tally.out.topics.push(topic.clone());
+        let mut each = |r: Read<'_>| tally.record(r);
+        scan(&mut conn, topic, &start, &mut each)
+            .await
+            .map_err(|e| failed(&format!("reading {topic:?}"), e))?;
+    }
+    if let Some(dlq) = &config.dead_letter_topic {
+        if is_stream(&mut conn, dlq)
+            .await
+            .map_err(|e| failed("TYPE", e))?
+        {
+            let mut each = |r: Read<'_>| tally.dead_letter(r);
+            scan(&mut conn, dlq, &start, &mut each)
+                .await
+                .map_err(|e| failed(&format!("reading {dlq:?}"), e))?;
+        }
+    }
+    Ok(tally.finish())
+}
+
+async fn is_stream(conn: &mut MultiplexedConnection, key: &str) -> redis::RedisResult<bool> {
+    let kind: String = redis::cmd("TYPE").arg(key).query_async(conn).await?;
+    Ok(kind == "stream")
+}
+
+/// One entry: its id and its fields.
+type Entry = (Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>);
+
+/// `XRANGE`/`XREVRANGE`'s reply as entries; anything else is none.
+fn entries(reply: Value) -> Vec<Entry> {
+    let Value::Array(items) = reply else {
+        return Vec::new();
+    };
+    items
+        .into_iter()
+        .filter_map(|item| {
+            let Value::Array(mut parts) = item else {
+                return None;
+            };
+            let (Value::Array(fields), Value::BulkString(id)) = (parts.pop()?, parts.pop()?) else {
+                return None;
+            };
+            let mut pairs = Vec::with_capacity(fields.len() / 2);
+            let mut fields = fields.into_iter();
+            while let (Some(Value::BulkString(name)), Some(Value::BulkString(value))) =
+                (fields.next(), fields.next())
+            {
+                pairs.push((name, value));
+            }
+            Some((id, pairs))
+        })
+        .collect()
+}
+
+/// Every entry of `stream` from `start` to the last one it held when the scan began.
+async fn scan(
+    conn: &mut MultiplexedConnection,
+    stream: &str,
+    start: &str,
+    each: &mut dyn FnMut(Read<'_>),
+) -> redis::RedisResult<()> {
+    let last: Value = redis::cmd("XREVRANGE")
+        .arg(stream)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(conn)
+        .await?;
+    let Some((last, _)) = entries(last).into_iter().next() else {
+        return Ok(());
+    };
+    let mut from = start.as_bytes().to_vec();
+    let mut offset = 0i64;
+    loop {
+        let page: Value = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg(&from)
+            .arg(&last)
+            .arg("COUNT")
+            .arg(PAGE)
+            .query_async(conn)
+            .await?;
+        let page = entries(page);
+        let full = page.len() == PAGE;
+        for (id, fields) in &page {
+            let field = |name: &str| -> Option<&[u8]> {
+                fields
+                    .iter()
+                    .find(|(n, _)| n == name.as_bytes())
+                    .map(|(_, v)| v.as_slice())
+            };
+            let timestamp = field("timestamp")
+                .and_then(|t| std::str::from_utf8(t).ok())
+                .and_then(|t| t.parse().ok());
+            each(Read {
+                topic: stream,
+                partition: 0,
+                offset,
+                key: field("key"),
+                value: field("payload"),
+                timestamp,
+                header: &field,
+            });
+            offset += 1;
+            from = [b"(".as_slice(), id].concat();
+        }
+        if !full || page.last().is_some_and(|(id, _)| *id == last) {
+            return Ok(());
+        }
+    }
+}

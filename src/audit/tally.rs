@@ -1,0 +1,111 @@
+//! Where every broker reader hands its records: each one matched (or counted outside the window),
+//! each dead letter credited to its row, whatever the broker.
+
+use std::collections::BTreeMap;
+
+use super::matching::{Matcher, Rank, Record};
+use crate::route::{ID_HEADER, POSITION_HEADER};
+
+/// One record as a broker reader hands it over. `header` finds a header (Kafka), a field (Redis)
+/// by name.
+pub struct Read<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    pub timestamp: Option<i64>,
+    pub header: &'a dyn Fn(&str) -> Option<&'a [u8]>,
+}
+
+/// What the broker read found besides the matches.
+#[derive(Debug, Default)]
+pub struct BrokerRead {
+    pub records: u64,
+    pub topics: Vec<String>,
+    /// Destinations the rows route to that the broker does not have.
+    pub absent_topics: Vec<String>,
+    /// Dead letters of rows in the window, by reason.
+    pub dead_letters: BTreeMap<String, u64>,
+}
+
+pub struct Tally {
+    pub matcher: Matcher,
+    pub out: BrokerRead,
+    since_ms: Option<i64>,
+    id_column: String,
+    progress: bool,
+}
+
+impl Tally {
+    pub fn new(matcher: Matcher, since_ms: Option<i64>, id_column: &str, progress: bool) -> Tally {
+        Tally {
+            matcher,
+            out: BrokerRead::default(),
+            since_ms,
+            id_column: id_column.to_string(),
+            progress,
+        }
+    }
+
+    pub fn since_ms(&self) -> Option<i64> {
+        self.since_ms
+    }
+
+    /// A record on a destination the rows route to.
+    pub fn record(&mut self, r: Read<'_>) {
+        self.out.records += 1;
+        let id = (r.header)(ID_HEADER).map(String::from_utf8_lossy);
+        let known = id.as_deref().is_some_and(|id| self.matcher.expects(id));
+        // Outside the window: neither a match nor a stranger.
+        if !known && self.since_ms.zip(r.timestamp).is_some_and(|(s, t)| t < s) {
+            return;
+        }
+        let rank = (r.header)(POSITION_HEADER)
+            .and_then(|p| std::str::from_utf8(p).ok())
+            .and_then(Rank::of_origin);
+        self.matcher.observe(Record {
+            id: id.as_deref(),
+            topic: r.topic,
+            partition: r.partition,
+            offset: r.offset,
+            key: r.key,
+            rank: rank.as_ref(),
+        });
+        if self.progress && self.out.records.is_multiple_of(10_000) {
+            eprint!("\raudit: {} records read", self.out.records);
+        }
+    }
+
+    /// A record on the dead-letter destination: its body is the row as JSON.
+    pub fn dead_letter(&mut self, r: Read<'_>) {
+        let Some(id) = dead_letter_id(r.value, &self.id_column) else {
+            return;
+        };
+        if self.matcher.dead_lettered(&id) {
+            let error = (r.header)("outboxd.error").map(String::from_utf8_lossy);
+            let reason = error
+                .as_deref()
+                .and_then(|e| e.split(':').next())
+                .unwrap_or("unknown");
+            *self.out.dead_letters.entry(reason.to_string()).or_default() += 1;
+        }
+    }
+
+    pub fn finish(self) -> (Matcher, BrokerRead) {
+        if self.progress {
+            eprintln!();
+        }
+        (self.matcher, self.out)
+    }
+}
+
+/// The row id in a dead letter's body (the row as JSON), if it is text or a number.
+fn dead_letter_id(value: Option<&[u8]>, id_column: &str) -> Option<String> {
+    let body: serde_json::Value = serde_json::from_slice(value?).ok()?;
+    match body.get(id_column)? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
