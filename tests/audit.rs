@@ -1,4 +1,5 @@
-//! `outboxd audit` on real servers (MariaDB and Postgres to Kafka, MariaDB to Redis Streams): a
+//! `outboxd audit` on real servers (MariaDB and Postgres to Kafka, MariaDB to NATS JetStream and to
+//! Redis Streams): a
 //! clean pipeline audits clean;
 //! rows outboxd never forwarded are missing (pending while the checkpoint is behind), a record
 //! produced twice is duplicated, a reordered pair of one key is out of order; sinks without a
@@ -15,6 +16,7 @@ use serde_json::Value as Json;
 use std::collections::HashSet;
 
 use crate::postgres_pipeline::{self as pg_rows, PgEnv};
+use crate::rig::nats::{config_with_nats, Nats};
 use crate::rig::redis::{config_with_redis, Redis};
 use crate::rig::scenario::{self, consume_distinct_events, uuid_of};
 use crate::rig::{wait_until, Broker, Consumed, Mysqld, Outboxd, Postgres};
@@ -29,6 +31,7 @@ enum Db {
 enum Sink {
     Kafka(Broker),
     Redis(Redis),
+    Nats(Nats),
 }
 
 struct Rig {
@@ -95,6 +98,21 @@ impl Sink {
                 });
                 records
             }
+            Sink::Nats(nats) => {
+                let mut records = Vec::new();
+                wait_until("the rows in JetStream", Duration::from_secs(120), || {
+                    records = nats
+                        .read("EVENTS", 0, Duration::ZERO)
+                        .iter()
+                        .enumerate()
+                        .map(|(i, g)| g.as_consumed(i as i64))
+                        .collect();
+                    let ids: HashSet<Option<String>> =
+                        records.iter().map(|r| r.header("id")).collect();
+                    ids.len() >= distinct
+                });
+                records
+            }
         }
     }
 
@@ -144,6 +162,17 @@ impl Sink {
                         .arg(value),
                 );
             }
+            // Another message id than outboxd's: JetStream would drop a repeat of it.
+            Sink::Nats(nats) => nats.publish_with(
+                &record.topic,
+                &[
+                    ("Nats-Msg-Id", &format!("by-hand-{id}-{position}-{key}")),
+                    ("id", id),
+                    ("outboxd.position", position),
+                    ("outboxd.key", key),
+                ],
+                value,
+            ),
         }
     }
 }
@@ -188,6 +217,19 @@ fn postgres_to_kafka() -> Rig {
     Rig {
         db: Db::Pg(pg),
         sink: Sink::Kafka(broker),
+        outboxd,
+    }
+}
+
+fn mariadb_to_nats() -> Rig {
+    let db = maria();
+    let nats = Nats::start();
+    nats.add_stream("EVENTS", &TOPICS);
+    let body = config_with_nats(&db.cdc_url(), &nats.url(), "");
+    let outboxd = Outboxd::new("audit-nats", &format!("{body}{ROUTE}"));
+    Rig {
+        db: Db::Maria(db),
+        sink: Sink::Nats(nats),
         outboxd,
     }
 }
@@ -338,6 +380,11 @@ fn mariadb_audit_finds_missing_duplicated_and_reordered_rows() {
 #[test]
 fn postgres_audit_finds_missing_duplicated_and_reordered_rows() {
     audit_finds_missing_duplicated_and_reordered_rows(postgres_to_kafka());
+}
+
+#[test]
+fn nats_audit_finds_missing_duplicated_and_reordered_rows() {
+    audit_finds_missing_duplicated_and_reordered_rows(mariadb_to_nats());
 }
 
 #[test]

@@ -23,6 +23,8 @@
 
 mod kafka;
 pub mod matching;
+#[cfg(feature = "nats")]
+mod nats;
 #[cfg(feature = "redis")]
 mod redis;
 mod report;
@@ -57,6 +59,8 @@ enum Broker<'a> {
     Kafka(&'a crate::sink::kafka::config::KafkaConfig),
     #[cfg(feature = "redis")]
     Redis(&'a crate::sink::redis::config::RedisConfig),
+    #[cfg(feature = "nats")]
+    Nats(&'a crate::sink::nats::config::NatsConfig),
 }
 
 /// The sink's non-destructive reader, or why there is none.
@@ -67,14 +71,17 @@ fn broker_of(config: &Config) -> Result<Broker<'_>> {
         SinkConfig::Kafka(kafka) => Ok(Broker::Kafka(kafka)),
         #[cfg(feature = "redis")]
         SinkConfig::Redis(redis) => Ok(Broker::Redis(redis)),
+        #[cfg(feature = "nats")]
+        SinkConfig::Nats(nats) => Ok(Broker::Nats(nats)),
         SinkConfig::RabbitMq(_) | SinkConfig::Sqs(_) | SinkConfig::Sns(_) => Err(Error::config(format!(
             "audit cannot read what the {name} sink delivered: a {name} queue hands each message to one consumer and removes it, so there is no way to look at what it holds without taking it from the application"
         ))
         .remedy("audit the records where your consumers store them, or run a Kafka pipeline beside this one and audit that")),
+        // A sink this build lacks: the config's validation refused it already.
         _ => Err(Error::config(format!(
-            "audit does not read the {name} sink yet: Kafka topics and Redis streams are audited"
+            "this outboxd was built without the {name} sink, so it cannot audit it"
         ))
-        .remedy("audit a Kafka pipeline of the same tables, or compare by hand (`nats stream view`) until it does")),
+        .remedy(format!("build it with the sink: cargo build --release --features {name}"))),
     }
 }
 
@@ -125,6 +132,8 @@ pub async fn run(config: &Config, options: &Options) -> Result<Report> {
         }
         #[cfg(feature = "redis")]
         Broker::Redis(redis) => redis::read(redis, &topics, tally).await?,
+        #[cfg(feature = "nats")]
+        Broker::Nats(nats) => nats::read(&config.name, nats, &topics, tally).await?,
     };
     Ok(Report::new(
         matcher.finish(),

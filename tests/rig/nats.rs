@@ -245,6 +245,22 @@ impl Nats {
         });
     }
 
+    /// Publishes `payload` to `subject` with `headers`, and waits for its `PubAck`.
+    pub fn publish_with(&self, subject: &str, headers: &[(&str, &str)], payload: &[u8]) {
+        block_on(async {
+            let js = jetstream::new(self.client().await.unwrap());
+            let mut map = async_nats::HeaderMap::new();
+            for (name, value) in headers {
+                map.insert(*name, *value);
+            }
+            js.publish_with_headers(subject.to_string(), map, payload.to_vec().into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        });
+    }
+
     /// [`Nats::add_stream`] with another duplicate window.
     pub fn add_stream_with_window(&self, name: &str, subjects: &[&str], window: Duration) {
         block_on(async {

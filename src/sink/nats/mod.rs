@@ -51,6 +51,11 @@ use tokio::sync::mpsc;
 
 use self::config::{check_subject, NatsConfig};
 pub use self::connect::preflight;
+
+/// A client for `config` that reports to no session (`outboxd audit`).
+pub async fn connect_client(name: &str, config: &NatsConfig) -> Result<async_nats::Client> {
+    connect::connect(name, config, None).await
+}
 use self::settle::{Published, Settler};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;

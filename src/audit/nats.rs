@@ -1,0 +1,174 @@
+//! Reading what JetStream holds for the audit: per subject, an ephemeral ordered consumer from the
+//! stream's first message to the last one pending when it was made. An ordered consumer takes
+//! nothing (no acknowledgements; a work-queue stream is refused, as reading it would remove its
+//! messages) and the server removes it once the audit stops asking.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::pull::OrderedConfig;
+use async_nats::jetstream::context::GetStreamByNameErrorKind;
+use async_nats::jetstream::stream::RetentionPolicy;
+use async_nats::jetstream::{self, Context};
+use base64::Engine;
+use futures_util::StreamExt;
+
+use super::matching::Matcher;
+use super::tally::{BrokerRead, Read, Tally};
+use crate::error::{Error, Result};
+use crate::sink::nats::config::NatsConfig;
+use crate::sink::nats::message::{BASE64_HEADER, KEY_HEADER};
+
+/// The longest one request, or a wait for the next message, may take.
+const REPLY: Duration = Duration::from_secs(30);
+
+fn failed(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::sink(format!("audit: {what} on NATS failed: {e}"))
+        .remedy("check that NATS is up and the user may look up streams and create consumers ($JS.API.STREAM.NAMES, $JS.API.STREAM.INFO, $JS.API.CONSUMER.CREATE; the audit never publishes)")
+        .transient()
+}
+
+async fn bounded<T, E: std::fmt::Display>(
+    what: &str,
+    step: impl std::future::Future<Output = std::result::Result<T, E>>,
+) -> Result<T> {
+    match tokio::time::timeout(REPLY, step).await {
+        Ok(result) => result.map_err(|e| failed(what, e)),
+        Err(_) => Err(failed(what, "no answer within 30 s")),
+    }
+}
+
+/// Reads every subject of `topics` (and the dead-letter subject) into `tally`.
+pub async fn read(
+    pipeline: &str,
+    config: &NatsConfig,
+    topics: &BTreeSet<String>,
+    mut tally: Tally,
+) -> Result<(Matcher, BrokerRead)> {
+    let client = crate::sink::nats::connect_client(&format!("{pipeline}-audit"), config).await?;
+    let js = jetstream::new(client);
+    for topic in topics {
+        match scan(&js, topic, &mut |r| tally.record(r)).await? {
+            true => tally.out.topics.push(topic.clone()),
+            false => tally.out.absent_topics.push(topic.clone()),
+        }
+    }
+    if let Some(dlq) = &config.dead_letter_topic {
+        scan(&js, dlq, &mut |r| tally.dead_letter(r)).await?;
+    }
+    Ok(tally.finish())
+}
+
+/// Every message on `subject`; false when no stream captures it.
+async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Result<bool> {
+    let name = match tokio::time::timeout(REPLY, js.stream_by_subject(subject)).await {
+        Ok(Ok(name)) => name,
+        Ok(Err(e)) if e.kind() == GetStreamByNameErrorKind::NotFound => return Ok(false),
+        Ok(Err(e)) => return Err(failed(&format!("finding the stream of {subject:?}"), e)),
+        Err(_) => {
+            return Err(failed(
+                &format!("finding the stream of {subject:?}"),
+                "no answer within 30 s",
+            ))
+        }
+    };
+    let mut stream = bounded("reading the stream", js.get_stream(&name)).await?;
+    let info = bounded("reading the stream", stream.info()).await?;
+    if info.config.retention == RetentionPolicy::WorkQueue {
+        return Err(Error::config(format!(
+            "audit cannot read the stream {name:?}: it is a work queue, so reading its messages would remove them"
+        ))
+        .remedy("audit a stream with limits or interest retention"));
+    }
+    let config = OrderedConfig {
+        filter_subject: subject.to_string(),
+        ..Default::default()
+    };
+    let mut consumer = bounded(
+        "creating an ordered consumer",
+        stream.create_consumer(config),
+    )
+    .await?;
+    let pending = bounded("reading the consumer", consumer.info())
+        .await?
+        .num_pending;
+    if pending == 0 {
+        return Ok(true);
+    }
+    let mut messages = bounded("reading messages", consumer.messages()).await?;
+    loop {
+        let message = match tokio::time::timeout(REPLY, messages.next()).await {
+            Ok(Some(Ok(message))) => message,
+            Ok(Some(Err(e))) => return Err(failed(&format!("reading {subject:?}"), e)),
+            Ok(None) => {
+                return Err(failed(
+                    &format!("reading {subject:?}"),
+                    "the consumer ended",
+                ))
+            }
+            Err(_) => {
+                return Err(failed(
+                    &format!("reading {subject:?}"),
+                    "no message within 30 s while some were pending",
+                ))
+            }
+        };
+        let info = message
+            .info()
+            .map_err(|e| failed("reading a message's sequence", e))?;
+        let (sequence, left) = (info.stream_sequence, info.pending);
+        let headers = decoded(message.headers.as_ref());
+        let header = |name: &str| -> Option<&[u8]> {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_slice())
+        };
+        let timestamp = header("outboxd.timestamp")
+            .and_then(|t| std::str::from_utf8(t).ok())
+            .and_then(|t| t.parse().ok());
+        each(Read {
+            topic: subject,
+            partition: 0,
+            offset: sequence as i64,
+            key: header(KEY_HEADER),
+            value: Some(&message.payload),
+            timestamp,
+            header: &header,
+        });
+        if left == 0 {
+            return Ok(true);
+        }
+    }
+}
+
+/// The headers the audit reads, base64 undone where `outboxd.base64` names it.
+fn decoded(headers: Option<&async_nats::HeaderMap>) -> Vec<(String, Vec<u8>)> {
+    let Some(headers) = headers else {
+        return Vec::new();
+    };
+    let encoded: Vec<&str> = headers
+        .get(BASE64_HEADER)
+        .map(|v| v.as_str().split(',').collect())
+        .unwrap_or_default();
+    [
+        "id",
+        "outboxd.position",
+        KEY_HEADER,
+        "outboxd.timestamp",
+        "outboxd.error",
+    ]
+    .into_iter()
+    .filter_map(|name| {
+        let value = headers.get(name)?.as_str();
+        let bytes = if encoded.contains(&name) {
+            base64::engine::general_purpose::STANDARD
+                .decode(value)
+                .ok()?
+        } else {
+            value.as_bytes().to_vec()
+        };
+        Some((name.to_string(), bytes))
+    })
+    .collect()
+}
