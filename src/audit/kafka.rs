@@ -10,13 +10,18 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use super::matching::Matcher;
 use super::tally::{BrokerRead, Read, Tally};
 use crate::checkpoint::{is_connection_property, QuietContext};
 use crate::error::{Error, Result};
 use crate::sink::kafka::config::KafkaConfig;
+
+/// The longest one metadata, watermark or offset lookup may take.
+const LOOKUP: Duration = Duration::from_secs(30);
+/// The longest a topic may stay silent before its end while it is read.
+const SILENCE: Duration = Duration::from_secs(60);
 
 /// Reads every topic of `topics` (and the dead-letter topic) into `tally`.
 pub fn read(
@@ -25,37 +30,24 @@ pub fn read(
     topics: &BTreeSet<String>,
     mut tally: Tally,
 ) -> Result<(Matcher, BrokerRead)> {
-    let reader = Reader::connect(kafka, pipeline)?;
+    let reader = Reader::new(kafka, pipeline);
     let since_ms = tally.since_ms();
     for topic in topics {
-        let Some(partitions) = reader.partitions(topic)? else {
-            tally.out.absent_topics.push(topic.clone());
-            continue;
-        };
-        tally.out.topics.push(topic.clone());
-        for partition in 0..partitions {
-            reader.read(topic, partition, since_ms, &mut |r| tally.record(r))?;
+        match reader.topic(topic, since_ms, &mut |r| tally.record(r))? {
+            true => tally.out.topics.push(topic.clone()),
+            false => tally.out.absent_topics.push(topic.clone()),
         }
     }
     if let Some(dlq) = &kafka.dead_letter_topic {
-        if let Some(partitions) = reader.partitions(dlq)? {
-            for partition in 0..partitions {
-                reader.read(dlq, partition, since_ms, &mut |r| tally.dead_letter(r))?;
-            }
-        }
+        reader.topic(dlq, since_ms, &mut |r| tally.dead_letter(r))?;
     }
     Ok(tally.finish())
 }
 
-/// The longest one metadata, watermark or offset lookup may take.
-const LOOKUP: Duration = Duration::from_secs(30);
-/// The longest a partition may stay silent before its end while it is read.
-const SILENCE: Duration = Duration::from_secs(60);
-
-/// Whether `topic` exists, and then every record of it from `since_ms` (all without) to its end,
-/// partition by partition, in offset order.
+/// Reads topics, each with a consumer of its own (nothing of one topic's assignment, buffered
+/// records or end markers, can reach the next).
 struct Reader {
-    consumer: BaseConsumer<QuietContext>,
+    config: ClientConfig,
     brokers: String,
 }
 
@@ -66,7 +58,7 @@ fn failed(brokers: &str, what: &str, e: &KafkaError) -> Error {
 }
 
 impl Reader {
-    pub fn connect(kafka: &KafkaConfig, pipeline: &str) -> Result<Reader> {
+    fn new(kafka: &KafkaConfig, pipeline: &str) -> Reader {
         let mut config = ClientConfig::new();
         for (key, value) in &kafka.properties {
             if is_connection_property(key) {
@@ -85,19 +77,106 @@ impl Reader {
             .set("isolation.level", "read_committed")
             .set("fetch.wait.max.ms", "50")
             .set("max.partition.fetch.bytes", "16777216");
-        let consumer = config
-            .create_with_context(QuietContext::default())
-            .map_err(|e| failed(&kafka.brokers, "creating a consumer", &e))?;
-        Ok(Reader {
-            consumer,
+        Reader {
+            config,
             brokers: kafka.brokers.clone(),
-        })
+        }
+    }
+
+    /// Every record of `topic` from `since_ms` (all without) to the end each partition had when
+    /// this call began, each partition in offset order; false when the brokers lack the topic.
+    fn topic(
+        &self,
+        topic: &str,
+        since_ms: Option<i64>,
+        each: &mut dyn FnMut(Read<'_>),
+    ) -> Result<bool> {
+        let consumer: BaseConsumer<QuietContext> = self
+            .config
+            .create_with_context(QuietContext::default())
+            .map_err(|e| failed(&self.brokers, "creating a consumer", &e))?;
+        let Some(partitions) = self.partitions(&consumer, topic)? else {
+            return Ok(false);
+        };
+        let what = |w: &str| format!("{w} of {topic:?}");
+        // Where each partition's read starts, and its end (exclusive) when the read began.
+        let mut ends: HashMap<i32, i64> = HashMap::new();
+        let mut assignment = TopicPartitionList::new();
+        let starts = self.starts(&consumer, topic, partitions, since_ms)?;
+        for (partition, (first, high)) in starts {
+            if first < high {
+                ends.insert(partition, high);
+                assignment
+                    .add_partition_offset(topic, partition, Offset::Offset(first))
+                    .map_err(|e| failed(&self.brokers, &what("assigning"), &e))?;
+            }
+        }
+        if ends.is_empty() {
+            return Ok(true);
+        }
+        consumer
+            .assign(&assignment)
+            .map_err(|e| failed(&self.brokers, &what("assigning"), &e))?;
+        let mut heard = Instant::now();
+        while !ends.is_empty() {
+            let Some(next) = consumer.poll(Duration::from_millis(500)) else {
+                if heard.elapsed() > SILENCE {
+                    return Err(Error::sink(format!(
+                        "audit: {} returned nothing for {} before reaching the end of partition(s) {:?}",
+                        what("reading"),
+                        humantime::format_duration(SILENCE),
+                        ends.keys().collect::<Vec<_>>()
+                    ))
+                    .remedy("check the brokers (an unavailable partition leader, a frozen broker) and run the audit again")
+                    .transient());
+                }
+                continue;
+            };
+            heard = Instant::now();
+            let message = match next {
+                Ok(m) => m,
+                // A partition's end (with read_committed, its last stable offset): done with it.
+                Err(KafkaError::PartitionEOF(partition)) => {
+                    ends.remove(&partition);
+                    continue;
+                }
+                Err(e) => return Err(failed(&self.brokers, &what("reading"), &e)),
+            };
+            let partition = message.partition();
+            let Some(&end) = ends.get(&partition) else {
+                continue;
+            };
+            if message.offset() >= end {
+                ends.remove(&partition);
+                continue;
+            }
+            let headers = message.headers();
+            let header = move |name: &str| -> Option<&[u8]> {
+                headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
+            };
+            each(Read {
+                topic,
+                partition,
+                offset: message.offset(),
+                key: message.key(),
+                value: message.payload(),
+                timestamp: message.timestamp().to_millis(),
+                header: &header,
+            });
+            if message.offset() + 1 >= end {
+                ends.remove(&partition);
+            }
+        }
+        Ok(true)
     }
 
     /// The partition count of `topic`, `None` when the brokers do not have it.
-    pub fn partitions(&self, topic: &str) -> Result<Option<i32>> {
-        let meta = self
-            .consumer
+    fn partitions(
+        &self,
+        consumer: &BaseConsumer<QuietContext>,
+        topic: &str,
+    ) -> Result<Option<i32>> {
+        let meta = consumer
             .fetch_metadata(Some(topic), LOOKUP)
             .map_err(|e| failed(&self.brokers, &format!("reading {topic:?}'s metadata"), &e))?;
         let Some(found) = meta.topics().iter().find(|t| t.name() == topic) else {
@@ -118,95 +197,45 @@ impl Reader {
         }
     }
 
-    /// Calls `each` for every record of `topic`'s partition from `since_ms` to the end the
-    /// partition had when this call began; returns the records read.
-    pub fn read(
+    /// Per partition: the first offset to read (the first record at or after `since_ms`, else
+    /// the partition's start) and the end when the read began.
+    fn starts(
         &self,
+        consumer: &BaseConsumer<QuietContext>,
         topic: &str,
-        partition: i32,
+        partitions: i32,
         since_ms: Option<i64>,
-        each: &mut dyn FnMut(Read<'_>),
-    ) -> Result<u64> {
-        let what = |w: &str| format!("{w} of {topic:?} partition {partition}");
-        let (low, high) = self
-            .consumer
-            .fetch_watermarks(topic, partition, LOOKUP)
-            .map_err(|e| failed(&self.brokers, &what("reading the watermarks"), &e))?;
-        let mut start = Offset::Offset(low);
+    ) -> Result<Vec<(i32, (i64, i64))>> {
+        let what = |w: &str| format!("{w} of {topic:?}");
+        let mut found = None;
         if let Some(ms) = since_ms {
             let mut at = TopicPartitionList::new();
-            at.add_partition_offset(topic, partition, Offset::Offset(ms))
-                .map_err(|e| failed(&self.brokers, &what("looking up the window"), &e))?;
-            let found = self
-                .consumer
-                .offsets_for_times(at, LOOKUP)
-                .map_err(|e| failed(&self.brokers, &what("looking up the window"), &e))?;
-            start = found
-                .find_partition(topic, partition)
-                .map_or(Offset::End, |p| p.offset());
-        }
-        let first = match start {
-            Offset::Offset(o) if o < high => o.max(low),
-            // No record at or after the window's start.
-            _ => return Ok(0),
-        };
-        if first >= high {
-            return Ok(0);
-        }
-        let mut assignment = TopicPartitionList::new();
-        assignment
-            .add_partition_offset(topic, partition, Offset::Offset(first))
-            .map_err(|e| failed(&self.brokers, &what("assigning"), &e))?;
-        self.consumer
-            .assign(&assignment)
-            .map_err(|e| failed(&self.brokers, &what("assigning"), &e))?;
-        let mut count = 0;
-        let mut heard = Instant::now();
-        loop {
-            let Some(next) = self.consumer.poll(Duration::from_millis(500)) else {
-                if heard.elapsed() > SILENCE {
-                    return Err(Error::sink(format!(
-                        "audit: {} returned nothing for {} before reaching offset {high}",
-                        what("reading"),
-                        humantime::format_duration(SILENCE)
-                    ))
-                    .remedy("check the brokers (an unavailable partition leader, a frozen broker) and run the audit again")
-                    .transient());
-                }
-                continue;
-            };
-            heard = Instant::now();
-            let message = match next {
-                Ok(m) => m,
-                // The end (with read_committed, the last stable offset): done.
-                Err(KafkaError::PartitionEOF(_)) => break,
-                Err(e) => return Err(failed(&self.brokers, &what("reading"), &e)),
-            };
-            if message.topic() != topic || message.partition() != partition {
-                continue;
+            for partition in 0..partitions {
+                at.add_partition_offset(topic, partition, Offset::Offset(ms))
+                    .map_err(|e| failed(&self.brokers, &what("looking up the window"), &e))?;
             }
-            if message.offset() >= high {
-                break;
-            }
-            count += 1;
-            let headers = message.headers();
-            let header = move |name: &str| -> Option<&[u8]> {
-                headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
-            };
-            each(Read {
-                topic,
-                partition,
-                offset: message.offset(),
-                key: message.key(),
-                value: message.payload(),
-                timestamp: message.timestamp().to_millis(),
-                header: &header,
-            });
-            if message.offset() + 1 >= high {
-                break;
-            }
+            found = Some(
+                consumer
+                    .offsets_for_times(at, LOOKUP)
+                    .map_err(|e| failed(&self.brokers, &what("looking up the window"), &e))?,
+            );
         }
-        let _ = self.consumer.unassign();
-        Ok(count)
+        let mut starts = Vec::with_capacity(partitions as usize);
+        for partition in 0..partitions {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, partition, LOOKUP)
+                .map_err(|e| failed(&self.brokers, &what("reading the watermarks"), &e))?;
+            let first = match found.as_ref().map(|f| f.find_partition(topic, partition)) {
+                None => low,
+                // No record at or after the window's start.
+                Some(None) => high,
+                Some(Some(p)) => match p.offset() {
+                    Offset::Offset(o) => o.max(low),
+                    _ => high,
+                },
+            };
+            starts.push((partition, (first, high)));
+        }
+        Ok(starts)
     }
 }

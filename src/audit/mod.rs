@@ -107,7 +107,8 @@ pub async fn run(config: &Config, options: &Options) -> Result<Report> {
     let mut rows = rows::Rows::new(options.max_rows, options.progress);
     rows.read(config, &router, since_ms).await?;
     // Every row the read saw was committed before this end (see the module docs).
-    let end = crate::source::current_end_position(&config.source).await?;
+    let end = crate::source::current_end_position(&config.source);
+    let end = rows::bounded("reading the log end", Duration::from_secs(60), end).await?;
     let store = Store::open(config, &config.name, Access::Read)?;
     let behind = crate::retention::wait_for_checkpoint_to(&store, &end, options.wait).await?;
     let checkpoint = store

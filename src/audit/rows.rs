@@ -2,12 +2,34 @@
 
 use std::collections::BTreeSet;
 use std::io::IsTerminal;
+use std::time::Duration;
 
 use super::matching::Matcher;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::route::{Router, ID_HEADER};
 use crate::source::snapshot::KeyValue;
+
+/// The longest opening the read (or closing it) may take.
+const CONNECT: Duration = Duration::from_secs(60);
+/// The longest one chunk may take (a table without a usable key order scans far).
+const CHUNK: Duration = Duration::from_secs(300);
+
+/// `step`, or an error naming `what` when the database does not answer within `limit`.
+pub async fn bounded<T>(
+    what: &str,
+    limit: Duration,
+    step: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(limit, step).await.unwrap_or_else(|_| {
+        Err(Error::source(format!(
+            "audit: {what} got no answer from the database within {}",
+            humantime::format_duration(limit)
+        ))
+        .remedy("check the database (a long lock, a frozen server) and run the audit again")
+        .transient())
+    })
+}
 
 pub struct Rows {
     pub matcher: Matcher,
@@ -37,13 +59,13 @@ impl Rows {
         since_ms: Option<i64>,
     ) -> Result<()> {
         let source = &config.source;
-        let mut reader = crate::source::snapshot::begin(source, false).await?.reader;
+        let begin = crate::source::snapshot::begin(source, false);
+        let mut reader = bounded("opening the read", CONNECT, begin).await?.reader;
         for table in &source.tables {
             let mut after: Option<Vec<KeyValue>> = None;
             loop {
-                let chunk = reader
-                    .chunk(table, after.as_deref(), None, source.snapshot_chunk)
-                    .await?;
+                let chunk = reader.chunk(table, after.as_deref(), None, source.snapshot_chunk);
+                let chunk = bounded(&format!("reading {table}"), CHUNK, chunk).await?;
                 let last = chunk.len() < source.snapshot_chunk;
                 for keyed in &chunk {
                     self.add(config, router, table, keyed, since_ms)?;
@@ -57,7 +79,7 @@ impl Rows {
                 }
             }
         }
-        reader.close().await;
+        let _ = tokio::time::timeout(CONNECT, reader.close()).await;
         if self.progress {
             eprintln!();
         }
