@@ -797,12 +797,15 @@ impl Control {
         Ok((ms > 0).then(|| Duration::from_millis(ms as u64)))
     }
 
-    /// The server's current WAL position (primary) or replay position (standby).
+    /// The server's current WAL insert position (primary) or replay position (standby): every
+    /// transaction visible now committed before it. The insert position, not the write position
+    /// `pg_current_wal_lsn()`: a commit with `synchronous_commit = off` is visible before its WAL
+    /// is written.
     pub async fn current_lsn(&self) -> Result<u64> {
         let row = self
             .client
             .query_one(
-                "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text",
+                "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END)::text",
                 &[],
             )
             .await
