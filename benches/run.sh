@@ -4,7 +4,7 @@
 # made of; the full run also draws benches/latency-vs-rate.png.
 # --quick: 20k rows per measurement, 5 s per offered rate, a 100 MiB restart backlog (full: 200k rows,
 #          20 s, 1 GiB).
-# --only drain,huge,raw,relay,postgres,latency,restart,eos,peer,sinks,aws,debezium,checkpoint: run only these sections
+# --only drain,huge,raw,relay,postgres,latency,restart,eos,peer,sinks,aws,debezium,checkpoint,audit: run only these sections
 #          (rabbitmq, nats or redis: one of the sinks section).
 # --profile DIR: record every timed outboxd run with `perf record --call-graph dwarf` into DIR.
 # --baseline PATH[=LABEL]: also drain each backlog with another outboxd binary (e.g. an older

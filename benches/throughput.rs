@@ -27,12 +27,18 @@
 //! - Debezium 3.5 under Kafka Connect (`--only debezium`) and outboxd draining the same MariaDB
 //!   backlogs (1-, 10- and 100-row transactions) into the same Apache Kafka, interleaved run by run.
 //!
+//! - `outboxd audit` over 200,000 and 1,000,000 delivered rows (`--only audit`): seconds and peak
+//!   RSS, and the memory per row from the difference.
+//!
 //! It prints a Markdown table for BENCHMARKS.md. Numbers are not asserted anywhere.
 
 // The benchmark borrows the test rig and uses only part of it.
 #[allow(dead_code, unused_imports)]
 #[path = "../tests/rig/mod.rs"]
 mod rig;
+
+#[path = "throughput/audit.rs"]
+mod audit;
 
 #[path = "throughput/aws.rs"]
 mod aws;
@@ -330,7 +336,7 @@ struct Args {
     /// `--profile DIR`: every timed outboxd run is recorded by `perf record -g` into DIR.
     profile: Option<String>,
     /// `--only a,b`: run only these sections (drain, huge, raw, relay, postgres, latency, restart,
-    /// eos, peer, sinks, aws, checkpoint).
+    /// eos, peer, sinks, aws, checkpoint, audit).
     only: Option<Vec<String>>,
     /// `--baseline PATH[=LABEL]`: also drain every backlog with this outboxd binary (an older
     /// build), interleaved with this build's runs, for a before/after in one run.
@@ -738,6 +744,10 @@ fn main() {
 
     if args.wants("checkpoint") {
         checkpoint_scan::run(&db, quick, args.baseline.as_ref());
+    }
+
+    if args.wants("audit") {
+        audit::run(&db, quick);
     }
 
     let restart = args.wants("restart").then(|| {
