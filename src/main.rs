@@ -166,9 +166,9 @@ outboxd replay --binlog-file /backup/mariadb-bin.000042 --dry-run | head")]
         wait: String,
     },
     /// Check delivery row by row: the rows in the outbox tables against the records the broker
-    /// holds (read-only); exit 1 when a row is missing or out of key order.
+    /// holds (read-only); exit 1 when a row is missing or out of key order, 3 when rows could not be judged.
     #[command(
-        long_about = "Check delivery row by row. Reads the rows still in the outbox tables (one read-only transaction), routes each exactly as `run` would, reads the records the broker holds on those destinations without consuming them (Kafka: partitions assigned, no consumer group joined or committed to, read_committed; NATS: an ephemeral ordered consumer per subject; Redis: XRANGE), and matches them by row id. Reports the rows that never arrived (missing), arrived more than once (duplicated), arrived out of key order, were dead-lettered, and records whose id is in no table row (pruned rows, or not outbox rows). The audit first waits up to --wait for the live checkpoint to cover the rows it read: until it does, rows without a record are pending (not yet due), not missing. Kafka, NATS JetStream and Redis Streams: RabbitMQ, SQS and SNS hand a message to one consumer and remove it, so what they hold cannot be read without taking it. Exit status: 0 when nothing is missing or out of order, 1 when something is, 2 when the audit could not run.",
+        long_about = "Check delivery row by row. Reads the rows still in the outbox tables (one read-only transaction), routes each exactly as `run` would, reads the records the broker holds on those destinations without consuming them (Kafka: partitions assigned, no consumer group joined or committed to, read_committed; NATS: an ephemeral ordered consumer per subject; Redis: XRANGE), and matches them by row id. Reports the rows that never arrived (missing), arrived more than once (duplicated), arrived out of key order, were dead-lettered, and records whose id is in no table row (pruned rows, or not outbox rows). The audit first waits up to --wait for the live checkpoint to cover the rows it read: until it does, rows without a record are pending (not yet due), not missing. Kafka, NATS JetStream and Redis Streams: RabbitMQ, SQS and SNS hand a message to one consumer and remove it, so what they hold cannot be read without taking it. Exit status: 0 when every row was judged delivered (or dead-lettered) in key order, 1 when a row is missing or out of order, 3 when nothing is but some rows could not be judged (pending, or an id that is empty or in several rows), 2 when the audit could not run.",
         after_long_help = "EXAMPLES:\n  outboxd audit\n  outboxd audit --since 24h --format json | jq .missing\n  outboxd audit --wait 0s     # outboxd is stopped: rows without a record are pending"
     )]
     Audit {
@@ -179,7 +179,7 @@ outboxd replay --binlog-file /backup/mariadb-bin.000042 --dry-run | head")]
         /// How long to wait for the live checkpoint to cover the rows read.
         #[arg(long, value_name = "DURATION", default_value = "1m")]
         wait: String,
-        /// The most rows to hold (about 100 bytes of memory each); more is refused.
+        /// The most rows to hold (about 250 bytes of memory each); more is refused.
         #[arg(long, value_name = "N", default_value_t = 2_000_000)]
         max_rows: u64,
         #[arg(long, value_enum, default_value = "text")]
@@ -383,11 +383,20 @@ fn audit(
                 AuditFormat::Text => report.text(),
                 AuditFormat::Json => format!("{}\n", report.json()),
             };
-            print_out(outboxd::secrets::scrub(&text).as_bytes());
-            if report.passed() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
+            let written = {
+                use std::io::Write;
+                let mut out = std::io::stdout().lock();
+                out.write_all(outboxd::secrets::scrub(&text).as_bytes())
+                    .and_then(|()| out.flush())
+            };
+            if let Err(e) = written {
+                eprintln!("outboxd: audit could not write its report: {e}");
+                return ExitCode::from(2);
+            }
+            match report.verdict() {
+                outboxd::audit::Verdict::Pass => ExitCode::SUCCESS,
+                outboxd::audit::Verdict::Fail => ExitCode::from(1),
+                outboxd::audit::Verdict::Inconclusive => ExitCode::from(3),
             }
         }
         Err(e) => {
@@ -446,7 +455,15 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
     }
     let path = cli.config.unwrap_or_else(|| PathBuf::from("outboxd.toml"));
     // Loading registers the config's secrets for scrubbing (see `outboxd::secrets`).
-    let config = Config::load(&path)?;
+    let config = match Config::load(&path) {
+        Ok(config) => config,
+        // audit's "could not run" is 2 (1 says rows are missing).
+        Err(e) if matches!(cli.command, Command::Audit { .. }) => {
+            eprintln!("outboxd: {}", outboxd::secrets::scrub(&e.to_string()));
+            return Ok(ExitCode::from(2));
+        }
+        Err(e) => return Err(e),
+    };
     match cli.command {
         Command::Schema { .. }
         | Command::Completions { .. }

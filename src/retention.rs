@@ -383,7 +383,7 @@ async fn round_on(
     }
     let compare = Compare {
         elsewhere: prune.elsewhere,
-        who: "prune",
+        who: Waiter::Prune,
         sampled: &sampled,
     };
     let started = Instant::now();
@@ -462,8 +462,7 @@ fn has_gtids(position: &Position) -> bool {
 #[derive(Clone, Copy)]
 struct Compare<'a> {
     elsewhere: bool,
-    /// Who waits: "prune" or "audit".
-    who: &'static str,
+    who: Waiter,
     sampled: &'a SourceIdentity,
 }
 
@@ -482,21 +481,38 @@ fn another_server(stored: &SourceIdentity, sampled: &SourceIdentity) -> bool {
 pub async fn wait_for_checkpoint_to(
     store: &Store,
     log_end: &Position,
+    sampled: &SourceIdentity,
     wait: Duration,
 ) -> Result<Option<String>> {
-    let sampled = SourceIdentity::anonymous(store_kind(log_end));
     let compare = Compare {
         elsewhere: false,
-        who: "audit",
-        sampled: &sampled,
+        who: Waiter::Audit,
+        sampled,
     };
     wait_for_checkpoint(store, log_end, wait, compare).await
 }
 
-fn store_kind(position: &Position) -> SourceKind {
-    match position {
-        Position::Lsn(_) => SourceKind::Postgres,
-        _ => SourceKind::Mysql,
+/// Who waits for the checkpoint, for its messages.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Waiter {
+    Prune,
+    Audit,
+}
+
+impl Waiter {
+    fn name(self) -> &'static str {
+        match self {
+            Waiter::Prune => "prune",
+            Waiter::Audit => "audit",
+        }
+    }
+
+    /// What it sampled the log end before.
+    fn before(self) -> &'static str {
+        match self {
+            Waiter::Prune => "deleting",
+            Waiter::Audit => "reading the tables",
+        }
     }
 }
 
@@ -525,21 +541,24 @@ async fn wait_for_checkpoint(
                     && another_server(&c.source, compare.sampled) =>
             {
                 return Ok(Some(format!(
-                    "the checkpoint was written against another server ({:?}) than the one prune samples ({:?}); its position cannot be compared there",
-                    c.source, compare.sampled
+                    "the checkpoint was written against another server ({:?}) than the one {} samples ({:?}); its position cannot be compared there",
+                    c.source,
+                    compare.who.name(),
+                    compare.sampled
                 )))
             }
             Some(c) if c.position.reached(log_end) => return Ok(None),
             Some(c) if matches!(c.position, Position::Snapshot(_)) => {
                 return Ok(Some(format!(
                     "a snapshot is in progress ({}): {} waits until it has finished",
-                    c.position, compare.who
+                    c.position,
+                    compare.who.name()
                 )))
             }
             Some(c) => format!(
                 "the checkpoint ({}) has not reached the log end sampled before {} ({log_end}) within {}",
                 c.position,
-                if compare.who == "prune" { "deleting" } else { "reading the tables" },
+                compare.who.before(),
                 humantime::format_duration(wait)
             ),
             None => format!(

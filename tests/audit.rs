@@ -280,6 +280,12 @@ fn record_of(records: &[Consumed], n: u64) -> &Consumed {
 }
 
 fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
+    // Before outboxd has forwarded anything there is no checkpoint: no row can be told missing
+    // from not yet sent, so the audit does not run (exit 2) and says why.
+    let out = rig.outboxd.command_output(&["audit"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("there is no checkpoint"), "{stderr}");
     rig.outboxd.start();
     rig.db.insert(0, 40, 4);
     rig.db.insert_old(100);
@@ -298,6 +304,12 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
         "{report:#}"
     );
     assert_eq!(report["pending"], 0, "{report:#}");
+    assert_eq!(report["verdict"], "pass", "{report:#}");
+    // More rows than --max-rows: refused before the broker is read, with the way out.
+    let out = rig.outboxd.command_output(&["audit", "--max-rows", "10"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("more than 10 rows"), "{stderr}");
     // The window: the row created in 2001 and its record are outside the last day.
     let (code, report, _) = audit(&rig.outboxd, &["--since", "1d"]);
     assert_eq!((code, &report["rows"]), (0, &Json::from(40)), "{report:#}");
@@ -330,7 +342,11 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
     rig.outboxd.stop();
     rig.db.insert(40, 44, 1);
     let (code, report, _) = audit(&rig.outboxd, &["--wait", "1s"]);
-    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(
+        (code, &report["verdict"]),
+        (3, &Json::from("inconclusive")),
+        "{report:#}"
+    );
     assert_eq!(report["pending"], 4, "{report:#}");
     assert_eq!(report["missing"], serde_json::json!([]), "{report:#}");
     // ...and missing once the checkpoint was moved past them (an operator's `checkpoint set`).
@@ -347,7 +363,8 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
     assert_eq!(report["delivered"], 43, "{report:#}");
 
     // Two of them produced by hand, the later-committed first, under one key: out of order.
-    let (early, late) = (record_of(&records, 0), record_of(&records, 39));
+    // Rows 40 and 41 route to outbox.event.order, as rows 1 and 38 whose records are copied do.
+    let (early, late) = (record_of(&records, 1), record_of(&records, 38));
     let position = |r: &Consumed| r.header("outboxd.position").unwrap();
     rig.sink
         .produce_as(late, &uuid_of(41), &position(late), "k-reordered");
@@ -364,6 +381,7 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
     assert_eq!(disorder.len(), 1, "{report:#}");
     assert_eq!(disorder[0]["id"], uuid_of(40), "{report:#}");
     assert_eq!(disorder[0]["after"], uuid_of(41), "{report:#}");
+    assert_eq!(report["misplaced"], 0, "{report:#}");
     assert_eq!(
         ids(&report["missing"], "id"),
         vec![uuid_of(42), uuid_of(43)],

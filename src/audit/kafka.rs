@@ -22,6 +22,9 @@ use crate::sink::kafka::config::KafkaConfig;
 const LOOKUP: Duration = Duration::from_secs(30);
 /// The longest a topic may stay silent before its end while it is read.
 const SILENCE: Duration = Duration::from_secs(60);
+/// A window starts this much earlier on the brokers: a record's timestamp may be the broker's
+/// append time, or a commit time behind the column's.
+const SKEW_MS: i64 = 300_000;
 
 /// Reads every topic of `topics` (and the dead-letter topic) into `tally`.
 pub fn read(
@@ -34,12 +37,21 @@ pub fn read(
     let since_ms = tally.since_ms();
     for topic in topics {
         match reader.topic(topic, since_ms, &mut |r| tally.record(r))? {
-            true => tally.out.topics.push(topic.clone()),
-            false => tally.out.absent_topics.push(topic.clone()),
+            Some(read) => {
+                tally.out.topics.push(topic.clone());
+                tally.out.notes.extend(read.notes(topic));
+            }
+            None => tally.out.absent_topics.push(topic.clone()),
         }
     }
     if let Some(dlq) = &kafka.dead_letter_topic {
-        reader.topic(dlq, since_ms, &mut |r| tally.dead_letter(r))?;
+        if let Some(read) = reader.topic(dlq, since_ms, &mut |r| tally.dead_letter(r))? {
+            tally.out.notes.extend(
+                read.notes(dlq)
+                    .into_iter()
+                    .filter(|n| n.contains("open transaction")),
+            );
+        }
     }
     Ok(tally.finish())
 }
@@ -74,6 +86,9 @@ impl Reader {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "true")
+            // A start offset retention removed meanwhile is an error, never a silent jump to the
+            // partition's end.
+            .set("auto.offset.reset", "error")
             .set("isolation.level", "read_committed")
             .set("fetch.wait.max.ms", "50")
             .set("max.partition.fetch.bytes", "16777216");
@@ -84,35 +99,38 @@ impl Reader {
     }
 
     /// Every record of `topic` from `since_ms` (all without) to the end each partition had when
-    /// this call began, each partition in offset order; false when the brokers lack the topic.
+    /// this call began, each partition in offset order; `None` when the brokers lack the topic.
     fn topic(
         &self,
         topic: &str,
         since_ms: Option<i64>,
         each: &mut dyn FnMut(Read<'_>),
-    ) -> Result<bool> {
+    ) -> Result<Option<TopicRead>> {
         let consumer: BaseConsumer<QuietContext> = self
             .config
             .create_with_context(QuietContext::default())
             .map_err(|e| failed(&self.brokers, "creating a consumer", &e))?;
         let Some(partitions) = self.partitions(&consumer, topic)? else {
-            return Ok(false);
+            return Ok(None);
         };
         let what = |w: &str| format!("{w} of {topic:?}");
-        // Where each partition's read starts, and its end (exclusive) when the read began.
+        let mut read = TopicRead::default();
+        // Where each partition's read ends (exclusive): its end when the read began.
         let mut ends: HashMap<i32, i64> = HashMap::new();
         let mut assignment = TopicPartitionList::new();
-        let starts = self.starts(&consumer, topic, partitions, since_ms)?;
-        for (partition, (first, high)) in starts {
-            if first < high {
-                ends.insert(partition, high);
+        for start in self.starts(&consumer, topic, partitions, since_ms)? {
+            if start.low > 0 && since_ms.is_none() {
+                read.truncated.push(start.partition);
+            }
+            if start.first < start.high {
+                ends.insert(start.partition, start.high);
                 assignment
-                    .add_partition_offset(topic, partition, Offset::Offset(first))
+                    .add_partition_offset(topic, start.partition, Offset::Offset(start.first))
                     .map_err(|e| failed(&self.brokers, &what("assigning"), &e))?;
             }
         }
         if ends.is_empty() {
-            return Ok(true);
+            return Ok(Some(read));
         }
         consumer
             .assign(&assignment)
@@ -135,9 +153,15 @@ impl Reader {
             heard = Instant::now();
             let message = match next {
                 Ok(m) => m,
-                // A partition's end (with read_committed, its last stable offset): done with it.
+                // A partition's end: with read_committed, its last stable offset. Below the end the
+                // read began with, a transaction is open there (records after it are not read).
                 Err(KafkaError::PartitionEOF(partition)) => {
-                    ends.remove(&partition);
+                    if let Some(end) = ends.remove(&partition) {
+                        let at = self.position(&consumer, topic, partition);
+                        if at.is_some_and(|at| at < end) {
+                            read.unstable.push(partition);
+                        }
+                    }
                     continue;
                 }
                 Err(e) => return Err(failed(&self.brokers, &what("reading"), &e)),
@@ -167,7 +191,21 @@ impl Reader {
                 ends.remove(&partition);
             }
         }
-        Ok(true)
+        Ok(Some(read))
+    }
+
+    /// Where the consumer is in `partition` (after an end marker: the last stable offset).
+    fn position(
+        &self,
+        consumer: &BaseConsumer<QuietContext>,
+        topic: &str,
+        partition: i32,
+    ) -> Option<i64> {
+        let positions = consumer.position().ok()?;
+        match positions.find_partition(topic, partition)?.offset() {
+            Offset::Offset(at) => Some(at),
+            _ => None,
+        }
     }
 
     /// The partition count of `topic`, `None` when the brokers do not have it.
@@ -197,21 +235,21 @@ impl Reader {
         }
     }
 
-    /// Per partition: the first offset to read (the first record at or after `since_ms`, else
-    /// the partition's start) and the end when the read began.
+    /// Per partition: the first offset to read (the first record stamped at or after
+    /// `since_ms` less [`SKEW_MS`], else the partition's start) and its ends.
     fn starts(
         &self,
         consumer: &BaseConsumer<QuietContext>,
         topic: &str,
         partitions: i32,
         since_ms: Option<i64>,
-    ) -> Result<Vec<(i32, (i64, i64))>> {
+    ) -> Result<Vec<Start>> {
         let what = |w: &str| format!("{w} of {topic:?}");
         let mut found = None;
         if let Some(ms) = since_ms {
             let mut at = TopicPartitionList::new();
             for partition in 0..partitions {
-                at.add_partition_offset(topic, partition, Offset::Offset(ms))
+                at.add_partition_offset(topic, partition, Offset::Offset((ms - SKEW_MS).max(0)))
                     .map_err(|e| failed(&self.brokers, &what("looking up the window"), &e))?;
             }
             found = Some(
@@ -227,15 +265,66 @@ impl Reader {
                 .map_err(|e| failed(&self.brokers, &what("reading the watermarks"), &e))?;
             let first = match found.as_ref().map(|f| f.find_partition(topic, partition)) {
                 None => low,
-                // No record at or after the window's start.
-                Some(None) => high,
-                Some(Some(p)) => match p.offset() {
-                    Offset::Offset(o) => o.max(low),
-                    _ => high,
-                },
+                Some(None) => {
+                    return Err(Error::sink(format!(
+                        "audit: the brokers gave no offset for the window's start in {topic:?} partition {partition}"
+                    ))
+                    .transient())
+                }
+                Some(Some(p)) => {
+                    if let Err(e) = p.error() {
+                        return Err(failed(&self.brokers, &what("looking up the window"), &e));
+                    }
+                    match p.offset() {
+                        Offset::Offset(o) => o.max(low),
+                        // No record stamped at or after the window's start.
+                        _ => high,
+                    }
+                }
             };
-            starts.push((partition, (first, high)));
+            starts.push(Start {
+                partition,
+                first,
+                low,
+                high,
+            });
         }
         Ok(starts)
+    }
+}
+
+/// Where a partition's read starts, and its watermarks when it began.
+struct Start {
+    partition: i32,
+    first: i64,
+    low: i64,
+    high: i64,
+}
+
+/// What reading one topic found besides its records.
+#[derive(Default)]
+struct TopicRead {
+    /// Partitions whose records no longer start at offset 0 (retention or deleted records).
+    truncated: Vec<i32>,
+    /// Partitions whose read stopped at an open transaction, before the end.
+    unstable: Vec<i32>,
+}
+
+impl TopicRead {
+    fn notes(&self, topic: &str) -> Vec<String> {
+        let mut notes = Vec::new();
+        if !self.truncated.is_empty() {
+            notes.push(format!(
+                "{topic:?} partition(s) {:?} no longer start at offset 0 (retention, compaction or deleted records): a missing row may have expired there",
+                self.truncated
+            ));
+        }
+        if !self.unstable.is_empty() {
+            notes.push(format!(
+                "{topic:?} partition(s) {:?} hold an open transaction: records after it were not read (run the audit again once it ends)",
+                self.unstable
+            ));
+        }
+        notes
     }
 }

@@ -15,7 +15,7 @@
 //! first appearance must not come before an earlier-committed row's first appearance: a resend
 //! (a crash, a retry) repeats older rows after newer ones, which is a duplicate, not disorder.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// A record's place in commit order: comparable with ranks of the same `lane` only.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,13 +108,16 @@ pub struct Absent {
 }
 
 struct Entry {
+    /// Where the row is routed: an index into [`Matcher::topics`]; `None` for a row the router
+    /// refuses (it is due as a dead letter).
+    topic: Option<u32>,
     place: Box<str>,
     seen: u32,
     dead: bool,
 }
 
-/// What the matcher found; the lists are in the order the rows were expected (missing) or the
-/// records read (the rest).
+/// What the matcher found; missing rows are sorted by where they are, the other lists are in the
+/// order the records were read.
 #[derive(Debug, Default)]
 pub struct Outcome {
     /// Rows expected.
@@ -128,10 +131,16 @@ pub struct Outcome {
     pub disorder: Vec<Disorder>,
     /// Records whose id names no expected row.
     pub unknown: u64,
+    /// Records carrying an expected row's id on another destination than the row routes to (not
+    /// counted as its delivery).
+    pub misplaced: u64,
     /// Records without an `id` header.
     pub without_id: u64,
     /// Rows with a dead letter and no record.
     pub dead_lettered: u64,
+    /// Rows whose id another row in the tables has too (where they are): a record of that id
+    /// cannot say which row it delivers, so these are not matched.
+    pub colliding: Vec<String>,
 }
 
 impl Outcome {
@@ -148,12 +157,16 @@ type KeyLane = (Box<str>, i32, Box<[u8]>);
 #[derive(Default)]
 pub struct Matcher {
     rows: HashMap<Box<str>, Entry>,
-    order: Vec<Box<str>>,
+    /// The destinations rows route to (an [`Entry`] names its own by index).
+    topics: Vec<Box<str>>,
     /// Per key: the latest-committed row seen so far, and its rank.
     last: HashMap<KeyLane, (Rank, Box<str>)>,
     disorder: Vec<Disorder>,
     unknown: u64,
+    misplaced: u64,
     without_id: u64,
+    colliding: Vec<String>,
+    collided: HashSet<Box<str>>,
 }
 
 impl Matcher {
@@ -161,22 +174,37 @@ impl Matcher {
         Matcher::default()
     }
 
-    /// Expects the row `id` (found at `place`); false if that id was expected already (two rows
-    /// with one id: the second is not counted, a consumer de-duplicating by id drops it too).
-    pub fn expect(&mut self, id: &str, place: &str) -> bool {
-        if self.rows.contains_key(id) {
-            return false;
+    /// Expects the row `id` (found at `place`) on `topic` (`None`: as a dead letter). A second
+    /// row with the same id takes the first out of the match too: both are listed as colliding.
+    pub fn expect(&mut self, id: &str, topic: Option<&str>, place: &str) {
+        if let Some(first) = self.rows.remove(id) {
+            self.colliding.push(first.place.into());
+            self.collided.insert(id.into());
         }
+        if self.collided.contains(id) {
+            self.colliding.push(place.into());
+            return;
+        }
+        let topic = topic.map(|t| self.topic_index(t));
         self.rows.insert(
             id.into(),
             Entry {
+                topic,
                 place: place.into(),
                 seen: 0,
                 dead: false,
             },
         );
-        self.order.push(id.into());
-        true
+    }
+
+    fn topic_index(&mut self, topic: &str) -> u32 {
+        match self.topics.iter().position(|t| &**t == topic) {
+            Some(i) => i as u32,
+            None => {
+                self.topics.push(topic.into());
+                (self.topics.len() - 1) as u32
+            }
+        }
     }
 
     /// Whether `id` is an expected row.
@@ -198,6 +226,11 @@ impl Matcher {
             self.unknown += 1;
             return;
         };
+        let routed = entry.topic.map(|t| &*self.topics[t as usize]);
+        if routed != Some(record.topic) {
+            self.misplaced += 1;
+            return;
+        }
         entry.seen += 1;
         if entry.seen > 1 {
             return;
@@ -225,28 +258,29 @@ impl Matcher {
         }
     }
 
-    /// A dead letter for row `id` (refused or unroutable: handled, not delivered).
-    pub fn dead_lettered(&mut self, id: &str) -> bool {
+    /// A dead letter for row `id` of `table` (refused or unroutable: handled, not delivered);
+    /// false when no such row is expected.
+    pub fn dead_lettered(&mut self, id: &str, table: &str) -> bool {
         match self.rows.get_mut(id) {
-            Some(entry) => {
+            Some(entry) if place_is_of(&entry.place, table) => {
                 entry.dead = true;
                 true
             }
-            None => false,
+            _ => false,
         }
     }
 
     pub fn finish(self) -> Outcome {
         let mut outcome = Outcome {
-            rows: self.rows.len() as u64,
+            rows: (self.rows.len() + self.colliding.len()) as u64,
             disorder: self.disorder,
             unknown: self.unknown,
+            misplaced: self.misplaced,
             without_id: self.without_id,
+            colliding: self.colliding,
             ..Outcome::default()
         };
-        let mut rows = self.rows;
-        for id in self.order {
-            let entry = rows.remove(&id).expect("every expected id is in the map");
+        for (id, entry) in self.rows {
             match entry.seen {
                 0 if entry.dead => outcome.dead_lettered += 1,
                 0 => outcome.missing.push(Absent {
@@ -260,8 +294,16 @@ impl Matcher {
                 }
             }
         }
+        outcome.missing.sort_by(|a, b| a.place.cmp(&b.place));
         outcome
     }
+}
+
+/// A place is `table (primary key)`.
+fn place_is_of(place: &str, table: &str) -> bool {
+    place
+        .strip_prefix(table)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(" ("))
 }
 
 #[cfg(test)]
@@ -301,33 +343,39 @@ mod tests {
     #[test]
     fn missing_duplicated_unknown_and_dead_lettered_rows_are_told_apart() {
         let mut m = Matcher::new();
-        for id in ["a", "b", "c", "d"] {
-            assert!(m.expect(id, &format!("outbox ({id})")));
+        for id in ["a", "b", "c", "d", "e"] {
+            m.expect(id, Some("t"), &format!("outbox ({id})"));
         }
-        assert!(!m.expect("a", "again"));
+        // One id in three rows (another table's, say): none of them is matched.
+        m.expect("a", Some("t"), "other (a)");
+        m.expect("a", Some("t"), "third (a)");
         let r = Rank::new("lsn", 1);
         for (i, id) in ["a", "b", "b", "zz"].into_iter().enumerate() {
             m.observe(record(id, "k", i as i64, &r));
         }
+        // e's id on another topic: not e's delivery.
+        m.observe(Record {
+            topic: "elsewhere",
+            ..record("e", "k", 0, &r)
+        });
         m.observe(Record {
             id: None,
             ..record("", "k", 9, &r)
         });
-        assert!(m.dead_lettered("d"));
-        assert!(!m.dead_lettered("nope"));
+        assert!(!m.dead_lettered("d", "other"));
+        assert!(m.dead_lettered("d", "outbox"));
+        assert!(!m.dead_lettered("nope", "outbox"));
         let out = m.finish();
-        assert_eq!((out.rows, out.delivered, out.dead_lettered), (4, 2, 1));
-        assert_eq!(
-            out.missing,
-            vec![Absent {
-                id: "c".into(),
-                place: "outbox (c)".into()
-            }]
-        );
+        assert_eq!((out.rows, out.delivered, out.dead_lettered), (7, 1, 1));
+        assert_eq!(out.colliding, vec!["outbox (a)", "other (a)", "third (a)"]);
+        assert_eq!(out.misplaced, 1);
+        let missing: Vec<&str> = out.missing.iter().map(|a| a.place.as_str()).collect();
+        assert_eq!(missing, vec!["outbox (c)", "outbox (e)"]);
         assert_eq!(out.duplicates, BTreeMap::from([("b".to_string(), 2)]));
+        // zz, and a (colliding, so matched to no row).
         assert_eq!(
             (out.unknown, out.without_id, out.extra_records()),
-            (1, 1, 1)
+            (2, 1, 1)
         );
         assert!(out.disorder.is_empty());
     }
@@ -336,7 +384,7 @@ mod tests {
     fn a_row_first_seen_after_a_later_one_of_its_key_is_disorder_a_resend_is_not() {
         let mut m = Matcher::new();
         for id in ["r1", "r2", "r3", "o1"] {
-            m.expect(id, id);
+            m.expect(id, Some("t"), id);
         }
         let (one, two, three) = (
             Rank::new("lsn", 1),

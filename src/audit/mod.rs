@@ -18,7 +18,7 @@
 //! never commits, the checkpoint read without its lock. Every read has a timeout.
 //!
 //! # Memory
-//! Each row in the window costs its id and where it is (about 100 bytes); the records stream past.
+//! Each row in the window costs its id and where it is (about 250 bytes, measured in BENCHMARKS.md); the records stream past.
 //! `--max-rows` bounds it: an audit that would hold more refuses before reading the broker.
 
 mod kafka;
@@ -33,7 +33,7 @@ mod tally;
 
 use std::time::{Duration, SystemTime};
 
-pub use report::Report;
+pub use report::{Report, Verdict};
 
 use crate::checkpoint::{Access, Store};
 use crate::config::Config;
@@ -105,12 +105,20 @@ pub async fn run(config: &Config, options: &Options) -> Result<Report> {
     };
     let router = config.sink().router(&config.route);
     let mut rows = rows::Rows::new(options.max_rows, options.progress);
-    rows.read(config, &router, since_ms).await?;
+    let identity = rows.read(config, &router, since_ms).await?;
     // Every row the read saw was committed before this end (see the module docs).
     let end = crate::source::current_end_position(&config.source);
     let end = rows::bounded("reading the log end", Duration::from_secs(60), end).await?;
     let store = Store::open(config, &config.name, Access::Read)?;
-    let behind = crate::retention::wait_for_checkpoint_to(&store, &end, options.wait).await?;
+    if store.load_from_async()?.is_none() {
+        return Err(Error::checkpoint(format!(
+            "audit: there is no checkpoint at {}, so no row can be told missing from not yet sent",
+            store.describe()
+        ))
+        .remedy("audit with the pipeline's own config (name, checkpoint.store and checkpoint.dir as `run` has them), once outboxd has forwarded something"));
+    }
+    let wait = crate::retention::wait_for_checkpoint_to(&store, &end, &identity, options.wait);
+    let behind = wait.await?;
     let checkpoint = store
         .load_from_async()?
         .map(|c| c.position.to_string())
@@ -119,9 +127,16 @@ pub async fn run(config: &Config, options: &Options) -> Result<Report> {
         matcher,
         topics,
         unroutable,
+        without_id,
         ..
     } = rows;
-    let tally = Tally::new(matcher, since_ms, &config.route.id, options.progress);
+    let tally = Tally::new(
+        matcher,
+        since_ms,
+        &config.name,
+        &config.route.id,
+        options.progress,
+    );
     let (matcher, read) = match broker {
         Broker::Kafka(kafka) => {
             let kafka = kafka.clone();
@@ -139,7 +154,7 @@ pub async fn run(config: &Config, options: &Options) -> Result<Report> {
     Ok(Report::new(
         matcher.finish(),
         read,
-        unroutable,
+        (unroutable, without_id),
         behind,
         checkpoint,
         end.to_string(),

@@ -1,5 +1,5 @@
 //! Reading what JetStream holds for the audit: per subject, an ephemeral ordered consumer from the
-//! stream's first message to the last one pending when it was made. An ordered consumer takes
+//! stream's first message to the stream's last message when the audit came to it. An ordered consumer takes
 //! nothing (no acknowledgements; a work-queue stream is refused, as reading it would remove its
 //! messages) and the server removes it once the audit stops asking.
 
@@ -84,6 +84,9 @@ async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Re
         filter_subject: subject.to_string(),
         ..Default::default()
     };
+    // The end: what the stream held when the audit came to it. A message after it is left for
+    // the next audit, so a stream taking new messages as fast as they are read still ends.
+    let last = info.state.last_sequence;
     let mut consumer = bounded(
         "creating an ordered consumer",
         stream.create_consumer(config),
@@ -117,6 +120,9 @@ async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Re
             .info()
             .map_err(|e| failed("reading a message's sequence", e))?;
         let (sequence, left) = (info.stream_sequence, info.pending);
+        if sequence > last {
+            return Ok(true);
+        }
         let headers = decoded(message.headers.as_ref());
         let header = |name: &str| -> Option<&[u8]> {
             headers
@@ -136,7 +142,7 @@ async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Re
             timestamp,
             header: &header,
         });
-        if left == 0 {
+        if left == 0 || sequence == last {
             return Ok(true);
         }
     }

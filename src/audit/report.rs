@@ -10,6 +10,24 @@ use super::tally::BrokerRead;
 /// How many ids of each kind the text lists (the JSON lists them all).
 const LISTED: usize = 20;
 
+/// What the audit concluded (the exit status: 0, 1 or 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    Fail,
+    Inconclusive,
+}
+
+impl Verdict {
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Pass => "pass",
+            Verdict::Fail => "fail",
+            Verdict::Inconclusive => "inconclusive",
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Report {
     pub outcome: Outcome,
@@ -20,6 +38,8 @@ pub struct Report {
     pub read: BrokerRead,
     /// Rows the router refuses (they are due as dead letters).
     pub unroutable: u64,
+    /// Rows without an id, where they are: not matched, so neither delivered nor missing.
+    pub rows_without_id: Vec<String>,
     pub checkpoint: String,
     pub log_end: String,
 }
@@ -28,7 +48,7 @@ impl Report {
     pub fn new(
         mut outcome: Outcome,
         read: BrokerRead,
-        unroutable: u64,
+        (unroutable, rows_without_id): (u64, Vec<String>),
         behind: Option<String>,
         checkpoint: String,
         log_end: String,
@@ -44,14 +64,31 @@ impl Report {
             behind,
             read,
             unroutable,
+            rows_without_id,
             checkpoint,
             log_end,
         }
     }
 
-    /// Nothing missing and nothing out of key order (duplicates are allowed: bounded, same id).
+    /// Fail: a row is missing or out of key order. Inconclusive: otherwise, but some rows could
+    /// not be judged (pending, an id in several rows, no id). Pass: every row was judged
+    /// delivered or dead-lettered, in key order (duplicates are allowed: bounded, same id).
+    pub fn verdict(&self) -> Verdict {
+        let o = &self.outcome;
+        if !o.missing.is_empty() || !o.disorder.is_empty() {
+            Verdict::Fail
+        } else if !self.pending.is_empty()
+            || !o.colliding.is_empty()
+            || !self.rows_without_id.is_empty()
+        {
+            Verdict::Inconclusive
+        } else {
+            Verdict::Pass
+        }
+    }
+
     pub fn passed(&self) -> bool {
-        self.outcome.missing.is_empty() && self.outcome.disorder.is_empty()
+        self.verdict() == Verdict::Pass
     }
 
     pub fn json(&self) -> serde_json::Value {
@@ -64,6 +101,8 @@ impl Report {
             "order_violations": o.disorder,
             "unknown": o.unknown,
             "without_id": o.without_id,
+            "rows_without_id": self.rows_without_id,
+            "unroutable": self.unroutable,
             "dead_lettered": o.dead_lettered,
             "dead_letter_reasons": self.read.dead_letters,
             "pending": self.pending.len(),
@@ -74,13 +113,26 @@ impl Report {
             "absent_topics": self.read.absent_topics,
             "checkpoint": self.checkpoint,
             "log_end": self.log_end,
+            "colliding_rows": o.colliding,
+            "misplaced": o.misplaced,
+            "notes": self.read.notes,
+            "verdict": self.verdict().name(),
             "passed": self.passed(),
         })
     }
 
     pub fn text(&self) -> String {
-        let o = &self.outcome;
         let mut t = String::new();
+        self.counts(&mut t);
+        self.context(&mut t);
+        self.lists(&mut t);
+        let _ = writeln!(t, "{}", self.verdict_line());
+        t
+    }
+
+    /// The tally: one line per kind of row or record.
+    fn counts(&self, t: &mut String) {
+        let o = &self.outcome;
         let _ = writeln!(
             t,
             "{} rows in the outbox tables, {} records read from {} topic(s)",
@@ -104,9 +156,27 @@ impl Report {
             "  unknown         {} (records whose id is not in the tables: pruned rows, or not outbox rows)",
             o.unknown
         );
-        if o.without_id > 0 {
-            let _ = writeln!(t, "  without id      {}", o.without_id);
+        if o.misplaced > 0 {
+            let _ = writeln!(
+                t,
+                "  misplaced       {} (records of a row's id on another destination than it routes to)",
+                o.misplaced
+            );
         }
+        if o.without_id > 0 {
+            let _ = writeln!(t, "  records without an id  {}", o.without_id);
+        }
+        if !self.rows_without_id.is_empty() {
+            let _ = writeln!(
+                t,
+                "  rows without an id     {} (not matched: give every row an id, route.id names the column)",
+                self.rows_without_id.len()
+            );
+        }
+    }
+
+    /// Where the audit stood: checkpoint, log end, and what it could not read in full.
+    fn context(&self, t: &mut String) {
         let _ = writeln!(
             t,
             "checkpoint {} (the log end after reading the tables: {})",
@@ -118,24 +188,16 @@ impl Report {
         for topic in &self.read.absent_topics {
             let _ = writeln!(t, "topic {topic:?} does not exist: its rows have no record");
         }
-        let list = |t: &mut String, title: &str, items: Vec<String>| {
-            if items.is_empty() {
-                return;
-            }
-            let _ = writeln!(t, "{title}:");
-            for item in items.iter().take(LISTED) {
-                let _ = writeln!(t, "  {item}");
-            }
-            if items.len() > LISTED {
-                let _ = writeln!(
-                    t,
-                    "  … and {} more (--format json lists all)",
-                    items.len() - LISTED
-                );
-            }
-        };
+        for note in &self.read.notes {
+            let _ = writeln!(t, "note: {note}");
+        }
+    }
+
+    /// The ids behind each count, the first [`LISTED`] of each.
+    fn lists(&self, t: &mut String) {
+        let o = &self.outcome;
         list(
-            &mut t,
+            t,
             "missing (committed, checkpointed, never delivered)",
             o.missing
                 .iter()
@@ -143,7 +205,7 @@ impl Report {
                 .collect(),
         );
         list(
-            &mut t,
+            t,
             "out of key order",
             o.disorder
                 .iter()
@@ -156,22 +218,46 @@ impl Report {
                 .collect(),
         );
         list(
-            &mut t,
+            t,
             "duplicated",
             o.duplicates
                 .iter()
                 .map(|(id, n)| format!("{id} ×{n}"))
                 .collect(),
         );
+        list(t, "rows without an id", self.rows_without_id.clone());
+        list(
+            t,
+            "rows sharing an id with another row (not matched)",
+            o.colliding.clone(),
+        );
+    }
+
+    fn verdict_line(&self) -> &'static str {
+        match self.verdict() {
+            Verdict::Pass => "PASS: every row due was delivered, in key order",
+            Verdict::Fail => "FAIL: rows are missing or out of key order",
+            Verdict::Inconclusive => {
+                "INCONCLUSIVE: nothing found missing, but some rows could not be judged (pending, or without a unique id)"
+            }
+        }
+    }
+}
+
+/// A titled list of at most [`LISTED`] items, and how many more there are.
+fn list(t: &mut String, title: &str, items: Vec<String>) {
+    if items.is_empty() {
+        return;
+    }
+    let _ = writeln!(t, "{title}:");
+    for item in items.iter().take(LISTED) {
+        let _ = writeln!(t, "  {item}");
+    }
+    if items.len() > LISTED {
         let _ = writeln!(
             t,
-            "{}",
-            if self.passed() {
-                "PASS: every row due was delivered, in key order"
-            } else {
-                "FAIL: rows are missing or out of key order"
-            }
+            "  … and {} more (--format json lists all)",
+            items.len() - LISTED
         );
-        t
     }
 }

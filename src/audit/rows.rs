@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::route::{Router, ID_HEADER};
 use crate::source::snapshot::KeyValue;
+use crate::source::SourceIdentity;
 
 /// The longest opening the read (or closing it) may take.
 const CONNECT: Duration = Duration::from_secs(60);
@@ -37,6 +38,8 @@ pub struct Rows {
     pub topics: BTreeSet<String>,
     /// Rows the router refuses (expected as dead letters).
     pub unroutable: u64,
+    /// Rows with no id (where they are): their records cannot be matched.
+    pub without_id: Vec<String>,
     max_rows: u64,
     progress: bool,
 }
@@ -47,6 +50,7 @@ impl Rows {
             matcher: Matcher::new(),
             topics: BTreeSet::new(),
             unroutable: 0,
+            without_id: Vec::new(),
             max_rows,
             progress: progress && std::io::stderr().is_terminal(),
         }
@@ -57,10 +61,11 @@ impl Rows {
         config: &Config,
         router: &Router,
         since_ms: Option<i64>,
-    ) -> Result<()> {
+    ) -> Result<SourceIdentity> {
         let source = &config.source;
         let begin = crate::source::snapshot::begin(source, false);
-        let mut reader = bounded("opening the read", CONNECT, begin).await?.reader;
+        let begun = bounded("opening the read", CONNECT, begin).await?;
+        let (mut reader, identity) = (begun.reader, begun.identity);
         for table in &source.tables {
             let mut after: Option<Vec<KeyValue>> = None;
             loop {
@@ -83,7 +88,7 @@ impl Rows {
         if self.progress {
             eprintln!();
         }
-        Ok(())
+        Ok(identity)
     }
 
     fn add(
@@ -96,45 +101,47 @@ impl Rows {
     ) -> Result<()> {
         let key: Vec<String> = keyed.key.iter().map(ToString::to_string).collect();
         let place = format!("{table} ({})", key.join(", "));
-        let id = match router.route(&keyed.row) {
+        // A row without a time in the column (NULL, a zero date) is in no window: its record
+        // carries the commit time, which the table does not hold.
+        if since_ms.is_some_and(|s| router.column_timestamp(&keyed.row).is_none_or(|t| t < s)) {
+            return Ok(());
+        }
+        let (id, topic) = match router.route(&keyed.row) {
             Ok(record) => {
-                if since_ms.is_some_and(|s| record.timestamp.is_some_and(|t| t < s)) {
-                    return Ok(());
-                }
                 self.topics.insert(record.topic.clone());
-                record
+                let id = record
                     .headers
                     .iter()
                     .find(|(name, _)| name == ID_HEADER)
                     .and_then(|(_, v)| v.as_deref())
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .map(|v| String::from_utf8_lossy(v).into_owned());
+                (id, Some(record.topic))
             }
             Err(_) => {
                 self.unroutable += 1;
-                keyed
+                let id = keyed
                     .row
                     .get(&config.route.id)
                     .and_then(|v| match v.to_json() {
                         serde_json::Value::String(s) => Some(s),
                         serde_json::Value::Number(n) => Some(n.to_string()),
                         _ => None,
-                    })
+                    });
+                (id, None)
             }
         };
         let Some(id) = id.filter(|id| !id.is_empty()) else {
-            return Err(Error::source(format!(
-                "audit: the row {place} has no {:?}: without a row id its records cannot be matched",
-                config.route.id
-            ))
-            .remedy("give every outbox row an id (route.id names the column)"));
+            // Its records cannot be told from any other's: named, not matched.
+            self.without_id.push(place);
+            return Ok(());
         };
-        self.matcher.expect(&id, &place);
+        self.matcher.expect(&id, topic.as_deref(), &place);
         if self.matcher.expected() as u64 > self.max_rows {
             return Err(Error::config(format!(
                 "audit: the outbox tables hold more than {} rows in the window",
                 self.max_rows
             ))
-            .remedy("audit a shorter window (--since, with route.timestamp), or raise --max-rows (about 100 bytes of memory per row)"));
+            .remedy("audit a shorter window (--since, with route.timestamp), or raise --max-rows (about 250 bytes of memory per row)"));
         }
         Ok(())
     }

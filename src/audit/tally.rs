@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 
 use super::matching::{Matcher, Rank, Record};
-use crate::route::{ID_HEADER, POSITION_HEADER};
+use base64::Engine;
+
+use crate::route::{ID_HEADER, POSITION_HEADER, ROW_HEADER};
 
 /// One record as a broker reader hands it over. `header` finds a header (Kafka), a field (Redis)
 /// by name.
@@ -27,6 +29,8 @@ pub struct BrokerRead {
     pub absent_topics: Vec<String>,
     /// Dead letters of rows in the window, by reason.
     pub dead_letters: BTreeMap<String, u64>,
+    /// What the reader could not read, or what may explain a missing row.
+    pub notes: Vec<String>,
 }
 
 pub struct Tally {
@@ -34,16 +38,24 @@ pub struct Tally {
     pub out: BrokerRead,
     since_ms: Option<i64>,
     id_column: String,
+    pipeline: String,
     progress: bool,
 }
 
 impl Tally {
-    pub fn new(matcher: Matcher, since_ms: Option<i64>, id_column: &str, progress: bool) -> Tally {
+    pub fn new(
+        matcher: Matcher,
+        since_ms: Option<i64>,
+        pipeline: &str,
+        id_column: &str,
+        progress: bool,
+    ) -> Tally {
         Tally {
             matcher,
             out: BrokerRead::default(),
             since_ms,
             id_column: id_column.to_string(),
+            pipeline: pipeline.to_string(),
             progress,
         }
     }
@@ -77,12 +89,29 @@ impl Tally {
         }
     }
 
-    /// A record on the dead-letter destination: its body is the row as JSON.
+    /// A record on the dead-letter destination: its body is the row as JSON. Only this
+    /// pipeline's (`outboxd.row` starts with its name) count, for a row of the table
+    /// `outboxd.table` names: pipelines and tables may share a dead-letter destination.
     pub fn dead_letter(&mut self, r: Read<'_>) {
-        let Some(id) = dead_letter_id(r.value, &self.id_column) else {
+        let text = |name: &str| (r.header)(name).and_then(|v| std::str::from_utf8(v).ok());
+        let ours = text(ROW_HEADER)
+            .and_then(|row| row.strip_prefix(self.pipeline.as_str()))
+            .is_some_and(|rest| rest.starts_with('/'));
+        let (Some(table), Some(id), true) = (
+            text("outboxd.table"),
+            dead_letter_id(r.value, &self.id_column),
+            ours,
+        ) else {
             return;
         };
-        if self.matcher.dead_lettered(&id) {
+        // The body renders a 16-byte id as a UUID; the id header may carry its base64
+        // (`route.binary_16 = "base64"`).
+        let credited = self.matcher.dead_lettered(&id, table)
+            || uuid::Uuid::parse_str(&id).is_ok_and(|u| {
+                let encoded = base64::engine::general_purpose::STANDARD.encode(u.as_bytes());
+                self.matcher.dead_lettered(&encoded, table)
+            });
+        if credited {
             let error = (r.header)("outboxd.error").map(String::from_utf8_lossy);
             let reason = error
                 .as_deref()

@@ -504,6 +504,13 @@ impl Router {
         Ok(topic)
     }
 
+    /// The time `route.timestamp`'s column holds for `row`, if it holds a valid one (`outboxd
+    /// audit`'s window, for rows the router refuses too).
+    pub fn column_timestamp(&self, row: &Row) -> Option<i64> {
+        let col = self.config.timestamp.as_ref()?;
+        timestamp::millis(column(row, col).ok()?).ok().flatten()
+    }
+
     pub fn route(&self, row: &Row) -> Result<Record, Unroutable> {
         let c = &self.config;
         // UUID text always: base64's `+`, `/` and `=` are not valid in topic names.

@@ -407,7 +407,7 @@ fn replayed_by_rewind(
 fn matched(inputs: &Inputs) -> Outcome {
     let mut matcher = Matcher::new();
     for id in inputs.committed {
-        matcher.expect(&format!("{id:032x}"), "");
+        matcher.expect(&format!("{id:032x}"), Some(""), "");
     }
     let mut ordered: Vec<_> = inputs.seen.deliveries.iter().collect();
     ordered.sort_by_key(|d| (d.partition, d.offset));
