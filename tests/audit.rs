@@ -8,9 +8,12 @@
 use std::process::Output;
 use std::time::Duration;
 
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::ClientConfig;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::Value as Json;
 
 use std::collections::HashSet;
@@ -42,6 +45,11 @@ struct Rig {
 
 const ROUTE: &str = "[route]\ntimestamp = \"created_at\"\n";
 const TOPICS: [&str; 2] = ["outbox.event.order", "outbox.event.customer"];
+/// Where every rig parks what cannot be delivered.
+const DEAD_LETTERS: &str = "outboxd.dlq";
+const DEAD_LETTER_KEY: &str = "dead_letter_topic = \"outboxd.dlq\"";
+/// Rows of this aggregate type route to a destination the sink refuses (on the sinks that can).
+const ORPHAN: &str = "orphan";
 
 impl Db {
     fn insert(&self, from: u64, to: u64, per_txn: u64) {
@@ -66,6 +74,18 @@ impl Db {
         }
     }
 
+    /// Row `n` with aggregate type `kind` (its destination: `outbox.event.<kind>`).
+    fn insert_as(&self, n: u64, kind: &str) {
+        let sql = |insert: String| {
+            let (_, usual, _, _) = scenario::event(n);
+            insert.replacen(&format!("'{usual}'"), &format!("'{kind}'"), 1)
+        };
+        match self {
+            Db::Maria(db) => db.sql_socket(&sql(scenario::insert_sql(n))),
+            Db::Pg(pg) => pg.sql("app", &sql(pg_rows::insert_sql(n))),
+        };
+    }
+
     /// The log's end now, as `checkpoint set` takes it.
     fn log_end(&self) -> String {
         match self {
@@ -79,6 +99,74 @@ impl Db {
 }
 
 impl Sink {
+    /// Makes the sink refuse what `outbox.event.orphan` gets, so it dead-letters a copy of the
+    /// record itself; false where the router's checks leave nothing for the sink to refuse
+    /// (Kafka).
+    fn refuse_orphans(&self) -> bool {
+        match self {
+            Sink::Kafka(_) => false,
+            // No stream captures the subject.
+            Sink::Nats(_) => true,
+            Sink::Redis(redis) => {
+                let _: String = redis.cmd(
+                    redis::cmd("SET")
+                        .arg(format!("outbox.event.{ORPHAN}"))
+                        .arg("a string"),
+                );
+                true
+            }
+        }
+    }
+
+    /// Deletes the first record of each of `topics` as retention or trimming would.
+    fn delete_first_records(&self) {
+        match self {
+            Sink::Kafka(broker) => {
+                let client = ClientConfig::new()
+                    .set("bootstrap.servers", broker.bootstrap())
+                    .clone();
+                let consumer: BaseConsumer = client.create().unwrap();
+                let mut before = TopicPartitionList::new();
+                for topic in TOPICS {
+                    for partition in 0..3 {
+                        let (_, high) = consumer
+                            .fetch_watermarks(topic, partition, Duration::from_secs(30))
+                            .unwrap();
+                        if high > 0 {
+                            before
+                                .add_partition_offset(topic, partition, Offset::Offset(1))
+                                .unwrap();
+                        }
+                    }
+                }
+                let admin: AdminClient<DefaultClientContext> = client.create().unwrap();
+                let deleted = tokio::runtime::Runtime::new()
+                    .unwrap()
+                    .block_on(admin.delete_records(&before, &AdminOptions::new()))
+                    .unwrap();
+                assert!(
+                    deleted.elements().iter().all(|p| p.error().is_ok()),
+                    "{deleted:?}"
+                );
+            }
+            Sink::Redis(redis) => {
+                for topic in TOPICS {
+                    let first: Vec<(String, Vec<(String, String)>)> = redis.cmd(
+                        redis::cmd("XRANGE")
+                            .arg(topic)
+                            .arg("-")
+                            .arg("+")
+                            .arg("COUNT")
+                            .arg(1),
+                    );
+                    let _: i64 = redis.cmd(redis::cmd("XDEL").arg(topic).arg(&first[0].0));
+                }
+            }
+            // One stream holds both subjects.
+            Sink::Nats(nats) => nats.delete_message("EVENTS", 1),
+        }
+    }
+
     /// Every record of the outbox destinations, once `distinct` row ids arrived.
     fn records(&self, distinct: usize) -> Vec<Consumed> {
         match self {
@@ -179,7 +267,7 @@ impl Sink {
 
 fn kafka_for(db: Db, body: impl FnOnce(&Broker) -> String, name: &str) -> Rig {
     let broker = Broker::start();
-    for topic in TOPICS {
+    for topic in TOPICS.into_iter().chain([DEAD_LETTERS]) {
         crate::rig::create_topic(&broker.bootstrap(), topic, 3);
     }
     let outboxd = Outboxd::new(name, &format!("{}{ROUTE}", body(&broker)));
@@ -201,7 +289,7 @@ fn mariadb_to_kafka() -> Rig {
     let url = db.cdc_url();
     kafka_for(
         Db::Maria(db),
-        |broker| scenario::config_body(&url, &broker.bootstrap(), "", ""),
+        |broker| scenario::config_body(&url, &broker.bootstrap(), DEAD_LETTER_KEY, ""),
         "audit-maria",
     )
 }
@@ -211,7 +299,8 @@ fn postgres_to_kafka() -> Rig {
         pg,
         broker,
         outboxd,
-    } = pg_rows::setup_with_schema("auditpg", pg_rows::SCHEMA, "");
+    } = pg_rows::setup_with_schema("auditpg", pg_rows::SCHEMA, DEAD_LETTER_KEY);
+    crate::rig::create_topic(&broker.bootstrap(), DEAD_LETTERS, 1);
     let body = std::fs::read_to_string(outboxd.config_path()).unwrap();
     std::fs::write(outboxd.config_path(), format!("{body}{ROUTE}")).unwrap();
     Rig {
@@ -225,7 +314,8 @@ fn mariadb_to_nats() -> Rig {
     let db = maria();
     let nats = Nats::start();
     nats.add_stream("EVENTS", &TOPICS);
-    let body = config_with_nats(&db.cdc_url(), &nats.url(), "");
+    nats.add_stream("DEAD", &[DEAD_LETTERS]);
+    let body = config_with_nats(&db.cdc_url(), &nats.url(), DEAD_LETTER_KEY);
     let outboxd = Outboxd::new("audit-nats", &format!("{body}{ROUTE}"));
     Rig {
         db: Db::Maria(db),
@@ -237,7 +327,7 @@ fn mariadb_to_nats() -> Rig {
 fn mariadb_to_redis() -> Rig {
     let db = maria();
     let redis = Redis::start();
-    let body = config_with_redis(&db.cdc_url(), &redis.url(), "");
+    let body = config_with_redis(&db.cdc_url(), &redis.url(), DEAD_LETTER_KEY);
     let outboxd = Outboxd::new("audit-redis", &format!("{body}{ROUTE}"));
     Rig {
         db: Db::Maria(db),
@@ -289,13 +379,23 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
     rig.outboxd.start();
     rig.db.insert(0, 40, 4);
     rig.db.insert_old(100);
+    // Dead letters: one the router makes (no valid destination: the row as JSON), and one the
+    // sink makes of the record itself where it can refuse a destination. Both are handled.
+    rig.db.insert_as(200, "not a topic!");
+    let dead = if rig.sink.refuse_orphans() {
+        rig.db.insert_as(201, ORPHAN);
+        2
+    } else {
+        1
+    };
     let records = rig.sink.records(41);
 
-    // Clean: every row delivered once, in order.
+    // Clean: every row delivered once, in order, or dead-lettered.
     let (code, report, stderr) = audit(&rig.outboxd, &[]);
     assert_eq!(code, 0, "{report:#}\n{stderr}");
-    assert_eq!(report["rows"], 41, "{report:#}");
+    assert_eq!(report["rows"], 41 + dead, "{report:#}");
     assert_eq!(report["delivered"], 41, "{report:#}");
+    assert_eq!(report["dead_lettered"], dead, "{report:#}");
     assert_eq!(report["missing"], serde_json::json!([]), "{report:#}");
     assert_eq!(report["duplicates"], serde_json::json!({}), "{report:#}");
     assert_eq!(
@@ -312,7 +412,11 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
     assert!(stderr.contains("more than 10 rows"), "{stderr}");
     // The window: the row created in 2001 and its record are outside the last day.
     let (code, report, _) = audit(&rig.outboxd, &["--since", "1d"]);
-    assert_eq!((code, &report["rows"]), (0, &Json::from(40)), "{report:#}");
+    assert_eq!(
+        (code, &report["rows"]),
+        (0, &Json::from(40 + dead)),
+        "{report:#}"
+    );
     let text = rig.outboxd.command_output(&["audit"]);
     let text = String::from_utf8_lossy(&text.stdout).into_owned();
     println!("outboxd audit, clean:\n{text}");
@@ -320,6 +424,7 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
         text.contains("PASS") && text.contains("delivered       41"),
         "{text}"
     );
+    assert!(text.contains(&format!("dead-lettered   {dead}")), "{text}");
 
     // A record produced twice: duplicated, and the audit still passes (same id, bounded).
     let five = record_of(&records, 5);
@@ -362,6 +467,22 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
     assert_eq!(ids(&report["missing"], "id"), lost, "{report:#}");
     assert_eq!(report["delivered"], 43, "{report:#}");
 
+    // Records the broker deleted (retention, trimming): a row without a record there may have
+    // been delivered, so it is unverifiable, not missing, and the audit is inconclusive.
+    rig.sink.delete_first_records();
+    let (code, report, _) = audit(&rig.outboxd, &[]);
+    assert_eq!(code, 3, "{report:#}");
+    assert_eq!(report["missing"], serde_json::json!([]), "{report:#}");
+    let unverifiable = ids(&report["unverifiable"], "id");
+    assert!(
+        lost.iter().all(|id| unverifiable.contains(id)),
+        "{report:#}"
+    );
+    assert!(
+        report["notes"].as_array().is_some_and(|n| !n.is_empty()),
+        "{report:#}"
+    );
+
     // Two of them produced by hand, the later-committed first, under one key: out of order.
     // Rows 40 and 41 route to outbox.event.order, as rows 1 and 38 whose records are copied do.
     let (early, late) = (record_of(&records, 1), record_of(&records, 38));
@@ -382,9 +503,13 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
     assert_eq!(disorder[0]["id"], uuid_of(40), "{report:#}");
     assert_eq!(disorder[0]["after"], uuid_of(41), "{report:#}");
     assert_eq!(report["misplaced"], 0, "{report:#}");
-    assert_eq!(
-        ids(&report["missing"], "id"),
-        vec![uuid_of(42), uuid_of(43)],
+    let unverifiable = ids(&report["unverifiable"], "id");
+    assert!(
+        [42, 43]
+            .map(uuid_of)
+            .iter()
+            .all(|id| unverifiable.contains(id))
+            && !unverifiable.contains(&uuid_of(40)),
         "{report:#}"
     );
     rig.outboxd.stop();

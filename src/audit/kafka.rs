@@ -22,6 +22,10 @@ use crate::sink::kafka::config::KafkaConfig;
 const LOOKUP: Duration = Duration::from_secs(30);
 /// The longest a topic may stay silent before its end while it is read.
 const SILENCE: Duration = Duration::from_secs(60);
+/// The longest a partition is waited for at an open transaction (outboxd's own, in exactly-once
+/// mode, commits within a second or so; another producer's may stay open for its
+/// `transaction.timeout.ms`).
+const STABLE: Duration = Duration::from_secs(30);
 /// A window starts this much earlier on the brokers: a record's timestamp may be the broker's
 /// append time, or a commit time behind the column's.
 const SKEW_MS: i64 = 300_000;
@@ -37,20 +41,24 @@ pub fn read(
     let since_ms = tally.since_ms();
     for topic in topics {
         match reader.topic(topic, since_ms, &mut |r| tally.record(r))? {
-            Some(read) => {
+            Some(mut read) => {
+                read.compacted = reader.compacted(topic);
                 tally.out.topics.push(topic.clone());
+                if read.partial() {
+                    tally.matcher.partial(topic);
+                }
                 tally.out.notes.extend(read.notes(topic));
             }
             None => tally.out.absent_topics.push(topic.clone()),
         }
     }
     if let Some(dlq) = &kafka.dead_letter_topic {
-        if let Some(read) = reader.topic(dlq, since_ms, &mut |r| tally.dead_letter(r))? {
-            tally.out.notes.extend(
-                read.notes(dlq)
-                    .into_iter()
-                    .filter(|n| n.contains("open transaction")),
-            );
+        if let Some(mut read) = reader.topic(dlq, since_ms, &mut |r| tally.dead_letter(r))? {
+            read.compacted = reader.compacted(dlq);
+            if read.partial() {
+                tally.matcher.partial_dead_letters();
+            }
+            tally.out.notes.extend(read.notes(dlq));
         }
     }
     Ok(tally.finish())
@@ -60,6 +68,11 @@ pub fn read(
 /// records or end markers, can reach the next).
 struct Reader {
     config: ClientConfig,
+    /// The same, `read_uncommitted`: its high watermark is the partition's true end, past any
+    /// open transaction (where `read_committed`'s last stable offset stops).
+    uncommitted: ClientConfig,
+    /// The connection alone (an admin client takes no consumer settings).
+    admin: ClientConfig,
     brokers: String,
 }
 
@@ -79,7 +92,9 @@ impl Reader {
         }
         config
             .set("bootstrap.servers", &kafka.brokers)
-            .set("client.id", format!("outboxd-{pipeline}-audit"))
+            .set("client.id", format!("outboxd-{pipeline}-audit"));
+        let admin = config.clone();
+        config
             // Needed by librdkafka for a consumer; never joined (partitions are assigned) and never
             // committed to.
             .set("group.id", format!("outboxd.{pipeline}.audit"))
@@ -92,8 +107,12 @@ impl Reader {
             .set("isolation.level", "read_committed")
             .set("fetch.wait.max.ms", "50")
             .set("max.partition.fetch.bytes", "16777216");
+        let mut uncommitted = config.clone();
+        uncommitted.set("isolation.level", "read_uncommitted");
         Reader {
             config,
+            uncommitted,
+            admin,
             brokers: kafka.brokers.clone(),
         }
     }
@@ -119,7 +138,7 @@ impl Reader {
         let mut ends: HashMap<i32, i64> = HashMap::new();
         let mut assignment = TopicPartitionList::new();
         for start in self.starts(&consumer, topic, partitions, since_ms)? {
-            if start.low > 0 && since_ms.is_none() {
+            if start.low > 0 && (since_ms.is_none() || start.first == start.low) {
                 read.truncated.push(start.partition);
             }
             if start.first < start.high {
@@ -135,10 +154,43 @@ impl Reader {
         consumer
             .assign(&assignment)
             .map_err(|e| failed(&self.brokers, &what("assigning"), &e))?;
+        self.drain(&consumer, topic, ends, &mut read, each)?;
+        Ok(Some(read))
+    }
+
+    /// Reads the assigned partitions of `topic` to their `ends`. A partition that stops short of
+    /// its end (its last stable offset: a transaction open there) is waited for up to [`STABLE`],
+    /// then left unread past it (`read.unstable`). A partition read to its end is paused, so only
+    /// the partitions still being read count as heard from.
+    fn drain(
+        &self,
+        consumer: &BaseConsumer<QuietContext>,
+        topic: &str,
+        mut ends: HashMap<i32, i64>,
+        read: &mut TopicRead,
+        each: &mut dyn FnMut(Read<'_>),
+    ) -> Result<()> {
+        let what = |w: &str| format!("{w} of {topic:?}");
+        let pause = |partition: i32| {
+            let mut done = TopicPartitionList::new();
+            done.add_partition(topic, partition);
+            let _ = consumer.pause(&done);
+        };
+        // Partitions at their last stable offset, below their end, and since when.
+        let mut stalled: HashMap<i32, Instant> = HashMap::new();
         let mut heard = Instant::now();
         while !ends.is_empty() {
+            ends.retain(|partition, _| {
+                let open = stalled.get(partition).is_some_and(|t| t.elapsed() > STABLE);
+                if open {
+                    read.unstable.push(*partition);
+                    pause(*partition);
+                }
+                !open
+            });
             let Some(next) = consumer.poll(Duration::from_millis(500)) else {
-                if heard.elapsed() > SILENCE {
+                let moving = ends.keys().any(|p| !stalled.contains_key(p));
+                if moving && heard.elapsed() > SILENCE {
                     return Err(Error::sink(format!(
                         "audit: {} returned nothing for {} before reaching the end of partition(s) {:?}",
                         what("reading"),
@@ -150,16 +202,18 @@ impl Reader {
                 }
                 continue;
             };
-            heard = Instant::now();
             let message = match next {
                 Ok(m) => m,
-                // A partition's end: with read_committed, its last stable offset. Below the end the
-                // read began with, a transaction is open there (records after it are not read).
+                // A partition's end: with read_committed, its last stable offset. Below the end
+                // the read began with, a transaction is open there.
                 Err(KafkaError::PartitionEOF(partition)) => {
-                    if let Some(end) = ends.remove(&partition) {
-                        let at = self.position(&consumer, topic, partition);
-                        if at.is_some_and(|at| at < end) {
-                            read.unstable.push(partition);
+                    if let Some(&end) = ends.get(&partition) {
+                        let at = self.position(consumer, topic, partition);
+                        if at.is_none_or(|at| at >= end) {
+                            ends.remove(&partition);
+                            pause(partition);
+                        } else {
+                            stalled.entry(partition).or_insert_with(Instant::now);
                         }
                     }
                     continue;
@@ -170,28 +224,57 @@ impl Reader {
             let Some(&end) = ends.get(&partition) else {
                 continue;
             };
-            if message.offset() >= end {
-                ends.remove(&partition);
-                continue;
+            heard = Instant::now();
+            stalled.remove(&partition);
+            if message.offset() < end {
+                let headers = message.headers();
+                let header = move |name: &str| -> Option<&[u8]> {
+                    headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
+                };
+                each(Read {
+                    topic,
+                    partition,
+                    offset: message.offset(),
+                    key: message.key(),
+                    value: message.payload(),
+                    timestamp: message.timestamp().to_millis(),
+                    header: &header,
+                });
             }
-            let headers = message.headers();
-            let header = move |name: &str| -> Option<&[u8]> {
-                headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
-            };
-            each(Read {
-                topic,
-                partition,
-                offset: message.offset(),
-                key: message.key(),
-                value: message.payload(),
-                timestamp: message.timestamp().to_millis(),
-                header: &header,
-            });
             if message.offset() + 1 >= end {
                 ends.remove(&partition);
+                pause(partition);
             }
         }
-        Ok(Some(read))
+        Ok(())
+    }
+
+    /// Whether `topic` is compacted (`cleanup.policy` names `compact`): the brokers then remove
+    /// older records of a key. `None` when they would not say (no DescribeConfigs grant).
+    fn compacted(&self, topic: &str) -> Option<bool> {
+        use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+        let admin: AdminClient<QuietContext> = self
+            .admin
+            .create_with_context(QuietContext::default())
+            .ok()?;
+        // On the audit's blocking thread; librdkafka's own thread completes the future.
+        let described = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?
+            .block_on(admin.describe_configs(
+                [&ResourceSpecifier::Topic(topic)],
+                &AdminOptions::new().request_timeout(Some(LOOKUP)),
+            ))
+            .ok()?;
+        let resource = described.into_iter().next()?.ok()?;
+        let policy = resource
+            .entries
+            .iter()
+            .find(|e| e.name == "cleanup.policy")?
+            .value
+            .clone()?;
+        Some(policy.contains("compact"))
     }
 
     /// Where the consumer is in `partition` (after an end marker: the last stable offset).
@@ -258,9 +341,14 @@ impl Reader {
                     .map_err(|e| failed(&self.brokers, &what("looking up the window"), &e))?,
             );
         }
+        // The true end: read_committed's watermark stops at an open transaction.
+        let uncommitted: BaseConsumer<QuietContext> = self
+            .uncommitted
+            .create_with_context(QuietContext::default())
+            .map_err(|e| failed(&self.brokers, "creating a consumer", &e))?;
         let mut starts = Vec::with_capacity(partitions as usize);
         for partition in 0..partitions {
-            let (low, high) = consumer
+            let (low, high) = uncommitted
                 .fetch_watermarks(topic, partition, LOOKUP)
                 .map_err(|e| failed(&self.brokers, &what("reading the watermarks"), &e))?;
             let first = match found.as_ref().map(|f| f.find_partition(topic, partition)) {
@@ -308,21 +396,35 @@ struct TopicRead {
     truncated: Vec<i32>,
     /// Partitions whose read stopped at an open transaction, before the end.
     unstable: Vec<i32>,
+    /// Whether the topic is compacted (`None`: the brokers would not say).
+    compacted: Option<bool>,
 }
 
 impl TopicRead {
+    /// Whether the brokers could not show every record the topic took.
+    fn partial(&self) -> bool {
+        !self.truncated.is_empty() || !self.unstable.is_empty() || self.compacted == Some(true)
+    }
+
     fn notes(&self, topic: &str) -> Vec<String> {
         let mut notes = Vec::new();
+        let unverifiable = "a row without a record there is unverifiable, not missing";
         if !self.truncated.is_empty() {
             notes.push(format!(
-                "{topic:?} partition(s) {:?} no longer start at offset 0 (retention, compaction or deleted records): a missing row may have expired there",
+                "{topic:?} partition(s) {:?} no longer hold their first records (retention or deleted records): {unverifiable}",
                 self.truncated
+            ));
+        }
+        if self.compacted == Some(true) {
+            notes.push(format!(
+                "{topic:?} is compacted (cleanup.policy): the brokers remove older records of a key, so {unverifiable}"
             ));
         }
         if !self.unstable.is_empty() {
             notes.push(format!(
-                "{topic:?} partition(s) {:?} hold an open transaction: records after it were not read (run the audit again once it ends)",
-                self.unstable
+                "{topic:?} partition(s) {:?} hold a transaction open for over {}: records after it were not read, so {unverifiable} (run the audit again once it ends)",
+                self.unstable,
+                humantime::format_duration(STABLE)
             ));
         }
         notes

@@ -126,6 +126,9 @@ pub struct Outcome {
     pub delivered: u64,
     /// Rows with neither a record nor a dead letter.
     pub missing: Vec<Absent>,
+    /// Rows without a record on a destination the broker could not show in full (it deleted
+    /// records there, or an open transaction hides its end): maybe delivered, maybe not.
+    pub unverifiable: Vec<Absent>,
     /// Rows with more than one record, and how many.
     pub duplicates: BTreeMap<String, u32>,
     pub disorder: Vec<Disorder>,
@@ -167,6 +170,10 @@ pub struct Matcher {
     without_id: u64,
     colliding: Vec<String>,
     collided: HashSet<Box<str>>,
+    /// Destinations (by index) the broker could not show in full.
+    partial: HashSet<u32>,
+    /// Whether the dead-letter destination could not be shown in full.
+    partial_dead_letters: bool,
 }
 
 impl Matcher {
@@ -207,6 +214,21 @@ impl Matcher {
         }
     }
 
+    /// The broker cannot show all it took for `topic` (it deleted records there, or an open
+    /// transaction hides the end): a row routed there without a record is unverifiable, not
+    /// missing.
+    pub fn partial(&mut self, topic: &str) {
+        if let Some(i) = self.topics.iter().position(|t| &**t == topic) {
+            self.partial.insert(i as u32);
+        }
+    }
+
+    /// The same for the dead-letter destination: an unroutable row without a dead letter is
+    /// unverifiable, not missing.
+    pub fn partial_dead_letters(&mut self) {
+        self.partial_dead_letters = true;
+    }
+
     /// Whether `id` is an expected row.
     pub fn expects(&self, id: &str) -> bool {
         self.rows.contains_key(id)
@@ -214,6 +236,11 @@ impl Matcher {
 
     pub fn expected(&self) -> usize {
         self.rows.len()
+    }
+
+    /// The rows held: expected ones and those taken out of the match for sharing an id.
+    pub fn held(&self) -> usize {
+        self.rows.len() + self.colliding.len()
     }
 
     /// One record, in offset order within its partition.
@@ -258,11 +285,11 @@ impl Matcher {
         }
     }
 
-    /// A dead letter for row `id` of `table` (refused or unroutable: handled, not delivered);
-    /// false when no such row is expected.
-    pub fn dead_lettered(&mut self, id: &str, table: &str) -> bool {
+    /// A dead letter for row `id` of `table` (`None`: a copy the sink made, which names no table;
+    /// refused or unroutable: handled, not delivered); false when no such row is expected.
+    pub fn dead_lettered(&mut self, id: &str, table: Option<&str>) -> bool {
         match self.rows.get_mut(id) {
-            Some(entry) if place_is_of(&entry.place, table) => {
+            Some(entry) if table.is_none_or(|table| place_is_of(&entry.place, table)) => {
                 entry.dead = true;
                 true
             }
@@ -283,6 +310,15 @@ impl Matcher {
         for (id, entry) in self.rows {
             match entry.seen {
                 0 if entry.dead => outcome.dead_lettered += 1,
+                0 if entry
+                    .topic
+                    .map_or(self.partial_dead_letters, |t| self.partial.contains(&t)) =>
+                {
+                    outcome.unverifiable.push(Absent {
+                        id: id.into(),
+                        place: entry.place.into(),
+                    })
+                }
                 0 => outcome.missing.push(Absent {
                     id: id.into(),
                     place: entry.place.into(),
@@ -295,6 +331,7 @@ impl Matcher {
             }
         }
         outcome.missing.sort_by(|a, b| a.place.cmp(&b.place));
+        outcome.unverifiable.sort_by(|a, b| a.place.cmp(&b.place));
         outcome
     }
 }
@@ -346,6 +383,10 @@ mod tests {
         for id in ["a", "b", "c", "d", "e"] {
             m.expect(id, Some("t"), &format!("outbox ({id})"));
         }
+        // Rows on a destination the broker cannot show in full: unverifiable, not missing.
+        m.expect("f", Some("trimmed"), "outbox (f)");
+        m.expect("g", Some("trimmed"), "outbox (g)");
+        m.partial("trimmed");
         // One id in three rows (another table's, say): none of them is matched.
         m.expect("a", Some("t"), "other (a)");
         m.expect("a", Some("t"), "third (a)");
@@ -362,11 +403,15 @@ mod tests {
             id: None,
             ..record("", "k", 9, &r)
         });
-        assert!(!m.dead_lettered("d", "other"));
-        assert!(m.dead_lettered("d", "outbox"));
-        assert!(!m.dead_lettered("nope", "outbox"));
+        assert!(!m.dead_lettered("d", Some("other")));
+        assert!(m.dead_lettered("d", Some("outbox")));
+        assert!(!m.dead_lettered("nope", Some("outbox")));
+        // A sink's copy names no table: its id alone credits the row.
+        assert!(m.dead_lettered("g", None));
         let out = m.finish();
-        assert_eq!((out.rows, out.delivered, out.dead_lettered), (7, 1, 1));
+        assert_eq!((out.rows, out.delivered, out.dead_lettered), (9, 1, 2));
+        let unverifiable: Vec<&str> = out.unverifiable.iter().map(|a| a.place.as_str()).collect();
+        assert_eq!(unverifiable, vec!["outbox (f)"]);
         assert_eq!(out.colliding, vec!["outbox (a)", "other (a)", "third (a)"]);
         assert_eq!(out.misplaced, 1);
         let missing: Vec<&str> = out.missing.iter().map(|a| a.place.as_str()).collect();

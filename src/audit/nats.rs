@@ -16,15 +16,16 @@ use futures_util::StreamExt;
 use super::matching::Matcher;
 use super::tally::{BrokerRead, Read, Tally};
 use crate::error::{Error, Result};
+use crate::route::{ID_HEADER, POSITION_HEADER, ROW_HEADER, TABLE_HEADER};
 use crate::sink::nats::config::NatsConfig;
-use crate::sink::nats::message::{BASE64_HEADER, KEY_HEADER};
+use crate::sink::nats::message::{BASE64_HEADER, ERROR_HEADER, KEY_HEADER, TIMESTAMP_HEADER};
 
 /// The longest one request, or a wait for the next message, may take.
 const REPLY: Duration = Duration::from_secs(30);
 
 fn failed(what: &str, e: impl std::fmt::Display) -> Error {
     Error::sink(format!("audit: {what} on NATS failed: {e}"))
-        .remedy("check that NATS is up and the user may look up streams and create consumers ($JS.API.STREAM.NAMES, $JS.API.STREAM.INFO, $JS.API.CONSUMER.CREATE; the audit never publishes)")
+        .remedy("check that NATS is up and the user may look up streams and create consumers ($JS.API.STREAM.NAMES, $JS.API.STREAM.INFO.*, $JS.API.CONSUMER.CREATE.*, $JS.API.CONSUMER.INFO.*, $JS.API.CONSUMER.MSG.NEXT.* and the inbox replies; the audit never publishes to a stream)")
         .transient()
 }
 
@@ -49,21 +50,37 @@ pub async fn read(
     let js = jetstream::new(client);
     for topic in topics {
         match scan(&js, topic, &mut |r| tally.record(r)).await? {
-            true => tally.out.topics.push(topic.clone()),
-            false => tally.out.absent_topics.push(topic.clone()),
+            Some(Held::All) => tally.out.topics.push(topic.clone()),
+            Some(Held::Thinned(stream)) => {
+                tally.out.topics.push(topic.clone());
+                tally.matcher.partial(topic);
+                tally.out.notes.push(format!(
+                    "stream {stream:?} (holding {topic:?}) no longer has every message it stored (limits, a purge or deleted messages): a row without a message there is unverifiable, not missing"
+                ));
+            }
+            None => tally.out.absent_topics.push(topic.clone()),
         }
     }
     if let Some(dlq) = &config.dead_letter_topic {
-        scan(&js, dlq, &mut |r| tally.dead_letter(r)).await?;
+        if let Some(Held::Thinned(_)) = scan(&js, dlq, &mut |r| tally.dead_letter(r)).await? {
+            tally.matcher.partial_dead_letters();
+        }
     }
     Ok(tally.finish())
 }
 
-/// Every message on `subject`; false when no stream captures it.
-async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Result<bool> {
+/// What a stream still holds of what it stored.
+enum Held {
+    All,
+    /// The stream (named) removed messages: by its limits, a purge, or a delete.
+    Thinned(String),
+}
+
+/// Every message on `subject`; `None` when no stream captures it.
+async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Result<Option<Held>> {
     let name = match tokio::time::timeout(REPLY, js.stream_by_subject(subject)).await {
         Ok(Ok(name)) => name,
-        Ok(Err(e)) if e.kind() == GetStreamByNameErrorKind::NotFound => return Ok(false),
+        Ok(Err(e)) if e.kind() == GetStreamByNameErrorKind::NotFound => return Ok(None),
         Ok(Err(e)) => return Err(failed(&format!("finding the stream of {subject:?}"), e)),
         Err(_) => {
             return Err(failed(
@@ -80,6 +97,11 @@ async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Re
         ))
         .remedy("audit a stream with limits or interest retention"));
     }
+    let held = if info.state.first_sequence > 1 || info.state.deleted_count.unwrap_or(0) > 0 {
+        Held::Thinned(name.clone())
+    } else {
+        Held::All
+    };
     let config = OrderedConfig {
         filter_subject: subject.to_string(),
         ..Default::default()
@@ -96,7 +118,7 @@ async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Re
         .await?
         .num_pending;
     if pending == 0 {
-        return Ok(true);
+        return Ok(Some(held));
     }
     let mut messages = bounded("reading messages", consumer.messages()).await?;
     loop {
@@ -121,7 +143,7 @@ async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Re
             .map_err(|e| failed("reading a message's sequence", e))?;
         let (sequence, left) = (info.stream_sequence, info.pending);
         if sequence > last {
-            return Ok(true);
+            return Ok(Some(held));
         }
         let headers = decoded(message.headers.as_ref());
         let header = |name: &str| -> Option<&[u8]> {
@@ -130,7 +152,7 @@ async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Re
                 .find(|(n, _)| n == name)
                 .map(|(_, v)| v.as_slice())
         };
-        let timestamp = header("outboxd.timestamp")
+        let timestamp = header(TIMESTAMP_HEADER)
             .and_then(|t| std::str::from_utf8(t).ok())
             .and_then(|t| t.parse().ok());
         each(Read {
@@ -143,7 +165,7 @@ async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Re
             header: &header,
         });
         if left == 0 || sequence == last {
-            return Ok(true);
+            return Ok(Some(held));
         }
     }
 }
@@ -158,11 +180,13 @@ fn decoded(headers: Option<&async_nats::HeaderMap>) -> Vec<(String, Vec<u8>)> {
         .map(|v| v.as_str().split(',').collect())
         .unwrap_or_default();
     [
-        "id",
-        "outboxd.position",
+        ID_HEADER,
+        POSITION_HEADER,
         KEY_HEADER,
-        "outboxd.timestamp",
-        "outboxd.error",
+        TIMESTAMP_HEADER,
+        ERROR_HEADER,
+        ROW_HEADER,
+        TABLE_HEADER,
     ]
     .into_iter()
     .filter_map(|name| {

@@ -71,13 +71,15 @@ impl Report {
     }
 
     /// Fail: a row is missing or out of key order. Inconclusive: otherwise, but some rows could
-    /// not be judged (pending, an id in several rows, no id). Pass: every row was judged
+    /// not be judged (pending, on a destination the broker cannot show in full, an id in several
+    /// rows, no id). Pass: every row was judged
     /// delivered or dead-lettered, in key order (duplicates are allowed: bounded, same id).
     pub fn verdict(&self) -> Verdict {
         let o = &self.outcome;
         if !o.missing.is_empty() || !o.disorder.is_empty() {
             Verdict::Fail
         } else if !self.pending.is_empty()
+            || !o.unverifiable.is_empty()
             || !o.colliding.is_empty()
             || !self.rows_without_id.is_empty()
         {
@@ -97,6 +99,7 @@ impl Report {
             "rows": o.rows,
             "delivered": o.delivered,
             "missing": o.missing,
+            "unverifiable": o.unverifiable,
             "duplicates": o.duplicates,
             "order_violations": o.disorder,
             "unknown": o.unknown,
@@ -151,6 +154,13 @@ impl Report {
         let _ = writeln!(t, "  out of order    {}", o.disorder.len());
         let _ = writeln!(t, "  dead-lettered   {}", o.dead_lettered);
         let _ = writeln!(t, "  pending         {}", self.pending.len());
+        if !o.unverifiable.is_empty() {
+            let _ = writeln!(
+                t,
+                "  unverifiable    {} (no record where the broker no longer shows everything: see the notes)",
+                o.unverifiable.len()
+            );
+        }
         let _ = writeln!(
             t,
             "  unknown         {} (records whose id is not in the tables: pruned rows, or not outbox rows)",
@@ -201,7 +211,15 @@ impl Report {
             "missing (committed, checkpointed, never delivered)",
             o.missing
                 .iter()
-                .map(|a| format!("{} at {}", a.id, a.place))
+                .map(|a| format!("{} at {}", shown(&a.id), shown(&a.place)))
+                .collect(),
+        );
+        list(
+            t,
+            "unverifiable (no record, where the broker deleted records or could not show them)",
+            o.unverifiable
+                .iter()
+                .map(|a| format!("{} at {}", shown(&a.id), shown(&a.place)))
                 .collect(),
         );
         list(
@@ -212,7 +230,7 @@ impl Report {
                 .map(|d| {
                     format!(
                         "{} (key {:?}, {} partition {} offset {}) arrived after {}, committed after it",
-                        d.id, d.key, d.topic, d.partition, d.offset, d.after
+                        shown(&d.id), d.key, shown(&d.topic), d.partition, d.offset, shown(&d.after)
                     )
                 })
                 .collect(),
@@ -222,14 +240,15 @@ impl Report {
             "duplicated",
             o.duplicates
                 .iter()
-                .map(|(id, n)| format!("{id} ×{n}"))
+                .map(|(id, n)| format!("{} ×{n}", shown(id)))
                 .collect(),
         );
-        list(t, "rows without an id", self.rows_without_id.clone());
+        let places = |p: &[String]| p.iter().map(|p| shown(p).into_owned()).collect();
+        list(t, "rows without an id", places(&self.rows_without_id));
         list(
             t,
             "rows sharing an id with another row (not matched)",
-            o.colliding.clone(),
+            places(&o.colliding),
         );
     }
 
@@ -238,9 +257,19 @@ impl Report {
             Verdict::Pass => "PASS: every row due was delivered, in key order",
             Verdict::Fail => "FAIL: rows are missing or out of key order",
             Verdict::Inconclusive => {
-                "INCONCLUSIVE: nothing found missing, but some rows could not be judged (pending, or without a unique id)"
+                "INCONCLUSIVE: nothing found missing, but some rows could not be judged (pending, unverifiable, or without a unique id)"
             }
         }
+    }
+}
+
+/// Text from a row (an id, a key column, a topic) as one line: quoted and escaped when it holds a
+/// control character, so a hostile row cannot print lines of its own (a forged verdict).
+fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.chars().any(char::is_control) {
+        format!("{text:?}").into()
+    } else {
+        text.into()
     }
 }
 
@@ -259,5 +288,33 @@ fn list(t: &mut String, title: &str, items: Vec<String>) {
             "  … and {} more (--format json lists all)",
             items.len() - LISTED
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::matching::Matcher;
+
+    #[test]
+    fn a_hostile_id_cannot_print_a_line_of_its_own() {
+        let mut m = Matcher::new();
+        m.expect(
+            "x\nPASS: every row due was delivered",
+            Some("t"),
+            "outbox (1)",
+        );
+        let report = Report::new(
+            m.finish(),
+            BrokerRead::default(),
+            (0, Vec::new()),
+            None,
+            "c".into(),
+            "e".into(),
+        );
+        let text = report.text();
+        assert!(text.lines().all(|l| !l.starts_with("PASS")), "{text}");
+        assert!(text.contains(r#""x\nPASS"#), "{text}");
+        assert_eq!(report.verdict(), Verdict::Fail);
     }
 }

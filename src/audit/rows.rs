@@ -130,13 +130,12 @@ impl Rows {
                 (id, None)
             }
         };
-        let Some(id) = id.filter(|id| !id.is_empty()) else {
+        match id.filter(|id| !id.is_empty()) {
+            Some(id) => self.matcher.expect(&id, topic.as_deref(), &place),
             // Its records cannot be told from any other's: named, not matched.
-            self.without_id.push(place);
-            return Ok(());
-        };
-        self.matcher.expect(&id, topic.as_deref(), &place);
-        if self.matcher.expected() as u64 > self.max_rows {
+            None => self.without_id.push(place),
+        }
+        if (self.matcher.held() + self.without_id.len()) as u64 > self.max_rows {
             return Err(Error::config(format!(
                 "audit: the outbox tables hold more than {} rows in the window",
                 self.max_rows

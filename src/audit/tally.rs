@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::matching::{Matcher, Rank, Record};
 use base64::Engine;
 
-use crate::route::{ID_HEADER, POSITION_HEADER, ROW_HEADER};
+use crate::route::{ID_HEADER, POSITION_HEADER, ROW_HEADER, TABLE_HEADER};
 
 /// One record as a broker reader hands it over. `header` finds a header (Kafka), a field (Redis)
 /// by name.
@@ -89,28 +89,34 @@ impl Tally {
         }
     }
 
-    /// A record on the dead-letter destination: its body is the row as JSON. Only this
-    /// pipeline's (`outboxd.row` starts with its name) count, for a row of the table
-    /// `outboxd.table` names: pipelines and tables may share a dead-letter destination.
+    /// A record on the dead-letter destination. One the router made carries the row as JSON and
+    /// names its pipeline (`outboxd.row` starts with its name) and table (`outboxd.table`):
+    /// pipelines and tables may share a dead-letter destination, so only this pipeline's count,
+    /// for a row of that table. One a sink made (a message the broker refused) is the record
+    /// itself with an `outboxd.error`: its `id` header names the row.
     pub fn dead_letter(&mut self, r: Read<'_>) {
         let text = |name: &str| (r.header)(name).and_then(|v| std::str::from_utf8(v).ok());
-        let ours = text(ROW_HEADER)
-            .and_then(|row| row.strip_prefix(self.pipeline.as_str()))
-            .is_some_and(|rest| rest.starts_with('/'));
-        let (Some(table), Some(id), true) = (
-            text("outboxd.table"),
-            dead_letter_id(r.value, &self.id_column),
-            ours,
-        ) else {
+        let ours = text(ROW_HEADER).is_none_or(|row| {
+            row.strip_prefix(self.pipeline.as_str())
+                .is_some_and(|rest| rest.starts_with('/'))
+        });
+        if !ours {
             return;
+        }
+        let table = text(TABLE_HEADER);
+        let credited = match table {
+            Some(table) => dead_letter_id(r.value, &self.id_column).is_some_and(|id| {
+                // The body renders a 16-byte id as a UUID; the id header may carry its base64
+                // (`route.binary_16 = "base64"`).
+                self.matcher.dead_lettered(&id, Some(table))
+                    || uuid::Uuid::parse_str(&id).is_ok_and(|u| {
+                        let encoded =
+                            base64::engine::general_purpose::STANDARD.encode(u.as_bytes());
+                        self.matcher.dead_lettered(&encoded, Some(table))
+                    })
+            }),
+            None => text(ID_HEADER).is_some_and(|id| self.matcher.dead_lettered(id, None)),
         };
-        // The body renders a 16-byte id as a UUID; the id header may carry its base64
-        // (`route.binary_16 = "base64"`).
-        let credited = self.matcher.dead_lettered(&id, table)
-            || uuid::Uuid::parse_str(&id).is_ok_and(|u| {
-                let encoded = base64::engine::general_purpose::STANDARD.encode(u.as_bytes());
-                self.matcher.dead_lettered(&encoded, table)
-            });
         if credited {
             let error = (r.header)("outboxd.error").map(String::from_utf8_lossy);
             let reason = error

@@ -411,6 +411,8 @@ pub const POSITION_HEADER: &str = "outboxd.position";
 /// [`row_identity`]. The sinks that de-duplicate by an id (NATS's `Nats-Msg-Id`, SQS/SNS FIFO's
 /// de-duplication id) name such a record by it.
 pub const ROW_HEADER: &str = "outboxd.row";
+/// A router-made dead letter's header naming the row's table.
+pub const TABLE_HEADER: &str = "outboxd.table";
 
 /// A row's identity, the same on every resend: `<pipeline>/<outboxd.position>#<n>` for the n-th
 /// row (from 0) of its transaction (resends replay whole transactions, in order). The pipeline's
@@ -701,7 +703,7 @@ impl Router {
                 ("outboxd.error".into(), Some(error.into_bytes())),
                 (POSITION_HEADER.into(), Some(row.origin.as_bytes().to_vec())),
                 (ROW_HEADER.into(), Some(identity.as_bytes().to_vec())),
-                ("outboxd.table".into(), Some(row.table.as_bytes().to_vec())),
+                (TABLE_HEADER.into(), Some(row.table.as_bytes().to_vec())),
             ],
             timestamp: row.committed_ms,
             partition: None,

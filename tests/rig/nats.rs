@@ -199,6 +199,15 @@ impl Nats {
         let _ = kill(self.pid().unwrap(), Signal::SIGCONT);
     }
 
+    /// Deletes message `sequence` of stream `name` (as an operator's `nats stream rmm` would).
+    pub fn delete_message(&self, name: &str, sequence: u64) {
+        block_on(async {
+            let js = jetstream::new(self.client().await.unwrap());
+            let stream = js.get_stream(name).await.unwrap();
+            stream.delete_message(sequence).await.unwrap();
+        });
+    }
+
     /// A file-backed stream `name` capturing `subjects` (duplicate window 2 minutes).
     pub fn add_stream(&self, name: &str, subjects: &[&str]) {
         self.add_stream_with_window(name, subjects, Duration::from_secs(120))
