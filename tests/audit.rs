@@ -463,9 +463,12 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
     rig.sink.records(43);
     let (code, report, _) = audit(&rig.outboxd, &[]);
     assert_eq!(code, 1, "{report:#}");
-    let lost: Vec<String> = (40..44).map(uuid_of).collect();
+    let lost = lost_rows();
     assert_eq!(ids(&report["missing"], "id"), lost, "{report:#}");
     assert_eq!(report["delivered"], 43, "{report:#}");
+    if let (Sink::Kafka(broker), Db::Maria(_)) = (&rig.sink, &rig.db) {
+        a_foreign_open_transaction_hides_nothing_silently(&rig, broker);
+    }
 
     // Records the broker deleted (retention, trimming): a row without a record there may have
     // been delivered, so it is unverifiable, not missing, and the audit is inconclusive.
@@ -513,6 +516,60 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
         "{report:#}"
     );
     rig.outboxd.stop();
+}
+
+/// Another producer's transaction left open on a topic holds `read_committed` readers at its
+/// start: outboxd's later records are there but cannot be read. The audit waits for it, then
+/// calls the rows behind it unverifiable, not missing; once it is aborted they are delivered.
+fn a_foreign_open_transaction_hides_nothing_silently(rig: &Rig, broker: &Broker) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .set("transactional.id", "audit-foreign")
+        .create()
+        .unwrap();
+    let limit = Duration::from_secs(30);
+    producer.init_transactions(limit).unwrap();
+    producer.begin_transaction().unwrap();
+    for partition in 0..3 {
+        producer
+            .send(
+                BaseRecord::<str, str>::to(TOPICS[0])
+                    .partition(partition)
+                    .payload("not an outbox record"),
+            )
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    producer.flush(limit).unwrap();
+    // Rows 46 and 47 route to that topic.
+    rig.db.insert(46, 48, 1);
+    let (code, report, _) = audit(&rig.outboxd, &[]);
+    assert_eq!(code, 1, "{report:#}");
+    let unverifiable = ids(&report["unverifiable"], "id");
+    assert!(
+        [46, 47]
+            .map(uuid_of)
+            .iter()
+            .all(|id| unverifiable.contains(id)),
+        "{report:#}"
+    );
+    assert_eq!(
+        ids(&report["missing"], "id"),
+        vec![uuid_of(42)],
+        "{report:#}"
+    );
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("transaction open"), "{report:#}");
+    producer.abort_transaction(limit).unwrap();
+    let (code, report, _) = audit(&rig.outboxd, &[]);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(ids(&report["missing"], "id"), lost_rows(), "{report:#}");
+    assert_eq!(report["delivered"], 45, "{report:#}");
+}
+
+/// The rows outboxd was made to skip.
+fn lost_rows() -> Vec<String> {
+    (40..44).map(uuid_of).collect()
 }
 
 #[test]
