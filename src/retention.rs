@@ -450,6 +450,11 @@ async fn round_on(
     })
 }
 
+/// Whether `position` is a GTID set, which any server of the replication topology can compare.
+fn gtid_set(position: &Position) -> bool {
+    matches!(position, Position::Binlog(b) if b.gtid_text().is_some_and(|g| !g.is_empty()))
+}
+
 fn has_gtids(position: &Position) -> bool {
     match position {
         Position::Binlog(b) => b.gtid_text().is_some_and(|g| !g.is_empty()),
@@ -535,9 +540,10 @@ async fn wait_for_checkpoint(
                     c.position
                 )))
             }
-            // A file offset or an LSN means something only on the server that wrote it.
+            // A file offset or an LSN means something only on the server that wrote it (a
+            // Postgres cluster: its standbys share its system identifier).
             Some(c)
-                if !(has_gtids(&c.position) && has_gtids(log_end))
+                if !(gtid_set(&c.position) && gtid_set(log_end))
                     && another_server(&c.source, compare.sampled) =>
             {
                 return Ok(Some(format!(

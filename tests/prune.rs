@@ -631,7 +631,7 @@ fn check_names_the_grants_prune_lacks_and_passes_once_granted() {
 /// A checkpoint written against another Postgres cluster (outboxd re-pointed, the file copied)
 /// is never compared with this cluster's WAL: prune deletes nothing and says why.
 #[test]
-fn postgres_prune_refuses_a_checkpoint_of_another_cluster() {
+fn postgres_prune_and_audit_refuse_a_checkpoint_of_another_cluster() {
     let mut first: PgEnv = pg_rows::setup_with_schema("prunepgother", pg_rows::SCHEMA, "");
     first.outboxd.start();
     pg_rows::insert_rows(&first.pg, 0, 20, 10);
@@ -653,6 +653,20 @@ fn postgres_prune_refuses_a_checkpoint_of_another_cluster() {
     assert!(text.contains("does not exist on this server"), "{text}");
     let left = second.pg.sql("app", "SELECT COUNT(*) FROM public.outbox");
     assert_eq!(left.trim(), "20");
+    // The audit cannot judge this cluster's rows by that checkpoint either: pending, not missing.
+    let out = second
+        .outboxd
+        .command_output(&["audit", "--format", "json", "--wait", "1s"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{report:#}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(report["missing"], serde_json::json!([]), "{report:#}");
+    let why = report["pending_because"].as_str().unwrap_or_default();
+    assert!(why.contains("another server"), "{report:#}");
 }
 
 /// A prune user with what the old remedy named (SELECT, DELETE, PROCESS) cannot read MariaDB's

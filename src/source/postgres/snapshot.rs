@@ -52,6 +52,21 @@ pub async fn begin(config: &SourceConfig, own: &PostgresOptions, exact: bool) ->
         .map_err(|e| control.failed("reading the publication", e))?;
     if !exact {
         let then = control.current_lsn().await?;
+        // Which cluster this is (IDENTIFY_SYSTEM, as the stream asks; else `pg_control_system()`,
+        // which can be revoked): `outboxd audit` then tells a checkpoint of another cluster from
+        // one of this.
+        let identified = async {
+            let mut conn = within(Connection::open(&info), &info.shown).await.ok()?;
+            within(conn.identify_system(), &info.shown).await.ok()
+        };
+        let system_identifier = match identified.await {
+            Some(system) => Some(system.id),
+            None => control.system_identifier().await.ok(),
+        };
+        let identity = SourceIdentity {
+            system_identifier,
+            ..SourceIdentity::anonymous(SourceKind::Postgres)
+        };
         open_read(&control, None).await?;
         return Ok(Begun {
             reader: TableReader::Postgres(Reader {
@@ -59,7 +74,7 @@ pub async fn begin(config: &SourceConfig, own: &PostgresOptions, exact: bool) ->
                 generated,
                 plans: HashMap::new(),
             }),
-            identity: SourceIdentity::anonymous(SourceKind::Postgres),
+            identity,
             then: position(then),
         });
     }
