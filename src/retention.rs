@@ -450,6 +450,14 @@ async fn round_on(
     })
 }
 
+/// Whether comparing `stored` with `log_end` means something only on the server that wrote it:
+/// neither a snapshot's (no server) nor two GTID sets (any server of the topology).
+fn server_bound(stored: &Position, log_end: &Position) -> bool {
+    let comparable_anywhere =
+        matches!(stored, Position::Snapshot(_)) || (gtid_set(stored) && gtid_set(log_end));
+    !comparable_anywhere
+}
+
 /// Whether `position` is a GTID set, which any server of the replication topology can compare.
 fn gtid_set(position: &Position) -> bool {
     matches!(position, Position::Binlog(b) if b.gtid_text().is_some_and(|g| !g.is_empty()))
@@ -543,7 +551,7 @@ async fn wait_for_checkpoint(
             // A file offset or an LSN means something only on the server that wrote it (a
             // Postgres cluster: its standbys share its system identifier).
             Some(c)
-                if !(gtid_set(&c.position) && gtid_set(log_end))
+                if server_bound(&c.position, log_end)
                     && another_server(&c.source, compare.sampled) =>
             {
                 return Ok(Some(format!(

@@ -44,8 +44,8 @@ pub fn read(
             Some(mut read) => {
                 read.compacted = reader.compacted(topic);
                 tally.out.topics.push(topic.clone());
-                if read.partial() {
-                    tally.matcher.partial(topic);
+                if let Some(until) = read.until() {
+                    tally.matcher.partial(topic, until);
                 }
                 tally.out.notes.extend(read.notes(topic));
             }
@@ -55,7 +55,7 @@ pub fn read(
     if let Some(dlq) = &kafka.dead_letter_topic {
         if let Some(mut read) = reader.topic(dlq, since_ms, &mut |r| tally.dead_letter(r))? {
             read.compacted = reader.compacted(dlq);
-            if read.partial() {
+            if read.until().is_some() {
                 tally.matcher.partial_dead_letters();
             }
             tally.out.notes.extend(read.notes(dlq));
@@ -137,7 +137,7 @@ impl Reader {
         // Where each partition's read ends (exclusive): its end when the read began.
         let mut ends: HashMap<i32, i64> = HashMap::new();
         let mut assignment = TopicPartitionList::new();
-        for start in self.starts(&consumer, topic, partitions, since_ms)? {
+        for start in self.starts(topic, partitions, since_ms)? {
             if start.low > 0 && (since_ms.is_none() || start.first == start.low) {
                 read.truncated.push(start.partition);
             }
@@ -226,6 +226,8 @@ impl Reader {
             };
             heard = Instant::now();
             stalled.remove(&partition);
+            let stamp = message.timestamp().to_millis();
+            read.first_stamp.entry(partition).or_insert(stamp);
             if message.offset() < end {
                 let headers = message.headers();
                 let header = move |name: &str| -> Option<&[u8]> {
@@ -320,14 +322,14 @@ impl Reader {
 
     /// Per partition: the first offset to read (the first record stamped at or after
     /// `since_ms` less [`SKEW_MS`], else the partition's start) and its ends.
-    fn starts(
-        &self,
-        consumer: &BaseConsumer<QuietContext>,
-        topic: &str,
-        partitions: i32,
-        since_ms: Option<i64>,
-    ) -> Result<Vec<Start>> {
+    fn starts(&self, topic: &str, partitions: i32, since_ms: Option<i64>) -> Result<Vec<Start>> {
         let what = |w: &str| format!("{w} of {topic:?}");
+        // The true end and the window's start: read_committed's answers stop at an open
+        // transaction (a lookup past it finds nothing).
+        let uncommitted: BaseConsumer<QuietContext> = self
+            .uncommitted
+            .create_with_context(QuietContext::default())
+            .map_err(|e| failed(&self.brokers, "creating a consumer", &e))?;
         let mut found = None;
         if let Some(ms) = since_ms {
             let mut at = TopicPartitionList::new();
@@ -336,16 +338,11 @@ impl Reader {
                     .map_err(|e| failed(&self.brokers, &what("looking up the window"), &e))?;
             }
             found = Some(
-                consumer
+                uncommitted
                     .offsets_for_times(at, LOOKUP)
                     .map_err(|e| failed(&self.brokers, &what("looking up the window"), &e))?,
             );
         }
-        // The true end: read_committed's watermark stops at an open transaction.
-        let uncommitted: BaseConsumer<QuietContext> = self
-            .uncommitted
-            .create_with_context(QuietContext::default())
-            .map_err(|e| failed(&self.brokers, "creating a consumer", &e))?;
         let mut starts = Vec::with_capacity(partitions as usize);
         for partition in 0..partitions {
             let (low, high) = uncommitted
@@ -398,12 +395,26 @@ struct TopicRead {
     unstable: Vec<i32>,
     /// Whether the topic is compacted (`None`: the brokers would not say).
     compacted: Option<bool>,
+    /// Per partition, the timestamp of the first record read (`None`: it had none).
+    first_stamp: HashMap<i32, Option<i64>>,
 }
 
 impl TopicRead {
-    /// Whether the brokers could not show every record the topic took.
-    fn partial(&self) -> bool {
-        !self.truncated.is_empty() || !self.unstable.is_empty() || self.compacted == Some(true)
+    /// Until when (ms, `i64::MAX`: any time) the brokers may no longer show a record the topic
+    /// took; `None` when they show them all. Retention deletes the oldest records: a record
+    /// stamped after a truncated partition's first remaining one (less [`SKEW_MS`]) is still
+    /// there. Compaction and an open transaction can hide a record of any time.
+    fn until(&self) -> Option<i64> {
+        if !self.unstable.is_empty() || self.compacted == Some(true) {
+            return Some(i64::MAX);
+        }
+        self.truncated
+            .iter()
+            .map(|p| match self.first_stamp.get(p).copied().flatten() {
+                Some(stamp) => stamp.saturating_add(SKEW_MS),
+                None => i64::MAX,
+            })
+            .max()
     }
 
     fn notes(&self, topic: &str) -> Vec<String> {
@@ -411,14 +422,18 @@ impl TopicRead {
         let unverifiable = "a row without a record there is unverifiable, not missing";
         if !self.truncated.is_empty() {
             notes.push(format!(
-                "{topic:?} partition(s) {:?} no longer hold their first records (retention or deleted records): {unverifiable}",
+                "{topic:?} partition(s) {:?} no longer hold their first records (retention or deleted records): {unverifiable} when it is older than the oldest record left",
                 self.truncated
             ));
         }
-        if self.compacted == Some(true) {
-            notes.push(format!(
+        match self.compacted {
+            Some(true) => notes.push(format!(
                 "{topic:?} is compacted (cleanup.policy): the brokers remove older records of a key, so {unverifiable}"
-            ));
+            )),
+            Some(false) => {}
+            None => notes.push(format!(
+                "the brokers would not say whether {topic:?} is compacted (grant the audit's user DescribeConfigs on it): if it is, a missing row may have been compacted away"
+            )),
         }
         if !self.unstable.is_empty() {
             notes.push(format!(

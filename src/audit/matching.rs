@@ -112,6 +112,8 @@ struct Entry {
     /// refuses (it is due as a dead letter).
     topic: Option<u32>,
     place: Box<str>,
+    /// The row's time (`route.timestamp`, ms), when it has one.
+    at: Option<i64>,
     seen: u32,
     dead: bool,
 }
@@ -170,8 +172,9 @@ pub struct Matcher {
     without_id: u64,
     colliding: Vec<String>,
     collided: HashSet<Box<str>>,
-    /// Destinations (by index) the broker could not show in full.
-    partial: HashSet<u32>,
+    /// Destinations (by index) the broker could not show in full, and until when (ms): a row
+    /// stamped at or after it, or on a destination with `i64::MAX`, may have lost its record.
+    partial: HashMap<u32, i64>,
     /// Whether the dead-letter destination could not be shown in full.
     partial_dead_letters: bool,
 }
@@ -184,6 +187,11 @@ impl Matcher {
     /// Expects the row `id` (found at `place`) on `topic` (`None`: as a dead letter). A second
     /// row with the same id takes the first out of the match too: both are listed as colliding.
     pub fn expect(&mut self, id: &str, topic: Option<&str>, place: &str) {
+        self.expect_at(id, topic, place, None);
+    }
+
+    /// [`Matcher::expect`] for a row stamped `at` (ms; see [`Matcher::partial`]).
+    pub fn expect_at(&mut self, id: &str, topic: Option<&str>, place: &str, at: Option<i64>) {
         if let Some(first) = self.rows.remove(id) {
             self.colliding.push(first.place.into());
             self.collided.insert(id.into());
@@ -198,6 +206,7 @@ impl Matcher {
             Entry {
                 topic,
                 place: place.into(),
+                at,
                 seen: 0,
                 dead: false,
             },
@@ -214,12 +223,14 @@ impl Matcher {
         }
     }
 
-    /// The broker cannot show all it took for `topic` (it deleted records there, or an open
-    /// transaction hides the end): a row routed there without a record is unverifiable, not
-    /// missing.
-    pub fn partial(&mut self, topic: &str) {
+    /// The broker cannot show all it took for `topic` before `until` (ms; `i64::MAX`: at any
+    /// time): it deleted records there, or an open transaction hides the end. A row routed there
+    /// without a record is unverifiable, not missing, unless its stamp says its record came after
+    /// `until`.
+    pub fn partial(&mut self, topic: &str, until: i64) {
         if let Some(i) = self.topics.iter().position(|t| &**t == topic) {
-            self.partial.insert(i as u32);
+            let at = self.partial.entry(i as u32).or_insert(until);
+            *at = (*at).max(until);
         }
     }
 
@@ -285,11 +296,21 @@ impl Matcher {
         }
     }
 
-    /// A dead letter for row `id` of `table` (`None`: a copy the sink made, which names no table;
-    /// refused or unroutable: handled, not delivered); false when no such row is expected.
-    pub fn dead_lettered(&mut self, id: &str, table: Option<&str>) -> bool {
+    /// A dead letter for row `id`: one the router made names the row's `table`; a copy the sink
+    /// made of a record it could not store names the destination it was `meant_for`, which must
+    /// be the row's. Refused or unroutable: handled, not delivered. False when no such row is
+    /// expected.
+    pub fn dead_lettered(&mut self, id: &str, of: DeadLetterOf<'_>) -> bool {
+        let topics = &self.topics;
         match self.rows.get_mut(id) {
-            Some(entry) if table.is_none_or(|table| place_is_of(&entry.place, table)) => {
+            Some(entry)
+                if match of {
+                    DeadLetterOf::Table(table) => place_is_of(&entry.place, table),
+                    DeadLetterOf::Destination(meant) => {
+                        entry.topic.is_some_and(|t| &*topics[t as usize] == meant)
+                    }
+                } =>
+            {
                 entry.dead = true;
                 true
             }
@@ -310,9 +331,11 @@ impl Matcher {
         for (id, entry) in self.rows {
             match entry.seen {
                 0 if entry.dead => outcome.dead_lettered += 1,
-                0 if entry
-                    .topic
-                    .map_or(self.partial_dead_letters, |t| self.partial.contains(&t)) =>
+                0 if entry.topic.map_or(self.partial_dead_letters, |t| {
+                    self.partial.get(&t).is_some_and(|&until| {
+                        until == i64::MAX || entry.at.is_none_or(|at| at < until)
+                    })
+                }) =>
                 {
                     outcome.unverifiable.push(Absent {
                         id: id.into(),
@@ -334,6 +357,15 @@ impl Matcher {
         outcome.unverifiable.sort_by(|a, b| a.place.cmp(&b.place));
         outcome
     }
+}
+
+/// What a dead letter names its row by, besides the id.
+#[derive(Debug, Clone, Copy)]
+pub enum DeadLetterOf<'a> {
+    /// The router's: the row's table.
+    Table(&'a str),
+    /// A sink's copy: the destination the record was meant for.
+    Destination(&'a str),
 }
 
 /// A place is `table (primary key)`.
@@ -386,7 +418,9 @@ mod tests {
         // Rows on a destination the broker cannot show in full: unverifiable, not missing.
         m.expect("f", Some("trimmed"), "outbox (f)");
         m.expect("g", Some("trimmed"), "outbox (g)");
-        m.partial("trimmed");
+        // Stamped after what the broker deleted: its record cannot have been deleted.
+        m.expect_at("h", Some("trimmed"), "outbox (h)", Some(2_000));
+        m.partial("trimmed", 1_000);
         // One id in three rows (another table's, say): none of them is matched.
         m.expect("a", Some("t"), "other (a)");
         m.expect("a", Some("t"), "third (a)");
@@ -403,19 +437,20 @@ mod tests {
             id: None,
             ..record("", "k", 9, &r)
         });
-        assert!(!m.dead_lettered("d", Some("other")));
-        assert!(m.dead_lettered("d", Some("outbox")));
-        assert!(!m.dead_lettered("nope", Some("outbox")));
-        // A sink's copy names no table: its id alone credits the row.
-        assert!(m.dead_lettered("g", None));
+        assert!(!m.dead_lettered("d", DeadLetterOf::Table("other")));
+        assert!(m.dead_lettered("d", DeadLetterOf::Table("outbox")));
+        assert!(!m.dead_lettered("nope", DeadLetterOf::Table("outbox")));
+        // A sink's copy names the destination it was meant for: the row's, or it is not its.
+        assert!(!m.dead_lettered("g", DeadLetterOf::Destination("t")));
+        assert!(m.dead_lettered("g", DeadLetterOf::Destination("trimmed")));
         let out = m.finish();
-        assert_eq!((out.rows, out.delivered, out.dead_lettered), (9, 1, 2));
+        assert_eq!((out.rows, out.delivered, out.dead_lettered), (10, 1, 2));
         let unverifiable: Vec<&str> = out.unverifiable.iter().map(|a| a.place.as_str()).collect();
         assert_eq!(unverifiable, vec!["outbox (f)"]);
         assert_eq!(out.colliding, vec!["outbox (a)", "other (a)", "third (a)"]);
         assert_eq!(out.misplaced, 1);
         let missing: Vec<&str> = out.missing.iter().map(|a| a.place.as_str()).collect();
-        assert_eq!(missing, vec!["outbox (c)", "outbox (e)"]);
+        assert_eq!(missing, vec!["outbox (c)", "outbox (e)", "outbox (h)"]);
         assert_eq!(out.duplicates, BTreeMap::from([("b".to_string(), 2)]));
         // zz, and a (colliding, so matched to no row).
         assert_eq!(

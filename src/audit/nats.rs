@@ -18,7 +18,9 @@ use super::tally::{BrokerRead, Read, Tally};
 use crate::error::{Error, Result};
 use crate::route::{ID_HEADER, POSITION_HEADER, ROW_HEADER, TABLE_HEADER};
 use crate::sink::nats::config::NatsConfig;
-use crate::sink::nats::message::{BASE64_HEADER, ERROR_HEADER, KEY_HEADER, TIMESTAMP_HEADER};
+use crate::sink::nats::message::{
+    BASE64_HEADER, ERROR_HEADER, KEY_HEADER, SUBJECT_HEADER, TIMESTAMP_HEADER,
+};
 
 /// The longest one request, or a wait for the next message, may take.
 const REPLY: Duration = Duration::from_secs(30);
@@ -51,9 +53,9 @@ pub async fn read(
     for topic in topics {
         match scan(&js, topic, &mut |r| tally.record(r)).await? {
             Some(Held::All) => tally.out.topics.push(topic.clone()),
-            Some(Held::Thinned(stream)) => {
+            Some(Held::Thinned(stream, until)) => {
                 tally.out.topics.push(topic.clone());
-                tally.matcher.partial(topic);
+                tally.matcher.partial(topic, until);
                 tally.out.notes.push(format!(
                     "stream {stream:?} (holding {topic:?}) no longer has every message it stored (limits, a purge or deleted messages): a row without a message there is unverifiable, not missing"
                 ));
@@ -62,8 +64,13 @@ pub async fn read(
         }
     }
     if let Some(dlq) = &config.dead_letter_topic {
-        if let Some(Held::Thinned(_)) = scan(&js, dlq, &mut |r| tally.dead_letter(r)).await? {
+        if let Some(Held::Thinned(stream, _)) =
+            scan(&js, dlq, &mut |r| tally.dead_letter(r)).await?
+        {
             tally.matcher.partial_dead_letters();
+            tally.out.notes.push(format!(
+                "stream {stream:?} (holding the dead letters) no longer has every message it stored: an unroutable row without a dead letter is unverifiable, not missing"
+            ));
         }
     }
     Ok(tally.finish())
@@ -72,12 +79,45 @@ pub async fn read(
 /// What a stream still holds of what it stored.
 enum Held {
     All,
-    /// The stream (named) removed messages: by its limits, a purge, or a delete.
-    Thinned(String),
+    /// The stream (named) removed messages (by its limits, a purge, or a delete), none stamped
+    /// after the time given (ms; `i64::MAX`: any).
+    Thinned(String, i64),
 }
 
-/// Every message on `subject`; `None` when no stream captures it.
+/// A row's time and the server's may differ this much: a message the server stored at `t` may
+/// carry a row stamped up to this much after `t`.
+const SKEW_MS: i64 = 300_000;
+
+/// Every message on `subject`; `None` when no stream captures it. What the stream lost is
+/// looked at after the read, so messages removed while it ran count too.
 async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Result<Option<Held>> {
+    let Some(name) = read_subject(js, subject, each).await? else {
+        return Ok(None);
+    };
+    let mut stream = bounded("reading the stream", js.get_stream(&name)).await?;
+    let state = bounded("reading the stream", stream.info())
+        .await?
+        .state
+        .clone();
+    Ok(Some(if state.deleted_count.unwrap_or(0) > 0 {
+        // Messages deleted one by one: of any time.
+        Held::Thinned(name, i64::MAX)
+    } else if state.first_sequence > 1 {
+        // Removed from the front (limits, a purge): all older than the first one left.
+        let first_ms = (state.first_timestamp.unix_timestamp_nanos() / 1_000_000) as i64;
+        Held::Thinned(name, first_ms.saturating_add(SKEW_MS))
+    } else {
+        Held::All
+    }))
+}
+
+/// Reads every message on `subject` into `each`; the name of the stream capturing it, `None`
+/// when there is none.
+async fn read_subject(
+    js: &Context,
+    subject: &str,
+    each: &mut dyn FnMut(Read<'_>),
+) -> Result<Option<String>> {
     let name = match tokio::time::timeout(REPLY, js.stream_by_subject(subject)).await {
         Ok(Ok(name)) => name,
         Ok(Err(e)) if e.kind() == GetStreamByNameErrorKind::NotFound => return Ok(None),
@@ -97,11 +137,6 @@ async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Re
         ))
         .remedy("audit a stream with limits or interest retention"));
     }
-    let held = if info.state.first_sequence > 1 || info.state.deleted_count.unwrap_or(0) > 0 {
-        Held::Thinned(name.clone())
-    } else {
-        Held::All
-    };
     let config = OrderedConfig {
         filter_subject: subject.to_string(),
         ..Default::default()
@@ -118,7 +153,7 @@ async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Re
         .await?
         .num_pending;
     if pending == 0 {
-        return Ok(Some(held));
+        return Ok(Some(name));
     }
     let mut messages = bounded("reading messages", consumer.messages()).await?;
     loop {
@@ -143,7 +178,7 @@ async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Re
             .map_err(|e| failed("reading a message's sequence", e))?;
         let (sequence, left) = (info.stream_sequence, info.pending);
         if sequence > last {
-            return Ok(Some(held));
+            return Ok(Some(name));
         }
         let headers = decoded(message.headers.as_ref());
         let header = |name: &str| -> Option<&[u8]> {
@@ -165,7 +200,7 @@ async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Re
             header: &header,
         });
         if left == 0 || sequence == last {
-            return Ok(Some(held));
+            return Ok(Some(name));
         }
     }
 }
@@ -187,6 +222,7 @@ fn decoded(headers: Option<&async_nats::HeaderMap>) -> Vec<(String, Vec<u8>)> {
         ERROR_HEADER,
         ROW_HEADER,
         TABLE_HEADER,
+        SUBJECT_HEADER,
     ]
     .into_iter()
     .filter_map(|name| {

@@ -31,7 +31,7 @@ pub async fn read(
     let shown = redact_url(&config.url);
     let failed = |what: &str, e: redis::RedisError| {
         Error::sink(format!("audit: {what} on Redis at {shown} failed: {e}"))
-            .remedy("check that Redis is up and the user may run TYPE, XINFO, XRANGE and XREVRANGE (the audit never writes)")
+            .remedy("check that Redis is up and the user may run TYPE, XRANGE, XREVRANGE and XINFO (the audit never writes)")
             .transient()
     };
     let options = AsyncConnectionConfig::new()
@@ -55,35 +55,41 @@ pub async fn read(
             continue;
         }
         tally.out.topics.push(topic.clone());
-        if deleted_in_window(&mut conn, topic, start_ms)
-            .await
-            .map_err(|e| failed("XINFO STREAM", e))?
-        {
-            tally.matcher.partial(topic);
-            tally.out.notes.push(format!(
-                "stream {topic:?} had entries deleted in the window (MAXLEN or MINID trimming, XTRIM or XDEL): a row without an entry there is unverifiable, not missing"
-            ));
-        }
         let mut each = |r: Read<'_>| tally.record(r);
         scan(&mut conn, topic, &start, &mut each)
             .await
             .map_err(|e| failed(&format!("reading {topic:?}"), e))?;
+        // After the scan: an entry trimmed while it ran counts too.
+        match deleted(&mut conn, topic).await {
+            Deleted::Since(ms) if ms >= start_ms => {
+                tally.matcher.partial(topic, ms.saturating_add(SKEW_MS));
+                tally.out.notes.push(format!(
+                    "stream {topic:?} had entries deleted in the window (MAXLEN or MINID trimming, XTRIM or XDEL): a row without an entry there is unverifiable, not missing, unless it is newer than the last entry deleted"
+                ));
+            }
+            Deleted::Since(_) | Deleted::Never => {}
+            Deleted::Unknown(why) => tally.out.notes.push(format!(
+                "could not tell whether stream {topic:?} had entries deleted ({why}): if it had (MAXLEN trimming), a missing row may have been trimmed away"
+            )),
+        }
     }
     if let Some(dlq) = &config.dead_letter_topic {
         if is_stream(&mut conn, dlq)
             .await
             .map_err(|e| failed("TYPE", e))?
         {
-            if deleted_in_window(&mut conn, dlq, start_ms)
-                .await
-                .map_err(|e| failed("XINFO STREAM", e))?
-            {
-                tally.matcher.partial_dead_letters();
-            }
             let mut each = |r: Read<'_>| tally.dead_letter(r);
             scan(&mut conn, dlq, &start, &mut each)
                 .await
                 .map_err(|e| failed(&format!("reading {dlq:?}"), e))?;
+            if let Deleted::Since(ms) = deleted(&mut conn, dlq).await {
+                if ms >= start_ms {
+                    tally.matcher.partial_dead_letters();
+                    tally.out.notes.push(format!(
+                        "the dead-letter stream {dlq:?} had entries deleted in the window: an unroutable row without a dead letter is unverifiable, not missing"
+                    ));
+                }
+            }
         }
     }
     Ok(tally.finish())
@@ -94,19 +100,26 @@ async fn is_stream(conn: &mut MultiplexedConnection, key: &str) -> redis::RedisR
     Ok(kind == "stream")
 }
 
-/// Whether `stream` lost an entry added at or after `start_ms`: its `max-deleted-entry-id` (Redis
-/// 7), the newest id it deleted, by trimming or `XDEL`. A server without it answers nothing to
-/// go by: `false`.
-async fn deleted_in_window(
-    conn: &mut MultiplexedConnection,
-    stream: &str,
-    start_ms: i64,
-) -> redis::RedisResult<bool> {
-    let info: Value = redis::cmd("XINFO")
+/// Whether a stream ever lost entries.
+enum Deleted {
+    Never,
+    /// The newest entry it deleted (by trimming or `XDEL`) was added then (ms).
+    Since(i64),
+    /// The server would not say (before Redis 7, or `XINFO` refused).
+    Unknown(String),
+}
+
+/// What `XINFO STREAM`'s `max-deleted-entry-id` (Redis 7) says about `stream`.
+async fn deleted(conn: &mut MultiplexedConnection, stream: &str) -> Deleted {
+    let info: Value = match redis::cmd("XINFO")
         .arg("STREAM")
         .arg(stream)
         .query_async(conn)
-        .await?;
+        .await
+    {
+        Ok(info) => info,
+        Err(e) => return Deleted::Unknown(format!("XINFO STREAM failed: {e}")),
+    };
     let pairs: Vec<(Value, Value)> = match info {
         Value::Map(pairs) => pairs,
         Value::Array(items) => {
@@ -120,18 +133,22 @@ async fn deleted_in_window(
         Value::SimpleString(s) => s.clone(),
         _ => String::new(),
     };
-    let deleted = pairs
+    let newest = pairs
         .iter()
         .find(|(name, _)| text(name) == "max-deleted-entry-id")
         .map(|(_, id)| text(id));
-    let Some((ms, seq)) = deleted.as_deref().and_then(|id| id.split_once('-')) else {
-        return Ok(false);
+    let Some((ms, seq)) = newest.as_deref().and_then(|id| id.split_once('-')) else {
+        return Deleted::Unknown(
+            "the server reports no max-deleted-entry-id: Redis 7 or later does".into(),
+        );
     };
-    let (ms, seq) = (
-        ms.parse::<i64>().unwrap_or(0),
-        seq.parse::<u64>().unwrap_or(0),
-    );
-    Ok((ms, seq) != (0, 0) && ms >= start_ms)
+    match (ms.parse::<i64>(), seq.parse::<u64>()) {
+        (Ok(0), Ok(0)) => Deleted::Never,
+        (Ok(ms), Ok(_)) => Deleted::Since(ms),
+        _ => Deleted::Unknown(format!(
+            "max-deleted-entry-id {newest:?} is not an entry id"
+        )),
+    }
 }
 
 /// One entry: its id and its fields.

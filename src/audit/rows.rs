@@ -131,7 +131,10 @@ impl Rows {
             }
         };
         match id.filter(|id| !id.is_empty()) {
-            Some(id) => self.matcher.expect(&id, topic.as_deref(), &place),
+            Some(id) => {
+                let at = router.column_timestamp(&keyed.row);
+                self.matcher.expect_at(&id, topic.as_deref(), &place, at)
+            }
             // Its records cannot be told from any other's: named, not matched.
             None => self.without_id.push(place),
         }

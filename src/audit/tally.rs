@@ -3,10 +3,17 @@
 
 use std::collections::BTreeMap;
 
-use super::matching::{Matcher, Rank, Record};
+use super::matching::{DeadLetterOf, Matcher, Rank, Record};
 use base64::Engine;
 
 use crate::route::{ID_HEADER, POSITION_HEADER, ROW_HEADER, TABLE_HEADER};
+
+/// Every dead letter's header naming why it is one.
+const ERROR_HEADER: &str = "outboxd.error";
+/// A NATS sink's copy: the subject it was meant for.
+const SUBJECT_HEADER: &str = "outboxd.subject";
+/// A Redis sink's copy: the stream it was meant for.
+const STREAM_HEADER: &str = "outboxd.stream";
 
 /// One record as a broker reader hands it over. `header` finds a header (Kafka), a field (Redis)
 /// by name.
@@ -89,13 +96,18 @@ impl Tally {
         }
     }
 
-    /// A record on the dead-letter destination. One the router made carries the row as JSON and
-    /// names its pipeline (`outboxd.row` starts with its name) and table (`outboxd.table`):
-    /// pipelines and tables may share a dead-letter destination, so only this pipeline's count,
-    /// for a row of that table. One a sink made (a message the broker refused) is the record
-    /// itself with an `outboxd.error`: its `id` header names the row.
+    /// A record on the dead-letter destination, with the `outboxd.error` every dead letter has.
+    /// One the router made carries the row as JSON and names its pipeline (`outboxd.row` starts
+    /// with its name) and table (`outboxd.table`): pipelines and tables may share a dead-letter
+    /// destination, so only this pipeline's count, for a row of that table. One a sink made (a
+    /// record the broker refused) is the record itself, naming where it was meant to go
+    /// (`outboxd.subject` on NATS, `outboxd.stream` on Redis): its `id` credits the row routed
+    /// there.
     pub fn dead_letter(&mut self, r: Read<'_>) {
         let text = |name: &str| (r.header)(name).and_then(|v| std::str::from_utf8(v).ok());
+        let Some(error) = text(ERROR_HEADER) else {
+            return;
+        };
         let ours = text(ROW_HEADER).is_none_or(|row| {
             row.strip_prefix(self.pipeline.as_str())
                 .is_some_and(|rest| rest.starts_with('/'))
@@ -103,26 +115,27 @@ impl Tally {
         if !ours {
             return;
         }
-        let table = text(TABLE_HEADER);
-        let credited = match table {
-            Some(table) => dead_letter_id(r.value, &self.id_column).is_some_and(|id| {
+        let meant_for = text(SUBJECT_HEADER).or_else(|| text(STREAM_HEADER));
+        let credited = match (text(TABLE_HEADER), meant_for) {
+            (Some(table), _) => dead_letter_id(r.value, &self.id_column).is_some_and(|id| {
+                let of = DeadLetterOf::Table(table);
                 // The body renders a 16-byte id as a UUID; the id header may carry its base64
                 // (`route.binary_16 = "base64"`).
-                self.matcher.dead_lettered(&id, Some(table))
+                self.matcher.dead_lettered(&id, of)
                     || uuid::Uuid::parse_str(&id).is_ok_and(|u| {
                         let encoded =
                             base64::engine::general_purpose::STANDARD.encode(u.as_bytes());
-                        self.matcher.dead_lettered(&encoded, Some(table))
+                        self.matcher.dead_lettered(&encoded, of)
                     })
             }),
-            None => text(ID_HEADER).is_some_and(|id| self.matcher.dead_lettered(id, None)),
+            (None, Some(meant)) => text(ID_HEADER).is_some_and(|id| {
+                self.matcher
+                    .dead_lettered(id, DeadLetterOf::Destination(meant))
+            }),
+            (None, None) => false,
         };
         if credited {
-            let error = (r.header)("outboxd.error").map(String::from_utf8_lossy);
-            let reason = error
-                .as_deref()
-                .and_then(|e| e.split(':').next())
-                .unwrap_or("unknown");
+            let reason = error.split(':').next().unwrap_or("unknown");
             *self.out.dead_letters.entry(reason.to_string()).or_default() += 1;
         }
     }
