@@ -17,6 +17,7 @@ use super::tally::{BrokerRead, Read, Tally};
 use crate::checkpoint::{is_connection_property, QuietContext};
 use crate::error::{Error, Result};
 use crate::sink::kafka::config::KafkaConfig;
+use crate::sink::kafka::described_value;
 
 /// The longest one metadata, watermark or offset lookup may take.
 const LOOKUP: Duration = Duration::from_secs(30);
@@ -254,28 +255,12 @@ impl Reader {
     /// Whether `topic` is compacted (`cleanup.policy` names `compact`): the brokers then remove
     /// older records of a key. `None` when they would not say (no DescribeConfigs grant).
     fn compacted(&self, topic: &str) -> Option<bool> {
-        use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-        let admin: AdminClient<QuietContext> = self
+        let admin: rdkafka::admin::AdminClient<QuietContext> = self
             .admin
             .create_with_context(QuietContext::default())
             .ok()?;
-        // On the audit's blocking thread; librdkafka's own thread completes the future.
-        let described = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .ok()?
-            .block_on(admin.describe_configs(
-                [&ResourceSpecifier::Topic(topic)],
-                &AdminOptions::new().request_timeout(Some(LOOKUP)),
-            ))
-            .ok()?;
-        let resource = described.into_iter().next()?.ok()?;
-        let policy = resource
-            .entries
-            .iter()
-            .find(|e| e.name == "cleanup.policy")?
-            .value
-            .clone()?;
+        let resource = rdkafka::admin::ResourceSpecifier::Topic(topic);
+        let policy = described_value(&admin, &resource, "cleanup.policy", LOOKUP)?;
         Some(policy.contains("compact"))
     }
 

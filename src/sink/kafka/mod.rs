@@ -935,27 +935,43 @@ fn reach(
 
 /// Whether broker `id` creates topics on first use (`None`: it would not say).
 fn broker_auto_creates(client: &ClientConfig, id: i32) -> Option<bool> {
-    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-    use rdkafka::client::DefaultClientContext;
-    let admin: AdminClient<DefaultClientContext> = client.create().ok()?;
-    // On `reach`'s blocking thread; librdkafka's own thread completes the future.
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        client.create().ok()?;
+    let resource = rdkafka::admin::ResourceSpecifier::Broker(id);
+    let value = described_value(
+        &admin,
+        &resource,
+        "auto.create.topics.enable",
+        METADATA_TIMEOUT,
+    )?;
+    Some(value.trim() == "true")
+}
+
+/// One setting of a broker or topic as the brokers describe it; `None` when they would not say
+/// (no DescribeConfigs grant, no answer within `timeout`). Blocks: call it on a blocking thread
+/// (librdkafka's own thread completes the request).
+pub(crate) fn described_value<C: rdkafka::ClientContext + 'static>(
+    admin: &rdkafka::admin::AdminClient<C>,
+    resource: &rdkafka::admin::ResourceSpecifier<'_>,
+    name: &str,
+    timeout: Duration,
+) -> Option<String> {
     let described = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .ok()?
         .block_on(admin.describe_configs(
-            [&ResourceSpecifier::Broker(id)],
-            &AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT)),
+            [resource],
+            &rdkafka::admin::AdminOptions::new().request_timeout(Some(timeout)),
         ))
         .ok()?;
     let resource = described.into_iter().next()?.ok()?;
-    let value = resource
+    resource
         .entries
         .iter()
-        .find(|e| e.name == "auto.create.topics.enable")?
+        .find(|e| e.name == name)?
         .value
-        .clone()?;
-    Some(value.trim() == "true")
+        .clone()
 }
 
 /// A route that names a topic nobody created makes a new topic on such brokers instead of a dead
