@@ -61,17 +61,24 @@ impl Db {
 
     /// Row `n`, created long before any `--since` window.
     fn insert_old(&self, n: u64) {
+        self.insert_at(n, "'2001-02-03 04:05:06'", "'2001-02-03 04:05:06+00'");
+    }
+
+    /// Row `n`, stamped a day from now: newer than any record a broker could have removed.
+    fn insert_tomorrow(&self, n: u64) {
+        self.insert_at(n, "NOW() + INTERVAL 1 DAY", "now() + interval '1 day'");
+    }
+
+    /// Row `n` with `created_at` the SQL expression `maria` or `pg`.
+    fn insert_at(&self, n: u64, maria: &str, pg: &str) {
         let columns = "(id, aggregatetype, aggregateid, type, payload) VALUES (";
+        let at = |when: &str| {
+            format!("(created_at, id, aggregatetype, aggregateid, type, payload) VALUES ({when}, ")
+        };
         match self {
-            Db::Maria(db) => {
-                let at = "(created_at, id, aggregatetype, aggregateid, type, payload) VALUES ('2001-02-03 04:05:06', ";
-                db.sql_socket(&scenario::insert_sql(n).replace(columns, at));
-            }
-            Db::Pg(pg) => {
-                let at = "(created_at, id, aggregatetype, aggregateid, type, payload) VALUES ('2001-02-03 04:05:06+00', ";
-                pg.sql("app", &pg_rows::insert_sql(n).replace(columns, at));
-            }
-        }
+            Db::Maria(db) => db.sql_socket(&scenario::insert_sql(n).replace(columns, &at(maria))),
+            Db::Pg(pg_) => pg_.sql("app", &pg_rows::insert_sql(n).replace(columns, &at(pg))),
+        };
     }
 
     /// Row `n` with aggregate type `kind` (its destination: `outbox.event.<kind>`).
@@ -446,13 +453,14 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
     // behind them...
     rig.outboxd.stop();
     rig.db.insert(40, 44, 1);
+    rig.db.insert_tomorrow(TOMORROW);
     let (code, report, _) = audit(&rig.outboxd, &["--wait", "1s"]);
     assert_eq!(
         (code, &report["verdict"]),
         (3, &Json::from("inconclusive")),
         "{report:#}"
     );
-    assert_eq!(report["pending"], 4, "{report:#}");
+    assert_eq!(report["pending"], 5, "{report:#}");
     assert_eq!(report["missing"], serde_json::json!([]), "{report:#}");
     // ...and missing once the checkpoint was moved past them (an operator's `checkpoint set`).
     let end = rig.db.log_end();
@@ -471,14 +479,22 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
     }
 
     // Records the broker deleted (retention, trimming): a row without a record there may have
-    // been delivered, so it is unverifiable, not missing, and the audit is inconclusive.
+    // been delivered, so it is unverifiable, not missing. Only a row stamped after the oldest
+    // record the broker still holds (beyond the clock-skew margin) cannot have been removed: it
+    // stays missing.
     rig.sink.delete_first_records();
     let (code, report, _) = audit(&rig.outboxd, &[]);
-    assert_eq!(code, 3, "{report:#}");
-    assert_eq!(report["missing"], serde_json::json!([]), "{report:#}");
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(
+        ids(&report["missing"], "id"),
+        vec![uuid_of(TOMORROW)],
+        "{report:#}"
+    );
     let unverifiable = ids(&report["unverifiable"], "id");
     assert!(
-        lost.iter().all(|id| unverifiable.contains(id)),
+        lost.iter()
+            .filter(|id| **id != uuid_of(TOMORROW))
+            .all(|id| unverifiable.contains(id)),
         "{report:#}"
     );
     assert!(
@@ -555,7 +571,7 @@ fn a_foreign_open_transaction_hides_nothing_silently(rig: &Rig, broker: &Broker)
     );
     assert_eq!(
         ids(&report["missing"], "id"),
-        vec![uuid_of(42)],
+        vec![uuid_of(42), uuid_of(TOMORROW)],
         "{report:#}"
     );
     let notes = report["notes"].to_string();
@@ -567,9 +583,12 @@ fn a_foreign_open_transaction_hides_nothing_silently(rig: &Rig, broker: &Broker)
     assert_eq!(report["delivered"], 45, "{report:#}");
 }
 
+/// A skipped row stamped a day ahead; it routes to `outbox.event.customer`.
+const TOMORROW: u64 = 300;
+
 /// The rows outboxd was made to skip.
 fn lost_rows() -> Vec<String> {
-    (40..44).map(uuid_of).collect()
+    (40..44).chain([TOMORROW]).map(uuid_of).collect()
 }
 
 #[test]
