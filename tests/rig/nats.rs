@@ -15,6 +15,8 @@ use super::{free_port, wait_until, Consumed};
 
 pub struct Nats {
     dir: tempfile::TempDir,
+    /// The address it listens on (loopback unless [`Nats::start_on`] named another).
+    host: String,
     pub port: u16,
     /// Credentials the client rig uses (`user`/`password` or a token), when the server wants any.
     auth: Auth,
@@ -74,6 +76,21 @@ impl Nats {
         conf: &str,
         tls: Option<(&std::path::Path, &super::certs::Issued)>,
     ) -> Nats {
+        Self::start_at("127.0.0.1", auth, conf, tls)
+    }
+
+    /// A server without credentials listening on `host` (a network namespace's host end, which
+    /// this side reaches too) instead of loopback.
+    pub fn start_on(host: &str) -> Nats {
+        Self::start_at(host, Auth::None, "", None)
+    }
+
+    fn start_at(
+        host: &str,
+        auth: Auth,
+        conf: &str,
+        tls: Option<(&std::path::Path, &super::certs::Issued)>,
+    ) -> Nats {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let authorization = match &auth {
@@ -94,13 +111,14 @@ impl Nats {
         std::fs::write(
             dir.path().join("nats.conf"),
             format!(
-                "listen: 127.0.0.1:{port}\njetstream {{ store_dir: \"{}\" }}\n{authorization}{tls_block}{conf}",
+                "listen: {host}:{port}\njetstream {{ store_dir: \"{}\" }}\n{authorization}{tls_block}{conf}",
                 dir.path().join("js").display()
             ),
         )
         .unwrap();
         let mut nats = Nats {
             dir,
+            host: host.to_string(),
             port,
             auth,
             tls: tls.map(|(ca, _)| ca.to_path_buf()),
@@ -139,15 +157,15 @@ impl Nats {
         });
     }
 
-    /// `nats://127.0.0.1:PORT` with the server's credentials in it (`tls://` for TLS).
+    /// `nats://HOST:PORT` with the server's credentials in it (`tls://` for TLS).
     pub fn url(&self) -> String {
         let scheme = if self.tls.is_some() { "tls" } else { "nats" };
         match &self.auth {
-            Auth::None => format!("{scheme}://127.0.0.1:{}", self.port),
+            Auth::None => format!("{scheme}://{}:{}", self.host, self.port),
             Auth::User(user, password) => {
-                format!("{scheme}://{user}:{password}@127.0.0.1:{}", self.port)
+                format!("{scheme}://{user}:{password}@{}:{}", self.host, self.port)
             }
-            Auth::Token(token) => format!("{scheme}://{token}@127.0.0.1:{}", self.port),
+            Auth::Token(token) => format!("{scheme}://{token}@{}:{}", self.host, self.port),
         }
     }
 
@@ -166,12 +184,16 @@ impl Nats {
             options = options.add_root_certificates(ca.clone()).require_tls(true);
         }
         options
-            .connect(format!("nats://127.0.0.1:{}", self.port))
+            .connect(format!("nats://{}:{}", self.host, self.port))
             .await
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("server.out")).unwrap_or_default()
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    pub fn log_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("server.out")
     }
 
     fn pid(&self) -> Option<Pid> {

@@ -1,12 +1,12 @@
 //! The soak: a steady keyed load into the outbox, outboxd forwarding it to Apache Kafka (or Redis
-//! Streams: `sink`), and a nemesis that breaks one thing after another on a schedule drawn from a
+//! Streams, or NATS JetStream: `sink`), and a nemesis that breaks one thing after another on a schedule drawn from a
 //! seed (`plan`): kill -9 and SIGSTOP of outboxd, a standby's leader killed, the broker killed or
 //! frozen, the database restarted, the MariaDB replica outboxd reads stopped, the network between outboxd and every server cut, lossy or slow (a namespace of the
 //! test's own: `rig::netns`), the checkpoint's disk full. Every fault heals before the next; at the
 //! end outboxd catches up and an independent checker (`checker`) compares the database's table
 //! with everything the topic holds.
 //!
-//! CI runs two 3-minute schedules with fixed seeds (the tests below); `scripts/soak.sh` runs any
+//! CI runs three 3-minute schedules with fixed seeds (the tests below); `scripts/soak.sh` runs any
 //! length, seed and combination, and writes `report.json` and `timeline.png` to the folder it
 //! names. RELIABILITY.md "Fault schedule" says how to read them and replay a seed.
 
@@ -78,6 +78,7 @@ pub fn run(options: &Options) {
             options.exactly_once,
         ),
         sink::SinkServer::Redis(redis) => tail::Tail::redis(redis, sink::TOPIC),
+        sink::SinkServer::Nats(nats) => tail::Tail::nats(&nats.url(), sink::STREAM),
     };
     let stop = Arc::new(AtomicBool::new(false));
     // Stops the load after a panic too (the test binary goes on with other tests).
@@ -213,6 +214,22 @@ fn mariadb_to_kafka_at_least_once_loses_nothing_under_a_three_minute_fault_sched
     });
 }
 
+/// The same schedule (seed and kinds of fault) against NATS JetStream: its ack path (one chain of
+/// expected last ids per stream, resends answered as duplicates) under kills, freezes and lost
+/// packets.
+#[test]
+fn mariadb_to_nats_loses_nothing_and_keeps_key_order_under_a_three_minute_fault_schedule() {
+    run(&Options {
+        minutes: 3.0,
+        seed: CI_MARIADB_SEED,
+        source: Source::Mysqld,
+        sink: Sink::Nats,
+        exactly_once: false,
+        out: out_dir("ci-mariadb-nats"),
+        only: Vec::new(),
+    });
+}
+
 #[test]
 fn postgres_to_kafka_exactly_once_loses_and_repeats_nothing_under_a_three_minute_fault_schedule() {
     run(&Options {
@@ -231,14 +248,15 @@ fn postgres_to_kafka_exactly_once_loses_and_repeats_nothing_under_a_three_minute
 /// seeds from 20261100 on.
 #[test]
 fn the_ci_seeds_draw_every_kind_of_fault_their_world_takes_within_two_minutes() {
-    for (source, exactly_once, seed) in [
-        (Source::Mysqld, false, CI_MARIADB_SEED),
-        (Source::Postgres, true, CI_POSTGRES_SEED),
+    for (source, sink, exactly_once, seed) in [
+        (Source::Mysqld, Sink::Kafka, false, CI_MARIADB_SEED),
+        (Source::Mysqld, Sink::Nats, false, CI_MARIADB_SEED),
+        (Source::Postgres, Sink::Kafka, true, CI_POSTGRES_SEED),
     ] {
-        let after = plan::all_drawn_after(seed, &world::kinds(source, Sink::Kafka, exactly_once));
+        let after = plan::all_drawn_after(seed, &world::kinds(source, sink, exactly_once));
         assert!(
             after <= Duration::from_secs(120),
-            "seed {seed} ({source:?}) draws its last kind of fault only after {after:?}"
+            "seed {seed} ({source:?} to {sink:?}) draws its last kind of fault only after {after:?}"
         );
     }
 }
@@ -256,8 +274,9 @@ fn from_the_command_line() {
     let sink = match var("SINK").as_deref() {
         None | Some("kafka") => Sink::Kafka,
         Some("redis") => Sink::Redis,
+        Some("nats") => Sink::Nats,
         Some(other) => {
-            panic!("--sink {other}: the soak drives Apache Kafka and Redis so far (README \"Not yet\")")
+            panic!("--sink {other}: the soak drives Apache Kafka, Redis and NATS so far (README \"Not yet\")")
         }
     };
     let minutes: f64 = var("MINUTES").map_or(3.0, |m| m.parse().expect("--minutes: a number"));

@@ -1,21 +1,28 @@
-//! The server the soak's outboxd publishes to: Apache Kafka (one KRaft node) or Redis (Streams,
+//! The server the soak's outboxd publishes to: Apache Kafka (one KRaft node), Redis (Streams,
 //! append-only file with `appendfsync always`, so an entry Redis acknowledged survives its
-//! `kill -9`). The nemesis kills, restarts, freezes and thaws it the same way whichever it is.
+//! `kill -9`) or NATS JetStream (one file-backed stream; what it acknowledged is in its files, so
+//! it survives the process's `kill -9`, not a host crash). The nemesis kills, restarts, freezes and
+//! thaws it the same way whichever it is.
 
 use std::path::Path;
 
+use crate::rig::nats::Nats;
 use crate::rig::redis::Redis;
 use crate::rig::{create_topic_with, Broker};
 
 /// The stream or topic the soak's rows go to (`outbox.event.` + their aggregate type).
 pub const TOPIC: &str = "outbox.event.soak";
-/// The topic's partitions (Kafka; a Redis stream is one ordered log, partition 0 here).
+/// The topic's partitions (Kafka; a Redis or JetStream stream is one ordered log, partition 0
+/// here).
 pub const PARTITIONS: i32 = 6;
+/// The JetStream stream that captures [`TOPIC`] (its subject).
+pub const STREAM: &str = "SOAK";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sink {
     Kafka,
     Redis,
+    Nats,
 }
 
 impl Sink {
@@ -23,6 +30,7 @@ impl Sink {
         match self {
             Sink::Kafka => "Apache Kafka",
             Sink::Redis => "Redis Streams",
+            Sink::Nats => "NATS JetStream",
         }
     }
 }
@@ -30,6 +38,7 @@ impl Sink {
 pub enum SinkServer {
     Kafka(Broker),
     Redis(Redis),
+    Nats(Nats),
 }
 
 impl SinkServer {
@@ -54,6 +63,12 @@ impl SinkServer {
                 &["--bind", "127.0.0.1", host, "--protected-mode", "no"],
                 None,
             )),
+            // Duplicate window 2 minutes, as the NATS sink's docs advise.
+            Sink::Nats => {
+                let nats = Nats::start_on(host);
+                nats.add_stream(STREAM, &[TOPIC]);
+                SinkServer::Nats(nats)
+            }
         }
     }
 
@@ -68,6 +83,7 @@ impl SinkServer {
             SinkServer::Redis(redis) => {
                 format!("[redis]\nurl = \"redis://{host}:{}/0\"\n", redis.port)
             }
+            SinkServer::Nats(nats) => format!("[nats]\nurl = \"{}\"\n", nats.url()),
         }
     }
 
@@ -75,7 +91,7 @@ impl SinkServer {
     pub fn kafka(&self) -> Option<&Broker> {
         match self {
             SinkServer::Kafka(broker) => Some(broker),
-            SinkServer::Redis(_) => None,
+            SinkServer::Redis(_) | SinkServer::Nats(_) => None,
         }
     }
 
@@ -83,6 +99,7 @@ impl SinkServer {
         match self {
             SinkServer::Kafka(broker) => broker.kill9(),
             SinkServer::Redis(redis) => redis.kill9(),
+            SinkServer::Nats(nats) => nats.kill9(),
         }
     }
 
@@ -91,6 +108,7 @@ impl SinkServer {
         match self {
             SinkServer::Kafka(broker) => broker.resume(),
             SinkServer::Redis(redis) => redis.boot(),
+            SinkServer::Nats(nats) => nats.boot(),
         }
     }
 
@@ -98,6 +116,7 @@ impl SinkServer {
         match self {
             SinkServer::Kafka(broker) => broker.freeze(),
             SinkServer::Redis(redis) => redis.freeze(),
+            SinkServer::Nats(nats) => nats.freeze(),
         }
     }
 
@@ -105,10 +124,11 @@ impl SinkServer {
         match self {
             SinkServer::Kafka(broker) => broker.thaw(),
             SinkServer::Redis(redis) => redis.thaw(),
+            SinkServer::Nats(nats) => nats.thaw(),
         }
     }
 
-    /// Copies the server's logs into `dir` (`broker-N.log` / `redis.log`).
+    /// Copies the server's logs into `dir` (`broker-N.log`, `redis.log` or `nats-server.log`).
     pub fn save_logs(&self, dir: &Path) {
         match self {
             SinkServer::Kafka(broker) => {
@@ -118,6 +138,9 @@ impl SinkServer {
             }
             SinkServer::Redis(redis) => {
                 let _ = std::fs::copy(redis.log_path(), dir.join("redis.log"));
+            }
+            SinkServer::Nats(nats) => {
+                let _ = std::fs::copy(nats.log_path(), dir.join("nats-server.log"));
             }
         }
     }

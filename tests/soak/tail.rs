@@ -8,6 +8,11 @@
 //! On Redis the same, with `XREAD` from the stream's first entry: the stream is partition 0, an
 //! entry's place in it its offset, and the milliseconds of its id (Redis's clock, `XADD *`) its
 //! append time. Redis has no uncommitted entries: `MULTI`/`EXEC` applies a batch at once.
+//!
+//! On NATS JetStream with an ordered consumer from the stream's first message, made again at the
+//! next sequence whenever the server goes away: the stream is partition 0, a message's stream
+//! sequence its offset, and the server's time it stored it its append time. The end: a sequence
+//! past the stream's last one, asked after the stop.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -92,6 +97,24 @@ impl Tail {
         let stop = Arc::new(AtomicBool::new(false));
         let (s, t, url, stream) = (seen.clone(), stop.clone(), server.url(), stream.to_string());
         let thread = std::thread::spawn(move || read_redis(&url, &stream, &s, &t));
+        Tail {
+            seen,
+            stop,
+            thread: Some(thread),
+            markers: None,
+        }
+    }
+
+    pub fn nats(url: &str, stream: &str) -> Tail {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, t, url, stream) = (
+            seen.clone(),
+            stop.clone(),
+            url.to_string(),
+            stream.to_string(),
+        );
+        let thread = std::thread::spawn(move || read_nats(&url, &stream, &s, &t));
         Tail {
             seen,
             stop,
@@ -337,6 +360,126 @@ fn read_redis(url: &str, stream: &str, seen: &Mutex<Seen>, stop: &AtomicBool) {
             });
             offset += 1;
         }
+    }
+}
+
+/// Reads `stream` from its first message until told to stop and its last message (asked after
+/// the stop) was read, making the consumer again at the next sequence while the server is down,
+/// frozen or restarted.
+fn read_nats(url: &str, stream: &str, seen: &Mutex<Seen>, stop: &AtomicBool) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut next = 1u64;
+    let mut stopped: Option<Instant> = None;
+    runtime.block_on(async {
+        loop {
+            if stop.load(Ordering::Relaxed) && stopped.is_none() {
+                stopped = Some(Instant::now());
+            }
+            if stopped.is_some_and(|at| at.elapsed() > Duration::from_secs(120)) {
+                return;
+            }
+            match read_nats_session(url, stream, &mut next, seen, stop).await {
+                Ok(()) => {
+                    seen.lock().unwrap().drained = true;
+                    return;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    });
+}
+
+/// One connection's reading from `next` on: `Ok` once the stop was given and `next` is past the
+/// stream's last message, `Err` when the connection or the consumer failed.
+async fn read_nats_session(
+    url: &str,
+    stream: &str,
+    next: &mut u64,
+    seen: &Mutex<Seen>,
+    stop: &AtomicBool,
+) -> Result<(), String> {
+    use async_nats::jetstream::consumer::pull::OrderedConfig;
+    use async_nats::jetstream::consumer::DeliverPolicy;
+    use futures_util::StreamExt;
+    let step = Duration::from_secs(5);
+    let bounded = |what: &'static str| move |e: tokio::time::error::Elapsed| format!("{what}: {e}");
+    let client = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(2))
+        .max_reconnects(Some(1))
+        .connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let js = async_nats::jetstream::new(client);
+    let mut handle = tokio::time::timeout(step, js.get_stream(stream))
+        .await
+        .map_err(bounded("stream"))?
+        .map_err(|e| e.to_string())?;
+    let consumer = tokio::time::timeout(
+        step,
+        handle.create_consumer(OrderedConfig {
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: *next,
+            },
+            ..Default::default()
+        }),
+    )
+    .await
+    .map_err(bounded("consumer"))?
+    .map_err(|e| e.to_string())?;
+    let mut messages = tokio::time::timeout(step, consumer.messages())
+        .await
+        .map_err(bounded("messages"))?
+        .map_err(|e| e.to_string())?;
+    loop {
+        let m = match tokio::time::timeout(Duration::from_millis(500), messages.next()).await {
+            Err(_) => {
+                if stop.load(Ordering::Relaxed) {
+                    let info = tokio::time::timeout(step, handle.info())
+                        .await
+                        .map_err(bounded("info"))?
+                        .map_err(|e| e.to_string())?;
+                    if *next > info.state.last_sequence {
+                        return Ok(());
+                    }
+                }
+                continue;
+            }
+            Ok(None) => return Err("the consumer ended".into()),
+            Ok(Some(Err(e))) => return Err(e.to_string()),
+            Ok(Some(Ok(m))) => m,
+        };
+        let info = m.info().map_err(|e| e.to_string())?;
+        let sequence = info.stream_sequence;
+        let appended_ms = (info.published.unix_timestamp_nanos() / 1_000_000) as i64;
+        if sequence < *next {
+            seen.lock().unwrap().re_read += 1;
+            continue;
+        }
+        *next = sequence + 1;
+        let header = |name: &str| {
+            m.headers
+                .as_ref()
+                .and_then(|h| h.get(name))
+                .map(|v| v.as_str().as_bytes().to_vec())
+        };
+        let mut seen = seen.lock().unwrap();
+        let Some(id) = header("id").as_deref().and_then(row_id) else {
+            seen.malformed += 1;
+            continue;
+        };
+        let key_ok = header("outboxd.key").as_deref()
+            == Some(key_of(producer_of(id), seq_of(id)).as_bytes());
+        seen.first.entry(id).or_insert_with(Instant::now);
+        seen.deliveries.push(Delivery {
+            id,
+            partition: 0,
+            offset: sequence as i64,
+            appended_ms,
+            key_ok,
+        });
     }
 }
 
