@@ -53,7 +53,11 @@ impl Outboxd {
             name: name.to_string(),
             child: None,
             runs: 0,
-            binary: PathBuf::from(env!("CARGO_BIN_EXE_outboxd")),
+            // A copy set aside (`OUTBOXD_TEST_BINARY`) lets a long soak run while cargo builds.
+            binary: std::env::var_os("OUTBOXD_TEST_BINARY").map_or_else(
+                || PathBuf::from(env!("CARGO_BIN_EXE_outboxd")),
+                PathBuf::from,
+            ),
             env: Vec::new(),
             wrapper: Vec::new(),
         }
