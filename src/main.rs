@@ -386,8 +386,8 @@ fn audit(
             let written = {
                 use std::io::Write;
                 let mut out = std::io::stdout().lock();
-                out.write_all(outboxd::secrets::scrub(&text).as_bytes())
-                    .and_then(|()| out.flush())
+                // Notes are scrubbed where they are made (`audit::run`).
+                out.write_all(text.as_bytes()).and_then(|()| out.flush())
             };
             if let Err(e) = written {
                 eprintln!("outboxd: audit could not write its report: {e}");

@@ -272,6 +272,42 @@ impl Sink {
     }
 }
 
+/// Produces a record whose header name is not UTF-8 to `topic` (rdkafka's Rust API takes only
+/// `&str` names, so the name is added through librdkafka itself). The rdkafka crate's own header
+/// iterator panics on it.
+fn produce_a_header_name_that_is_not_utf8(broker: &Broker, topic: &str) {
+    use rdkafka::bindings as rd;
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()
+        .unwrap();
+    let headers = OwnedHeaders::new();
+    let name = b"\xff\xfeid";
+    // SAFETY: `BorrowedHeaders` is librdkafka's header list itself (the crate casts the one to
+    // the other), and `headers` owns it until the record takes it.
+    let native = headers.as_borrowed() as *const rdkafka::message::BorrowedHeaders
+        as *mut rd::rd_kafka_headers_t;
+    let added = unsafe {
+        rd::rd_kafka_header_add(
+            native,
+            name.as_ptr().cast(),
+            name.len() as isize,
+            b"x".as_ptr().cast(),
+            1,
+        )
+    };
+    assert_eq!(added, rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR);
+    producer
+        .send(
+            BaseRecord::<str, str>::to(topic)
+                .payload("hostile")
+                .headers(headers),
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
 fn kafka_for(db: Db, body: impl FnOnce(&Broker) -> String, name: &str) -> Rig {
     let broker = Broker::start();
     for topic in TOPICS.into_iter().chain([DEAD_LETTERS]) {
@@ -501,6 +537,18 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
         report["notes"].as_array().is_some_and(|n| !n.is_empty()),
         "{report:#}"
     );
+    if let Sink::Nats(nats) = &rig.sink {
+        // A stream emptied altogether names no first message: the cut-off is its last one.
+        nats.purge("EVENTS");
+        let (code, report, _) = audit(&rig.outboxd, &[]);
+        assert_eq!(code, 1, "{report:#}");
+        assert_eq!(
+            ids(&report["missing"], "id"),
+            vec![uuid_of(TOMORROW)],
+            "{report:#}"
+        );
+        assert_eq!(report["delivered"], 0, "{report:#}");
+    }
 
     // Two of them produced by hand, the later-committed first, under one key: out of order.
     // Rows 40 and 41 route to outbox.event.order, as rows 1 and 38 whose records are copied do.
@@ -510,6 +558,11 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
         .produce_as(late, &uuid_of(41), &position(late), "k-reordered");
     rig.sink
         .produce_as(early, &uuid_of(40), &position(early), "k-reordered");
+    // A hostile record nothing reads after this: the audit reads past it (a record without an
+    // id), it does not stop.
+    if let Sink::Kafka(broker) = &rig.sink {
+        produce_a_header_name_that_is_not_utf8(broker, TOPICS[1]);
+    }
     let (code, report, _) = audit(&rig.outboxd, &[]);
     assert_eq!(code, 1, "{report:#}");
     let text = rig.outboxd.command_output(&["audit"]);

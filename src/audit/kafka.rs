@@ -5,9 +5,10 @@
 
 use std::time::{Duration, Instant};
 
+use rdkafka::bindings as rd;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use std::collections::{BTreeSet, HashMap};
@@ -16,6 +17,7 @@ use super::matching::Matcher;
 use super::tally::{BrokerRead, Read, Tally};
 use crate::checkpoint::{is_connection_property, QuietContext};
 use crate::error::{Error, Result};
+use crate::route::{ID_HEADER, POSITION_HEADER};
 use crate::sink::kafka::config::KafkaConfig;
 use crate::sink::kafka::described_value;
 
@@ -56,8 +58,8 @@ pub fn read(
     if let Some(dlq) = &kafka.dead_letter_topic {
         if let Some(mut read) = reader.topic(dlq, since_ms, &mut |r| tally.dead_letter(r))? {
             read.compacted = reader.compacted(dlq);
-            if read.until().is_some() {
-                tally.matcher.partial_dead_letters();
+            if let Some(until) = read.until() {
+                tally.matcher.partial_dead_letters(until);
             }
             tally.out.notes.extend(read.notes(dlq));
         }
@@ -137,6 +139,8 @@ impl Reader {
         let mut read = TopicRead::default();
         // Where each partition's read ends (exclusive): its end when the read began.
         let mut ends: HashMap<i32, i64> = HashMap::new();
+        // Where each partition's read begins.
+        let mut firsts: HashMap<i32, i64> = HashMap::new();
         let mut assignment = TopicPartitionList::new();
         for start in self.starts(topic, partitions, since_ms)? {
             if start.low > 0 && (since_ms.is_none() || start.first == start.low) {
@@ -144,6 +148,7 @@ impl Reader {
             }
             if start.first < start.high {
                 ends.insert(start.partition, start.high);
+                firsts.insert(start.partition, start.first);
                 assignment
                     .add_partition_offset(topic, start.partition, Offset::Offset(start.first))
                     .map_err(|e| failed(&self.brokers, &what("assigning"), &e))?;
@@ -155,7 +160,7 @@ impl Reader {
         consumer
             .assign(&assignment)
             .map_err(|e| failed(&self.brokers, &what("assigning"), &e))?;
-        self.drain(&consumer, topic, ends, &mut read, each)?;
+        self.drain(&consumer, topic, (&firsts, ends), &mut read, each)?;
         Ok(Some(read))
     }
 
@@ -167,11 +172,16 @@ impl Reader {
         &self,
         consumer: &BaseConsumer<QuietContext>,
         topic: &str,
-        mut ends: HashMap<i32, i64>,
+        (firsts, mut ends): (&HashMap<i32, i64>, HashMap<i32, i64>),
         read: &mut TopicRead,
         each: &mut dyn FnMut(Read<'_>),
     ) -> Result<()> {
         let what = |w: &str| format!("{w} of {topic:?}");
+        // Where a partition's read stands; before its first record, where it began.
+        let at = |partition: i32| {
+            self.position(consumer, topic, partition)
+                .or_else(|| firsts.get(&partition).copied())
+        };
         let pause = |partition: i32| {
             let mut done = TopicPartitionList::new();
             done.add_partition(topic, partition);
@@ -192,6 +202,29 @@ impl Reader {
             let Some(next) = consumer.poll(Duration::from_millis(500)) else {
                 let moving = ends.keys().any(|p| !stalled.contains_key(p));
                 if moving && heard.elapsed() > SILENCE {
+                    // librdkafka signals no end where a read begins beyond an open transaction's
+                    // start: a partition whose last stable offset (a read_committed consumer's
+                    // high watermark) is not past where the read stands is held there, not
+                    // silent.
+                    let mut held = false;
+                    let silent: Vec<i32> = ends
+                        .keys()
+                        .filter(|p| !stalled.contains_key(p))
+                        .copied()
+                        .collect();
+                    for partition in silent {
+                        let stable = consumer.fetch_watermarks(topic, partition, LOOKUP);
+                        if let (Ok((_, stable)), Some(at)) = (stable, at(partition)) {
+                            if stable <= at {
+                                stalled.insert(partition, Instant::now());
+                                held = true;
+                            }
+                        }
+                    }
+                    if held {
+                        heard = Instant::now();
+                        continue;
+                    }
                     return Err(Error::sink(format!(
                         "audit: {} returned nothing for {} before reaching the end of partition(s) {:?}",
                         what("reading"),
@@ -209,8 +242,7 @@ impl Reader {
                 // the read began with, a transaction is open there.
                 Err(KafkaError::PartitionEOF(partition)) => {
                     if let Some(&end) = ends.get(&partition) {
-                        let at = self.position(consumer, topic, partition);
-                        if at.is_none_or(|at| at >= end) {
+                        if at(partition).is_none_or(|at| at >= end) {
                             ends.remove(&partition);
                             pause(partition);
                         } else {
@@ -227,13 +259,17 @@ impl Reader {
             };
             heard = Instant::now();
             stalled.remove(&partition);
-            let stamp = message.timestamp().to_millis();
-            read.first_stamp.entry(partition).or_insert(stamp);
+            // The cut-off comes from outboxd's own records: another producer's (a backfill, a
+            // skewed host) may carry any time.
+            if !read.first_stamp.contains_key(&partition)
+                && header_of(&message, ID_HEADER).is_some()
+                && header_of(&message, POSITION_HEADER).is_some()
+            {
+                read.first_stamp
+                    .insert(partition, message.timestamp().to_millis());
+            }
             if message.offset() < end {
-                let headers = message.headers();
-                let header = move |name: &str| -> Option<&[u8]> {
-                    headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
-                };
+                let header = |name: &str| header_of(&message, name);
                 each(Read {
                     topic,
                     partition,
@@ -380,7 +416,7 @@ struct TopicRead {
     unstable: Vec<i32>,
     /// Whether the topic is compacted (`None`: the brokers would not say).
     compacted: Option<bool>,
-    /// Per partition, the timestamp of the first record read (`None`: it had none).
+    /// Per partition, the timestamp of the first record of outboxd's read (`None`: it had none).
     first_stamp: HashMap<i32, Option<i64>>,
 }
 
@@ -428,5 +464,31 @@ impl TopicRead {
             ));
         }
         notes
+    }
+}
+
+/// The last value of header `name` of `message`, looked up by name alone: the rdkafka crate's
+/// header iterator panics on a header name that is not UTF-8, which any producer may write, and
+/// one such record would stop every audit. A header without a value counts as absent.
+fn header_of<'a>(message: &'a BorrowedMessage<'_>, name: &str) -> Option<&'a [u8]> {
+    let name = std::ffi::CString::new(name).ok()?;
+    let mut headers: *mut rd::rd_kafka_headers_t = std::ptr::null_mut();
+    let mut value: *const std::ffi::c_void = std::ptr::null();
+    let mut size = 0usize;
+    // SAFETY: the message is valid for 'a, and librdkafka keeps its headers (and the value a
+    // lookup points into) as long as the message.
+    unsafe {
+        if rd::rd_kafka_message_headers(message.ptr(), &mut headers)
+            != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+        {
+            return None;
+        }
+        if rd::rd_kafka_header_get_last(headers, name.as_ptr(), &mut value, &mut size)
+            != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+            || value.is_null()
+        {
+            return None;
+        }
+        Some(std::slice::from_raw_parts(value.cast::<u8>(), size))
     }
 }

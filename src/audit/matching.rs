@@ -175,8 +175,9 @@ pub struct Matcher {
     /// Destinations (by index) the broker could not show in full, and until when (ms): a row
     /// stamped at or after it, or on a destination with `i64::MAX`, may have lost its record.
     partial: HashMap<u32, i64>,
-    /// Whether the dead-letter destination could not be shown in full.
-    partial_dead_letters: bool,
+    /// Until when (ms; `i64::MAX`: any time) the dead-letter destination could not be shown in
+    /// full, when it could not.
+    partial_dead_letters: Option<i64>,
 }
 
 impl Matcher {
@@ -234,10 +235,11 @@ impl Matcher {
         }
     }
 
-    /// The same for the dead-letter destination: an unroutable row without a dead letter is
-    /// unverifiable, not missing.
-    pub fn partial_dead_letters(&mut self) {
-        self.partial_dead_letters = true;
+    /// The same for the dead-letter destination, which takes unroutable rows and records the
+    /// broker refused: any row without a record (and old enough) is unverifiable, not missing.
+    pub fn partial_dead_letters(&mut self, until: i64) {
+        let at = self.partial_dead_letters.get_or_insert(until);
+        *at = (*at).max(until);
     }
 
     /// Whether `id` is an expected row.
@@ -329,13 +331,16 @@ impl Matcher {
             ..Outcome::default()
         };
         for (id, entry) in self.rows {
+            // Whether the row is older than what a destination removed (`until`).
+            let old_enough =
+                |&until: &i64| until == i64::MAX || entry.at.is_none_or(|at| at < until);
             match entry.seen {
                 0 if entry.dead => outcome.dead_lettered += 1,
-                0 if entry.topic.map_or(self.partial_dead_letters, |t| {
-                    self.partial.get(&t).is_some_and(|&until| {
-                        until == i64::MAX || entry.at.is_none_or(|at| at < until)
-                    })
-                }) =>
+                0 if entry
+                    .topic
+                    .and_then(|t| self.partial.get(&t))
+                    .is_some_and(old_enough)
+                    || self.partial_dead_letters.as_ref().is_some_and(old_enough) =>
                 {
                     outcome.unverifiable.push(Absent {
                         id: id.into(),

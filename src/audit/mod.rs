@@ -119,8 +119,9 @@ pub async fn run(config: &Config, options: &Options) -> Result<Report> {
     }
     let wait = crate::retention::wait_for_checkpoint_to(&store, &end, &identity, options.wait);
     let behind = wait.await?;
-    let checkpoint = store
-        .load_from_async()?
+    let stored = store.load_from_async()?;
+    let cluster_unknown = unknown_cluster(stored.as_ref().map(|c| &c.source), &identity);
+    let checkpoint = stored
         .map(|c| c.position.to_string())
         .unwrap_or_else(|| "none".to_string());
     let rows::Rows {
@@ -137,7 +138,7 @@ pub async fn run(config: &Config, options: &Options) -> Result<Report> {
         &config.route.id,
         options.progress,
     );
-    let (matcher, read) = match broker {
+    let (matcher, mut read) = match broker {
         Broker::Kafka(kafka) => {
             let kafka = kafka.clone();
             let pipeline = config.name.clone();
@@ -151,6 +152,12 @@ pub async fn run(config: &Config, options: &Options) -> Result<Report> {
         #[cfg(feature = "nats")]
         Broker::Nats(nats) => nats::read(&config.name, nats, &topics, tally).await?,
     };
+    read.notes.extend(cluster_unknown);
+    // Notes may quote a server's words; the rest of the report is counts and the table's and the
+    // broker's own data, which scrubbing could only corrupt (a short password inside a number).
+    for note in &mut read.notes {
+        *note = crate::secrets::scrub(note).into_owned();
+    }
     Ok(Report::new(
         matcher.finish(),
         read,
@@ -159,4 +166,18 @@ pub async fn run(config: &Config, options: &Options) -> Result<Report> {
         checkpoint,
         end.to_string(),
     ))
+}
+
+/// A note when a Postgres checkpoint cannot be told to belong to the cluster read: its LSNs are
+/// then compared as if it did, and a checkpoint copied from another cluster would make rows look
+/// missing.
+fn unknown_cluster(
+    stored: Option<&crate::source::SourceIdentity>,
+    read: &crate::source::SourceIdentity,
+) -> Option<String> {
+    let stored = stored?;
+    let postgres = stored.kind == crate::source::config::SourceKind::Postgres;
+    (postgres && (stored.system_identifier.is_none() || read.system_identifier.is_none())).then(|| {
+        "could not tell whether the checkpoint was written against this Postgres cluster (its system identifier is unknown: the audit's user needs REPLICATION or EXECUTE on pg_control_system()): if it was copied from another cluster, missing rows may be an artefact of that".to_string()
+    })
 }

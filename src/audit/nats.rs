@@ -64,12 +64,12 @@ pub async fn read(
         }
     }
     if let Some(dlq) = &config.dead_letter_topic {
-        if let Some(Held::Thinned(stream, _)) =
+        if let Some(Held::Thinned(stream, until)) =
             scan(&js, dlq, &mut |r| tally.dead_letter(r)).await?
         {
-            tally.matcher.partial_dead_letters();
+            tally.matcher.partial_dead_letters(until);
             tally.out.notes.push(format!(
-                "stream {stream:?} (holding the dead letters) no longer has every message it stored: an unroutable row without a dead letter is unverifiable, not missing"
+                "stream {stream:?} (holding the dead letters) no longer has every message it stored: a row without a record or a dead letter is unverifiable, not missing, unless it is newer than what the stream removed"
             ));
         }
     }
@@ -102,6 +102,16 @@ async fn scan(js: &Context, subject: &str, each: &mut dyn FnMut(Read<'_>)) -> Re
     Ok(Some(if state.deleted_count.unwrap_or(0) > 0 {
         // Messages deleted one by one: of any time.
         Held::Thinned(name, i64::MAX)
+    } else if state.first_sequence > 1 && state.messages == 0 {
+        // Every message removed (limits, a purge): the stream names no first one (its first
+        // time is the zero time), so all up to its last one, which it still names.
+        let last_ms = (state.last_timestamp.unix_timestamp_nanos() / 1_000_000) as i64;
+        let until = if last_ms > 0 {
+            last_ms.saturating_add(SKEW_MS)
+        } else {
+            i64::MAX
+        };
+        Held::Thinned(name, until)
     } else if state.first_sequence > 1 {
         // Removed from the front (limits, a purge): all older than the first one left.
         let first_ms = (state.first_timestamp.unix_timestamp_nanos() / 1_000_000) as i64;

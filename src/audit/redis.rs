@@ -84,9 +84,11 @@ pub async fn read(
                 .map_err(|e| failed(&format!("reading {dlq:?}"), e))?;
             if let Deleted::Since(ms) = deleted(&mut conn, dlq).await {
                 if ms >= start_ms {
-                    tally.matcher.partial_dead_letters();
+                    tally
+                        .matcher
+                        .partial_dead_letters(ms.saturating_add(SKEW_MS));
                     tally.out.notes.push(format!(
-                        "the dead-letter stream {dlq:?} had entries deleted in the window: an unroutable row without a dead letter is unverifiable, not missing"
+                        "the dead-letter stream {dlq:?} had entries deleted in the window: a row without an entry or a dead letter is unverifiable, not missing, unless it is newer than the last entry deleted"
                     ));
                 }
             }

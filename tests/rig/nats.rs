@@ -230,6 +230,15 @@ impl Nats {
         });
     }
 
+    /// Removes every message of stream `name` (as `nats stream purge` would).
+    pub fn purge(&self, name: &str) {
+        block_on(async {
+            let js = jetstream::new(self.client().await.unwrap());
+            let stream = js.get_stream(name).await.unwrap();
+            stream.purge().await.unwrap();
+        });
+    }
+
     /// A file-backed stream `name` capturing `subjects` (duplicate window 2 minutes).
     pub fn add_stream(&self, name: &str, subjects: &[&str]) {
         self.add_stream_with_window(name, subjects, Duration::from_secs(120))
