@@ -3,6 +3,16 @@
 //! `"3*off->return"`: the fourth time) makes the process abort right there, exactly like `kill -9`
 //! at the worst moment, which a test cannot time from outside.
 
+/// `fail::fail_point!` with the `failpoints` feature; nothing without it, so a build without the
+/// feature does not compile the `fail` crate (nor the random-number crates it brings).
+#[macro_export]
+macro_rules! fault_point {
+    ($($point:tt)*) => {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!($($point)*);
+    };
+}
+
 /// After a record was handed to the producer, before Kafka acknowledged it.
 pub const AFTER_PRODUCE_BEFORE_ACK: &str = "after_produce_before_ack";
 /// After acknowledgements made a new position safe, before the checkpoint write started.
@@ -20,7 +30,7 @@ pub const LIVE_DECODE: &str = "live_decode";
 /// the file named by the fail point's argument exists: `first_write_fails=1*return(PATH)`. The
 /// test commits rows meanwhile, after the source chose its start.
 pub fn first_write_fails() -> crate::error::Result<()> {
-    fail::fail_point!("first_write_fails", |path: Option<String>| {
+    crate::fault_point!("first_write_fails", |path: Option<String>| {
         let path = std::path::PathBuf::from(path.unwrap_or_default());
         while !path.exists() {
             std::thread::sleep(std::time::Duration::from_millis(20));
@@ -38,7 +48,7 @@ pub const INDEX_SEND_HANGS_WHEN_RELEASED: &str = "index_send_hangs_when_released
 /// Hangs here once the fail point `name`'s file exists (see [`INDEX_SEND_HANGS_WHEN_RELEASED`]).
 pub fn hang_once_released(name: &str) {
     let _ = name;
-    fail::fail_point!(name, |path: Option<String>| {
+    crate::fault_point!(name, |path: Option<String>| {
         static FIRED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         let released = path.is_some_and(|path| std::path::Path::new(&path).exists());
         if released && !FIRED.swap(true, std::sync::atomic::Ordering::SeqCst) {
@@ -57,7 +67,7 @@ pub const RENEWAL_HELD_WHEN_RELEASED: &str = "renewal_held_when_released";
 /// Holds the caller here for 15 s once the fail point's file exists (see
 /// [`RENEWAL_HELD_WHEN_RELEASED`]).
 pub fn renewal_held_once_released() {
-    fail::fail_point!(RENEWAL_HELD_WHEN_RELEASED, |path: Option<String>| {
+    crate::fault_point!(RENEWAL_HELD_WHEN_RELEASED, |path: Option<String>| {
         static FIRED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         let released = path.is_some_and(|path| std::path::Path::new(&path).exists());
         if released && !FIRED.swap(true, std::sync::atomic::Ordering::SeqCst) {
@@ -74,7 +84,7 @@ pub const SHUTDOWN_HANGS: &str = "shutdown_hangs";
 /// Hangs the calling thread for 10 minutes when the fail point `name` is active.
 pub fn hang_point(name: &str) {
     let _ = name;
-    fail::fail_point!(name, |_| {
+    crate::fault_point!(name, |_| {
         eprintln!("fail point {name}: hanging");
         std::thread::sleep(std::time::Duration::from_secs(600));
     });
@@ -83,14 +93,14 @@ pub fn hang_point(name: &str) {
 /// Panics here when the fail point `name` is active (a stand-in for a panic in third-party code).
 pub fn panic_point(name: &str) {
     let _ = name;
-    fail::fail_point!(name, |_| panic!("fail point {name}: panicking"));
+    crate::fault_point!(name, |_| panic!("fail point {name}: panicking"));
 }
 
 /// Aborts the process here when the fail point `name` is active.
 pub fn crash_point(name: &str) {
     // Without the `failpoints` feature the macro expands to nothing.
     let _ = name;
-    fail::fail_point!(name, |_| {
+    crate::fault_point!(name, |_| {
         eprintln!("fail point {name}: aborting");
         std::process::abort()
     });

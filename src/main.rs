@@ -264,6 +264,7 @@ enum CheckpointAction {
 
 fn main() -> ExitCode {
     // Fault-injection points for the reliability tests; inert unless built with `failpoints`.
+    #[cfg(feature = "failpoints")]
     let _faults = fail::FailScenario::setup();
     let cli = Cli::parse();
     init_logging(cli.log_format);

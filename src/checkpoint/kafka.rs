@@ -272,7 +272,7 @@ impl KafkaStore {
         // Test builds: the brokers list the topic without partitions, as KRaft's metadata does
         // for a moment after CreateTopics returns (test
         // `a_new_checkpoint_topic_listed_without_partitions_for_a_moment_is_waited_for`).
-        fail::fail_point!("checkpoint_topic_partitions_lag", |_| Ok(0));
+        crate::fault_point!("checkpoint_topic_partitions_lag", |_| Ok(0));
         let metadata = consumer
             .fetch_metadata(Some(&self.topic), TIMEOUT)
             .map_err(|e| unreachable(&self.topic, &e))?;
@@ -905,7 +905,7 @@ impl KafkaStore {
                         // A release that reached the log but is not committed yet (the test of
                         // a clean stop's handover: `release_commit_delayed=sleep(MS)`).
                         let _ = producer.flush(left());
-                        fail::fail_point!("release_commit_delayed");
+                        crate::fault_point!("release_commit_delayed");
                     }
                 }
                 if !indexed {
@@ -1035,7 +1035,7 @@ impl KafkaStore {
         // The coordinator not answering the first AddOffsetsToTxn of each write (test
         // `a_checkpoint_write_retried_after_its_index_failed_is_still_indexed`).
         if first_attempt {
-            fail::fail_point!("checkpoint_index_send_fails", |_| Err(SendError::Kafka(
+            crate::fault_point!("checkpoint_index_send_fails", |_| Err(SendError::Kafka(
                 KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)
             )));
         }

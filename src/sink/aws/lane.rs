@@ -502,18 +502,18 @@ enum Injected {
 /// the whole batch and then fails the call as if its reply were lost (every entry was stored, and
 /// goes again).
 fn injected(len: usize) -> Option<Injected> {
-    fail::fail_point!("aws_batch_reply_lost", |_| Some(Injected::ReplyLost));
-    fail::fail_point!("aws_batch_throttle", |_| Some(Injected::Refused(Failure {
+    crate::fault_point!("aws_batch_reply_lost", |_| Some(Injected::ReplyLost));
+    crate::fault_point!("aws_batch_throttle", |_| Some(Injected::Refused(Failure {
         code: "ThrottlingException".into(),
         text: "ThrottlingException: injected by the fail point aws_batch_throttle".into(),
         transient: true,
         missing: false,
     })));
-    fail::fail_point!("aws_batch_partial", |arg: Option<String>| {
+    crate::fault_point!("aws_batch_partial", |arg: Option<String>| {
         let k = arg.and_then(|a| a.parse().ok()).unwrap_or(1usize);
         Some(Injected::FirstOf(k.min(len)))
     });
-    fail::fail_point!("aws_batch_entry_fails", |arg: Option<String>| {
+    crate::fault_point!("aws_batch_entry_fails", |arg: Option<String>| {
         let code = arg.unwrap_or_else(|| "InternalError".into());
         Some(Injected::AllButFirst(Outcome::Failed(
             super::service::entry_failure(

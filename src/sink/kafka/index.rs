@@ -123,7 +123,7 @@ impl RecordIndex {
             .spawn(move || {
                 // Holds the call the way librdkafka does when its coordinator is gone (test
                 // `a_checkpoint_write_stuck_in_librdkafka_is_given_up_and_written_again`).
-                fail::fail_point!("index_send_hangs");
+                crate::fault_point!("index_send_hangs");
                 crate::fault::hang_once_released(crate::fault::INDEX_SEND_HANGS_WHEN_RELEASED);
                 let _ = done.send(producer.send_offsets_to_transaction(&offsets, &group, timeout));
             })
