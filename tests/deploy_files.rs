@@ -1,7 +1,7 @@
-//! The monitoring files in `deploy/` stay in step with what outboxd exports: the Grafana dashboard
-//! and the Prometheus alert rules parse, and every `outboxd_*` series they query is one that
-//! `/metrics` serves (taken from the library: a fresh `Metrics` with every recording method called
-//! once, rendered as `/metrics` renders it).
+//! The files in `deploy/` stay in step with outboxd: the Grafana dashboard and the Prometheus alert
+//! rules parse, and every `outboxd_*` series they query is one that `/metrics` serves (taken from
+//! the library: a fresh `Metrics` with every recording method called once, rendered as `/metrics`
+//! renders it); the Dockerfile builds what `cargo build --release` builds unless told otherwise.
 
 use std::collections::BTreeSet;
 
@@ -172,4 +172,31 @@ fn the_alert_rules_pass_promtool_when_it_is_installed() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success() && text.contains("SUCCESS"), "{text}");
+}
+
+/// The image's `SINKS` build argument defaults to Cargo.toml's default features (the image is the
+/// full binary unless told otherwise) and is what the build's `--features` takes. Without Docker
+/// here, the build itself is not run.
+#[test]
+fn the_dockerfile_builds_the_default_sinks_unless_told_otherwise() {
+    let dockerfile = repo_file("deploy/Dockerfile");
+    let arg = dockerfile
+        .lines()
+        .find_map(|l| l.strip_prefix("ARG SINKS="))
+        .expect("deploy/Dockerfile has ARG SINKS=...");
+    let mut sinks: Vec<&str> = arg.trim_matches('"').split_whitespace().collect();
+    sinks.sort();
+    let manifest: toml::Value = toml::from_str(&repo_file("Cargo.toml")).unwrap();
+    let mut default: Vec<&str> = manifest["features"]["default"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    default.sort();
+    assert_eq!(sinks, default, "ARG SINKS in deploy/Dockerfile");
+    assert!(
+        dockerfile.contains("cargo build --release --locked --no-default-features --features \"$SINKS\""),
+        "{dockerfile}"
+    );
 }
