@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A randomized fault schedule against real servers, with an independent checker (tests/soak/).
 #
-#   scripts/soak.sh [--minutes M] [--seed S] [--source mariadb|postgres] [--sink kafka|redis|nats]
+#   scripts/soak.sh [--minutes M] [--seed S] [--source mariadb|postgres] [--sink kafka|redis|nats|rabbitmq]
 #                   [--exactly-once] [--faults kill,pause,...] [--out DIR]
 #
 # Writes DIR/report.json (rows committed, delivered, lost, duplicated, order violations, faults by
@@ -26,8 +26,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "${OUTBOXD_SOAK_SINK:-kafka}" in
-  kafka|redis|nats) ;;
-  *) echo "soak: --sink ${OUTBOXD_SOAK_SINK}: kafka, redis or nats so far (README \"Not yet\")" >&2; exit 2 ;;
+  kafka|redis|nats|rabbitmq) ;;
+  *) echo "soak: --sink ${OUTBOXD_SOAK_SINK}: kafka, redis, nats or rabbitmq so far (README \"Not yet\")" >&2; exit 2 ;;
 esac
 ./scripts/install-test-deps.sh >/dev/null
 exec cargo test --locked -j 2 --features failpoints --test integration \

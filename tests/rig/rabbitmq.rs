@@ -82,6 +82,16 @@ impl RabbitMq {
         Self::start_with("guest", "guest", None, conf)
     }
 
+    /// A node listening on `host` too (a network namespace's host end), same port.
+    pub fn start_on(host: &str) -> RabbitMq {
+        Self::start_with(
+            "guest",
+            "guest",
+            None,
+            &format!("listeners.tcp.also = {host}:PORT\n"),
+        )
+    }
+
     /// A node with a TLS listener too (on [`RabbitMq::tls_port`]) presenting `server`, signed by
     /// the CA in `ca_pem`.
     pub fn start_tls(ca_pem: &std::path::Path, server: &super::certs::Issued) -> RabbitMq {
@@ -144,8 +154,12 @@ impl RabbitMq {
         std::fs::write(
             rabbit.dir.path().join("rabbitmq.conf"),
             format!(
-                "listeners.tcp.default = 127.0.0.1:{}\nloopback_users = none\ndefault_user = {}\ndefault_pass = {}\n{tls_listener}{conf}",
-                rabbit.port, rabbit.user, rabbit.password
+                "listeners.tcp.default = 127.0.0.1:{}\nloopback_users = none\ndefault_user = {}\ndefault_pass = {}\n{tls_listener}{}",
+                rabbit.port,
+                rabbit.user,
+                rabbit.password,
+                // `PORT`: the node's AMQP port, for listeners added by the caller.
+                conf.replace(":PORT", &format!(":{}", rabbit.port))
             ),
         )
         .unwrap();
@@ -229,6 +243,18 @@ impl RabbitMq {
             "amqp://{}:{}@127.0.0.1:{}/%2f",
             self.user, self.password, self.port
         )
+    }
+
+    /// `amqp://user:password@HOST:PORT/%2f`: the listener [`RabbitMq::start_on`] added.
+    pub fn url_on(&self, host: &str) -> String {
+        format!(
+            "amqp://{}:{}@{host}:{}/%2f",
+            self.user, self.password, self.port
+        )
+    }
+
+    pub fn log_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("server.out")
     }
 
     /// `amqps://user:password@HOST:TLS_PORT/%2f` (`host` is what the certificate is checked

@@ -1,12 +1,12 @@
 //! The soak: a steady keyed load into the outbox, outboxd forwarding it to Apache Kafka (or Redis
-//! Streams, or NATS JetStream: `sink`), and a nemesis that breaks one thing after another on a schedule drawn from a
+//! Streams, NATS JetStream or RabbitMQ: `sink`), and a nemesis that breaks one thing after another on a schedule drawn from a
 //! seed (`plan`): kill -9 and SIGSTOP of outboxd, a standby's leader killed, the broker killed or
 //! frozen, the database restarted, the MariaDB replica outboxd reads stopped, the network between outboxd and every server cut, lossy or slow (a namespace of the
 //! test's own: `rig::netns`), the checkpoint's disk full. Every fault heals before the next; at the
 //! end outboxd catches up and an independent checker (`checker`) compares the database's table
 //! with everything the topic holds.
 //!
-//! CI runs three 3-minute schedules with fixed seeds (the tests below); `scripts/soak.sh` runs any
+//! CI runs four 3-minute schedules with fixed seeds (the tests below); `scripts/soak.sh` runs any
 //! length, seed and combination, and writes `report.json` and `timeline.png` to the folder it
 //! names. RELIABILITY.md "Fault schedule" says how to read them and replay a seed.
 
@@ -79,6 +79,7 @@ pub fn run(options: &Options) {
         ),
         sink::SinkServer::Redis(redis) => tail::Tail::redis(redis, sink::TOPIC),
         sink::SinkServer::Nats(nats) => tail::Tail::nats(&nats.url(), sink::STREAM),
+        sink::SinkServer::RabbitMq(rabbit) => tail::Tail::rabbitmq(&rabbit.url(), sink::STREAM),
     };
     let stop = Arc::new(AtomicBool::new(false));
     // Stops the load after a panic too (the test binary goes on with other tests).
@@ -230,6 +231,22 @@ fn mariadb_to_nats_loses_nothing_and_keeps_key_order_under_a_three_minute_fault_
     });
 }
 
+/// The same schedule against RabbitMQ: publisher confirms, a nack or a lost connection mid-window,
+/// resends after every restart (RabbitMQ drops no repeat: duplicates are expected, loss and
+/// disorder are not).
+#[test]
+fn mariadb_to_rabbitmq_loses_nothing_and_keeps_key_order_under_a_three_minute_fault_schedule() {
+    run(&Options {
+        minutes: 3.0,
+        seed: CI_MARIADB_SEED,
+        source: Source::Mysqld,
+        sink: Sink::RabbitMq,
+        exactly_once: false,
+        out: out_dir("ci-mariadb-rabbitmq"),
+        only: Vec::new(),
+    });
+}
+
 #[test]
 fn postgres_to_kafka_exactly_once_loses_and_repeats_nothing_under_a_three_minute_fault_schedule() {
     run(&Options {
@@ -251,6 +268,7 @@ fn the_ci_seeds_draw_every_kind_of_fault_their_world_takes_within_two_minutes() 
     for (source, sink, exactly_once, seed) in [
         (Source::Mysqld, Sink::Kafka, false, CI_MARIADB_SEED),
         (Source::Mysqld, Sink::Nats, false, CI_MARIADB_SEED),
+        (Source::Mysqld, Sink::RabbitMq, false, CI_MARIADB_SEED),
         (Source::Postgres, Sink::Kafka, true, CI_POSTGRES_SEED),
     ] {
         let after = plan::all_drawn_after(seed, &world::kinds(source, sink, exactly_once));
@@ -275,8 +293,9 @@ fn from_the_command_line() {
         None | Some("kafka") => Sink::Kafka,
         Some("redis") => Sink::Redis,
         Some("nats") => Sink::Nats,
+        Some("rabbitmq") => Sink::RabbitMq,
         Some(other) => {
-            panic!("--sink {other}: the soak drives Apache Kafka, Redis and NATS so far (README \"Not yet\")")
+            panic!("--sink {other}: the soak drives Apache Kafka, Redis, NATS and RabbitMQ so far (README \"Not yet\")")
         }
     };
     let minutes: f64 = var("MINUTES").map_or(3.0, |m| m.parse().expect("--minutes: a number"));

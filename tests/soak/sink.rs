@@ -1,12 +1,15 @@
 //! The server the soak's outboxd publishes to: Apache Kafka (one KRaft node), Redis (Streams,
 //! append-only file with `appendfsync always`, so an entry Redis acknowledged survives its
 //! `kill -9`) or NATS JetStream (one file-backed stream; what it acknowledged is in its files, so
-//! it survives the process's `kill -9`, not a host crash). The nemesis kills, restarts, freezes and
+//! it survives the process's `kill -9`, not a host crash) or RabbitMQ (a durable topic exchange and
+//! one durable queue bound to the soak's routing key; a publisher confirm means the node wrote the
+//! message). The nemesis kills, restarts, freezes and
 //! thaws it the same way whichever it is.
 
 use std::path::Path;
 
 use crate::rig::nats::Nats;
+use crate::rig::rabbitmq::RabbitMq;
 use crate::rig::redis::Redis;
 use crate::rig::{create_topic_with, Broker};
 
@@ -15,14 +18,18 @@ pub const TOPIC: &str = "outbox.event.soak";
 /// The topic's partitions (Kafka; a Redis or JetStream stream is one ordered log, partition 0
 /// here).
 pub const PARTITIONS: i32 = 6;
-/// The JetStream stream that captures [`TOPIC`] (its subject).
+/// The JetStream stream that captures [`TOPIC`] (its subject), and the RabbitMQ queue bound to it
+/// (its routing key).
 pub const STREAM: &str = "SOAK";
+/// The RabbitMQ exchange outboxd publishes to.
+pub const EXCHANGE: &str = "outbox";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sink {
     Kafka,
     Redis,
     Nats,
+    RabbitMq,
 }
 
 impl Sink {
@@ -31,6 +38,7 @@ impl Sink {
             Sink::Kafka => "Apache Kafka",
             Sink::Redis => "Redis Streams",
             Sink::Nats => "NATS JetStream",
+            Sink::RabbitMq => "RabbitMQ",
         }
     }
 }
@@ -39,6 +47,7 @@ pub enum SinkServer {
     Kafka(Broker),
     Redis(Redis),
     Nats(Nats),
+    RabbitMq(RabbitMq),
 }
 
 impl SinkServer {
@@ -69,6 +78,11 @@ impl SinkServer {
                 nats.add_stream(STREAM, &[TOPIC]);
                 SinkServer::Nats(nats)
             }
+            Sink::RabbitMq => {
+                let rabbit = RabbitMq::start_on(host);
+                rabbit.declare(EXCHANGE, &[(STREAM, TOPIC)]);
+                SinkServer::RabbitMq(rabbit)
+            }
         }
     }
 
@@ -84,6 +98,10 @@ impl SinkServer {
                 format!("[redis]\nurl = \"redis://{host}:{}/0\"\n", redis.port)
             }
             SinkServer::Nats(nats) => format!("[nats]\nurl = \"{}\"\n", nats.url()),
+            SinkServer::RabbitMq(rabbit) => format!(
+                "[rabbitmq]\nurl = \"{}\"\nexchange = \"{EXCHANGE}\"\n",
+                rabbit.url_on(host)
+            ),
         }
     }
 
@@ -91,7 +109,7 @@ impl SinkServer {
     pub fn kafka(&self) -> Option<&Broker> {
         match self {
             SinkServer::Kafka(broker) => Some(broker),
-            SinkServer::Redis(_) | SinkServer::Nats(_) => None,
+            SinkServer::Redis(_) | SinkServer::Nats(_) | SinkServer::RabbitMq(_) => None,
         }
     }
 
@@ -100,6 +118,7 @@ impl SinkServer {
             SinkServer::Kafka(broker) => broker.kill9(),
             SinkServer::Redis(redis) => redis.kill9(),
             SinkServer::Nats(nats) => nats.kill9(),
+            SinkServer::RabbitMq(rabbit) => rabbit.kill9(),
         }
     }
 
@@ -109,6 +128,7 @@ impl SinkServer {
             SinkServer::Kafka(broker) => broker.resume(),
             SinkServer::Redis(redis) => redis.boot(),
             SinkServer::Nats(nats) => nats.boot(),
+            SinkServer::RabbitMq(rabbit) => rabbit.boot(),
         }
     }
 
@@ -117,6 +137,7 @@ impl SinkServer {
             SinkServer::Kafka(broker) => broker.freeze(),
             SinkServer::Redis(redis) => redis.freeze(),
             SinkServer::Nats(nats) => nats.freeze(),
+            SinkServer::RabbitMq(rabbit) => rabbit.freeze(),
         }
     }
 
@@ -125,10 +146,11 @@ impl SinkServer {
             SinkServer::Kafka(broker) => broker.thaw(),
             SinkServer::Redis(redis) => redis.thaw(),
             SinkServer::Nats(nats) => nats.thaw(),
+            SinkServer::RabbitMq(rabbit) => rabbit.thaw(),
         }
     }
 
-    /// Copies the server's logs into `dir` (`broker-N.log`, `redis.log` or `nats-server.log`).
+    /// Copies the server's logs into `dir` (`broker-N.log`, `redis.log`, `nats-server.log` or `rabbitmq.log`).
     pub fn save_logs(&self, dir: &Path) {
         match self {
             SinkServer::Kafka(broker) => {
@@ -141,6 +163,9 @@ impl SinkServer {
             }
             SinkServer::Nats(nats) => {
                 let _ = std::fs::copy(nats.log_path(), dir.join("nats-server.log"));
+            }
+            SinkServer::RabbitMq(rabbit) => {
+                let _ = std::fs::copy(rabbit.log_path(), dir.join("rabbitmq.log"));
             }
         }
     }

@@ -13,6 +13,12 @@
 //! next sequence whenever the server goes away: the stream is partition 0, a message's stream
 //! sequence its offset, and the server's time it stored it its append time. The end: a sequence
 //! past the stream's last one, asked after the stop.
+//!
+//! On RabbitMQ by consuming the soak's queue (acknowledging what it took), connecting again after
+//! each outage: the queue is partition 0, the order of arrival the offset, the arrival the append
+//! time (RabbitMQ stamps nothing). A message handed out again because the reader's connection
+//! died before its acknowledgement arrives marked `redelivered`; such a copy of an id already seen
+//! is the reader's re-read, not the topic's. The end: an empty queue, asked after the stop.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -115,6 +121,24 @@ impl Tail {
             stream.to_string(),
         );
         let thread = std::thread::spawn(move || read_nats(&url, &stream, &s, &t));
+        Tail {
+            seen,
+            stop,
+            thread: Some(thread),
+            markers: None,
+        }
+    }
+
+    pub fn rabbitmq(url: &str, queue: &str) -> Tail {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, t, url, queue) = (
+            seen.clone(),
+            stop.clone(),
+            url.to_string(),
+            queue.to_string(),
+        );
+        let thread = std::thread::spawn(move || read_rabbitmq(&url, &queue, &s, &t));
         Tail {
             seen,
             stop,
@@ -433,16 +457,26 @@ async fn read_nats_session(
         .await
         .map_err(bounded("messages"))?
         .map_err(|e| e.to_string())?;
+    // When a message last came, and when the stream was last asked about: a consumer whose
+    // client gave up reconnecting yields nothing and no error, so silence is checked.
+    let mut came = Instant::now();
+    let mut asked = Instant::now();
     loop {
         let m = match tokio::time::timeout(Duration::from_millis(500), messages.next()).await {
             Err(_) => {
-                if stop.load(Ordering::Relaxed) {
+                let stopped = stop.load(Ordering::Relaxed);
+                if stopped || asked.elapsed() > step {
+                    asked = Instant::now();
                     let info = tokio::time::timeout(step, handle.info())
                         .await
                         .map_err(bounded("info"))?
                         .map_err(|e| e.to_string())?;
-                    if *next > info.state.last_sequence {
+                    let more = info.state.last_sequence >= *next;
+                    if stopped && !more {
                         return Ok(());
+                    }
+                    if more && came.elapsed() > 2 * step {
+                        return Err("the consumer is silent while the stream holds more".into());
                     }
                 }
                 continue;
@@ -451,6 +485,7 @@ async fn read_nats_session(
             Ok(Some(Err(e))) => return Err(e.to_string()),
             Ok(Some(Ok(m))) => m,
         };
+        came = Instant::now();
         let info = m.info().map_err(|e| e.to_string())?;
         let sequence = info.stream_sequence;
         let appended_ms = (info.published.unix_timestamp_nanos() / 1_000_000) as i64;
@@ -480,6 +515,162 @@ async fn read_nats_session(
             appended_ms,
             key_ok,
         });
+    }
+}
+
+/// Consumes `queue` until told to stop and the queue (asked after the stop) is empty, connecting
+/// again while the node is down, frozen or restarted.
+fn read_rabbitmq(url: &str, queue: &str, seen: &Mutex<Seen>, stop: &AtomicBool) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut offset = 0i64;
+    let mut stopped: Option<Instant> = None;
+    runtime.block_on(async {
+        loop {
+            if stop.load(Ordering::Relaxed) && stopped.is_none() {
+                stopped = Some(Instant::now());
+            }
+            if stopped.is_some_and(|at| at.elapsed() > Duration::from_secs(120)) {
+                return;
+            }
+            match read_rabbitmq_session(url, queue, &mut offset, seen, stop).await {
+                Ok(()) => {
+                    seen.lock().unwrap().drained = true;
+                    return;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    });
+}
+
+/// One connection's consuming: `Ok` once the stop was given and the queue is empty, `Err` when
+/// the connection or the channel failed.
+async fn read_rabbitmq_session(
+    url: &str,
+    queue: &str,
+    offset: &mut i64,
+    seen: &Mutex<Seen>,
+    stop: &AtomicBool,
+) -> Result<(), String> {
+    use futures_util::StreamExt;
+    use lapin::options::{
+        BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions,
+    };
+    use lapin::types::{AMQPValue, FieldTable};
+    let step = Duration::from_secs(5);
+    let within = |what: &'static str| move |e: tokio::time::error::Elapsed| format!("{what}: {e}");
+    let connection = tokio::time::timeout(
+        step,
+        lapin::Connection::connect(url, lapin::ConnectionProperties::default()),
+    )
+    .await
+    .map_err(within("connect"))?
+    .map_err(|e| e.to_string())?;
+    let channel = tokio::time::timeout(step, connection.create_channel())
+        .await
+        .map_err(within("channel"))?
+        .map_err(|e| e.to_string())?;
+    tokio::time::timeout(step, channel.basic_qos(2000, BasicQosOptions::default()))
+        .await
+        .map_err(within("qos"))?
+        .map_err(|e| e.to_string())?;
+    let mut consumer = tokio::time::timeout(
+        step,
+        channel.basic_consume(
+            queue.into(),
+            "soak-checker".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .map_err(within("consume"))?
+    .map_err(|e| e.to_string())?;
+    // When a message last came, and when the queue was last asked about: a consumer on a dead
+    // connection may yield nothing and no error, so silence is checked.
+    let mut came = Instant::now();
+    let mut asked = Instant::now();
+    loop {
+        let delivery = match tokio::time::timeout(Duration::from_millis(500), consumer.next()).await
+        {
+            Err(_) => {
+                let stopped = stop.load(Ordering::Relaxed);
+                if stopped || asked.elapsed() > step {
+                    asked = Instant::now();
+                    let passive = QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    };
+                    let state = tokio::time::timeout(
+                        step,
+                        channel.queue_declare(queue.into(), passive, FieldTable::default()),
+                    )
+                    .await
+                    .map_err(within("queue"))?
+                    .map_err(|e| e.to_string())?;
+                    let more = state.message_count() > 0;
+                    if stopped && !more {
+                        let _ = connection.close(200, "read".into()).await;
+                        return Ok(());
+                    }
+                    if more && came.elapsed() > 2 * step {
+                        return Err("the consumer is silent while the queue holds more".into());
+                    }
+                }
+                continue;
+            }
+            Ok(None) => return Err("the consumer ended".into()),
+            Ok(Some(Err(e))) => return Err(e.to_string()),
+            Ok(Some(Ok(delivery))) => delivery,
+        };
+        came = Instant::now();
+        let header = |name: &str| {
+            delivery
+                .properties
+                .headers()
+                .as_ref()
+                .and_then(|t| t.inner().get(name).cloned())
+                .and_then(|v| match v {
+                    AMQPValue::LongString(s) => Some(s.as_bytes().to_vec()),
+                    AMQPValue::ByteArray(b) => Some(b.as_slice().to_vec()),
+                    _ => None,
+                })
+        };
+        let id = header("id").as_deref().and_then(row_id);
+        let key_ok = id.is_some_and(|id| {
+            header("outboxd.key").as_deref() == Some(key_of(producer_of(id), seq_of(id)).as_bytes())
+        });
+        {
+            let mut seen = seen.lock().unwrap();
+            match id {
+                None => seen.malformed += 1,
+                Some(id) if delivery.redelivered && seen.first.contains_key(&id) => {
+                    seen.re_read += 1
+                }
+                Some(id) => {
+                    seen.first.entry(id).or_insert_with(Instant::now);
+                    let appended_ms = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap()
+                        .as_millis() as i64;
+                    seen.deliveries.push(Delivery {
+                        id,
+                        partition: 0,
+                        offset: *offset,
+                        appended_ms,
+                        key_ok,
+                    });
+                    *offset += 1;
+                }
+            }
+        }
+        tokio::time::timeout(step, delivery.acker.ack(BasicAckOptions::default()))
+            .await
+            .map_err(within("ack"))?
+            .map_err(|e| e.to_string())?;
     }
 }
 

@@ -187,8 +187,10 @@ impl World {
         let (count, checkpoint) = match (exactly_once, sink) {
             (true, Sink::Kafka) => (2, "store = \"kafka\"\ntakeover_timeout_ms = 3000\n"),
             (true, Sink::Redis) => (1, "store = \"redis\"\n"),
-            (true, Sink::Nats) => {
-                panic!("--exactly-once: NATS has no exactly-once mode; drop the flag")
+            (true, Sink::Nats | Sink::RabbitMq) => {
+                panic!(
+                    "--exactly-once: only Kafka and Redis have an exactly-once mode; drop the flag"
+                )
             }
             (false, _) => (1, ""),
         };
