@@ -196,7 +196,8 @@ fn the_dockerfile_builds_the_default_sinks_unless_told_otherwise() {
     default.sort();
     assert_eq!(sinks, default, "ARG SINKS in deploy/Dockerfile");
     assert!(
-        dockerfile.contains("cargo build --release --locked --no-default-features --features \"$SINKS\""),
+        dockerfile
+            .contains("cargo build --release --locked --no-default-features --features \"$SINKS\""),
         "{dockerfile}"
     );
 }
