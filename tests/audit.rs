@@ -125,7 +125,8 @@ impl Sink {
         }
     }
 
-    /// Deletes the first record of each of `topics` as retention or trimming would.
+    /// Deletes the first record of each partition or stream of the outbox topics (on Kafka, of
+    /// the dead-letter topic too) as retention or trimming would.
     fn delete_first_records(&self) {
         match self {
             Sink::Kafka(broker) => {
@@ -134,11 +135,14 @@ impl Sink {
                     .clone();
                 let consumer: BaseConsumer = client.create().unwrap();
                 let mut before = TopicPartitionList::new();
-                for topic in TOPICS {
+                for topic in TOPICS.into_iter().chain([DEAD_LETTERS]) {
                     for partition in 0..3 {
-                        let (_, high) = consumer
-                            .fetch_watermarks(topic, partition, Duration::from_secs(30))
-                            .unwrap();
+                        // The dead-letter topic may have fewer partitions (the broker made it).
+                        let Ok((_, high)) =
+                            consumer.fetch_watermarks(topic, partition, Duration::from_secs(30))
+                        else {
+                            continue;
+                        };
                         if high > 0 {
                             before
                                 .add_partition_offset(topic, partition, Offset::Offset(1))
@@ -533,6 +537,11 @@ fn audit_finds_missing_duplicated_and_reordered_rows(mut rig: Rig) {
             .all(|id| unverifiable.contains(id)),
         "{report:#}"
     );
+    // The dead-letter topic lost its one dead letter: that row is unverifiable, and nothing else
+    // is on its account.
+    if let Sink::Kafka(_) = &rig.sink {
+        assert!(unverifiable.contains(&uuid_of(200)), "{report:#}");
+    }
     assert!(
         report["notes"].as_array().is_some_and(|n| !n.is_empty()),
         "{report:#}"

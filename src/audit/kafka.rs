@@ -18,6 +18,9 @@ use super::tally::{BrokerRead, Read, Tally};
 use crate::checkpoint::{is_connection_property, QuietContext};
 use crate::error::{Error, Result};
 use crate::route::{ID_HEADER, POSITION_HEADER};
+
+/// The header every dead letter carries (its reason).
+const DEAD_LETTER_ERROR_HEADER: &str = "outboxd.error";
 use crate::sink::kafka::config::KafkaConfig;
 use crate::sink::kafka::described_value;
 
@@ -206,19 +209,25 @@ impl Reader {
                     // start: a partition whose last stable offset (a read_committed consumer's
                     // high watermark) is not past where the read stands is held there, not
                     // silent.
+                    // One deadline for them all, and the first lookup that fails ends it: a
+                    // broker that does not answer is the error below.
                     let mut held = false;
                     let silent: Vec<i32> = ends
                         .keys()
                         .filter(|p| !stalled.contains_key(p))
                         .copied()
                         .collect();
+                    let deadline = Instant::now() + LOOKUP;
                     for partition in silent {
-                        let stable = consumer.fetch_watermarks(topic, partition, LOOKUP);
-                        if let (Ok((_, stable)), Some(at)) = (stable, at(partition)) {
-                            if stable <= at {
-                                stalled.insert(partition, Instant::now());
-                                held = true;
-                            }
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        let Ok((_, stable)) = consumer.fetch_watermarks(topic, partition, left)
+                        else {
+                            held = false;
+                            break;
+                        };
+                        if at(partition).is_some_and(|at| stable <= at) {
+                            stalled.insert(partition, Instant::now());
+                            held = true;
                         }
                     }
                     if held {
@@ -259,11 +268,13 @@ impl Reader {
             };
             heard = Instant::now();
             stalled.remove(&partition);
-            // The cut-off comes from outboxd's own records: another producer's (a backfill, a
-            // skewed host) may carry any time.
+            // The cut-off comes from outboxd's own records (a row's, or a dead letter: it has
+            // no id but an error): another producer's (a backfill, a skewed host) may carry any
+            // time.
             if !read.first_stamp.contains_key(&partition)
-                && header_of(&message, ID_HEADER).is_some()
                 && header_of(&message, POSITION_HEADER).is_some()
+                && (header_of(&message, ID_HEADER).is_some()
+                    || header_of(&message, DEAD_LETTER_ERROR_HEADER).is_some())
             {
                 read.first_stamp
                     .insert(partition, message.timestamp().to_millis());
@@ -467,23 +478,25 @@ impl TopicRead {
     }
 }
 
-/// The last value of header `name` of `message`, looked up by name alone: the rdkafka crate's
-/// header iterator panics on a header name that is not UTF-8, which any producer may write, and
-/// one such record would stop every audit. A header without a value counts as absent.
+/// The first value of header `name` of `message` (as the rest of outboxd reads headers), looked
+/// up by name alone: the rdkafka crate's header iterator panics on a header name that is not
+/// UTF-8, which any producer may write, and one such record would stop every audit. A header
+/// without a value counts as absent.
 fn header_of<'a>(message: &'a BorrowedMessage<'_>, name: &str) -> Option<&'a [u8]> {
     let name = std::ffi::CString::new(name).ok()?;
     let mut headers: *mut rd::rd_kafka_headers_t = std::ptr::null_mut();
     let mut value: *const std::ffi::c_void = std::ptr::null();
     let mut size = 0usize;
     // SAFETY: the message is valid for 'a, and librdkafka keeps its headers (and the value a
-    // lookup points into) as long as the message.
+    // lookup points into) as long as the message. The first call parses the headers into the
+    // message, so two threads must not ask one message at once; the audit reads on one thread.
     unsafe {
         if rd::rd_kafka_message_headers(message.ptr(), &mut headers)
             != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
         {
             return None;
         }
-        if rd::rd_kafka_header_get_last(headers, name.as_ptr(), &mut value, &mut size)
+        if rd::rd_kafka_header_get(headers, 0, name.as_ptr(), &mut value, &mut size)
             != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
             || value.is_null()
         {

@@ -235,8 +235,10 @@ impl Matcher {
         }
     }
 
-    /// The same for the dead-letter destination, which takes unroutable rows and records the
-    /// broker refused: any row without a record (and old enough) is unverifiable, not missing.
+    /// The same for the dead-letter destination: an unroutable row (no destination of its own)
+    /// without a dead letter, old enough, is unverifiable, not missing. A routable row whose
+    /// record the broker refused, and whose dead letter was removed since, stays missing: taking
+    /// every row as unverifiable would let any trimming of the dead letters hide every loss.
     pub fn partial_dead_letters(&mut self, until: i64) {
         let at = self.partial_dead_letters.get_or_insert(until);
         *at = (*at).max(until);
@@ -336,11 +338,10 @@ impl Matcher {
                 |&until: &i64| until == i64::MAX || entry.at.is_none_or(|at| at < until);
             match entry.seen {
                 0 if entry.dead => outcome.dead_lettered += 1,
-                0 if entry
-                    .topic
-                    .and_then(|t| self.partial.get(&t))
-                    .is_some_and(old_enough)
-                    || self.partial_dead_letters.as_ref().is_some_and(old_enough) =>
+                0 if match entry.topic {
+                    Some(t) => self.partial.get(&t).is_some_and(old_enough),
+                    None => self.partial_dead_letters.as_ref().is_some_and(old_enough),
+                } =>
                 {
                     outcome.unverifiable.push(Absent {
                         id: id.into(),

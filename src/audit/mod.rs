@@ -176,8 +176,15 @@ fn unknown_cluster(
     read: &crate::source::SourceIdentity,
 ) -> Option<String> {
     let stored = stored?;
-    let postgres = stored.kind == crate::source::config::SourceKind::Postgres;
-    (postgres && (stored.system_identifier.is_none() || read.system_identifier.is_none())).then(|| {
-        "could not tell whether the checkpoint was written against this Postgres cluster (its system identifier is unknown: the audit's user needs REPLICATION or EXECUTE on pg_control_system()): if it was copied from another cluster, missing rows may be an artefact of that".to_string()
-    })
+    if stored.kind != crate::source::config::SourceKind::Postgres {
+        return None;
+    }
+    let why = match (&stored.system_identifier, &read.system_identifier) {
+        (Some(_), Some(_)) => return None,
+        (None, _) => "the checkpoint names no cluster (set by hand, or written by an older outboxd); the next checkpoint `run` writes will",
+        (_, None) => "this cluster's system identifier could not be read: the audit's user needs REPLICATION or EXECUTE on pg_control_system()",
+    };
+    Some(format!(
+        "could not tell whether the checkpoint was written against this Postgres cluster ({why}): if it was copied from another cluster, missing rows may be an artefact of that"
+    ))
 }

@@ -69,7 +69,7 @@ pub async fn read(
         {
             tally.matcher.partial_dead_letters(until);
             tally.out.notes.push(format!(
-                "stream {stream:?} (holding the dead letters) no longer has every message it stored: a row without a record or a dead letter is unverifiable, not missing, unless it is newer than what the stream removed"
+                "stream {stream:?} (holding the dead letters) no longer has every message it stored: an unroutable row without a dead letter is unverifiable, not missing, unless it is newer than what the stream removed"
             ));
         }
     }

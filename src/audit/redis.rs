@@ -82,13 +82,19 @@ pub async fn read(
             scan(&mut conn, dlq, &start, &mut each)
                 .await
                 .map_err(|e| failed(&format!("reading {dlq:?}"), e))?;
-            if let Deleted::Since(ms) = deleted(&mut conn, dlq).await {
+            let deletions = deleted(&mut conn, dlq).await;
+            if let Deleted::Unknown(why) = &deletions {
+                tally.out.notes.push(format!(
+                    "could not tell whether the dead-letter stream {dlq:?} had entries deleted ({why}): if it had, an unroutable row reported missing may have been dead-lettered"
+                ));
+            }
+            if let Deleted::Since(ms) = deletions {
                 if ms >= start_ms {
                     tally
                         .matcher
                         .partial_dead_letters(ms.saturating_add(SKEW_MS));
                     tally.out.notes.push(format!(
-                        "the dead-letter stream {dlq:?} had entries deleted in the window: a row without an entry or a dead letter is unverifiable, not missing, unless it is newer than the last entry deleted"
+                        "the dead-letter stream {dlq:?} had entries deleted in the window: an unroutable row without a dead letter is unverifiable, not missing, unless it is newer than the last entry deleted"
                     ));
                 }
             }
