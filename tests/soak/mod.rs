@@ -6,7 +6,7 @@
 //! end outboxd catches up and an independent checker (`checker`) compares the database's table
 //! with everything the topic holds.
 //!
-//! CI runs four 3-minute schedules with fixed seeds (the tests below); `scripts/soak.sh` runs any
+//! CI runs three 3-minute schedules with fixed seeds (the tests below); `scripts/soak.sh` runs any
 //! length, seed and combination, and writes `report.json` and `timeline.png` to the folder it
 //! names. RELIABILITY.md "Fault schedule" says how to read them and replay a seed.
 
@@ -235,6 +235,9 @@ fn mariadb_to_nats_loses_nothing_and_keeps_key_order_under_a_three_minute_fault_
 /// resends after every restart (RabbitMQ drops no repeat: duplicates are expected, loss and
 /// disorder are not).
 #[test]
+#[ignore = "a RabbitMQ node once took over 90 s to take logins after its kill -9 (a 30-minute run \
+            beside another, 614 s in): not in CI until that is understood; scripts/soak.sh \
+            --sink rabbitmq runs it"]
 fn mariadb_to_rabbitmq_loses_nothing_and_keeps_key_order_under_a_three_minute_fault_schedule() {
     run(&Options {
         minutes: 3.0,
