@@ -391,11 +391,24 @@ fn read_redis(url: &str, stream: &str, seen: &Mutex<Seen>, stop: &AtomicBool) {
 /// the stop) was read, making the consumer again at the next sequence while the server is down,
 /// frozen or restarted.
 fn read_nats(url: &str, stream: &str, seen: &Mutex<Seen>, stop: &AtomicBool) {
+    in_sessions(1u64, seen, stop, |mut next| async move {
+        let read = read_nats_session(url, stream, &mut next, seen, stop).await;
+        (next, read)
+    });
+}
+
+/// Runs `session` (on a runtime of its own) from `state` on, again after each failed one with
+/// the state it left, until one ends the read (`Ok`: the reader is drained) or 120 s passed since
+/// the stop.
+fn in_sessions<S, F, R>(mut state: S, seen: &Mutex<Seen>, stop: &AtomicBool, mut session: F)
+where
+    F: FnMut(S) -> R,
+    R: std::future::Future<Output = (S, Result<(), String>)>,
+{
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let mut next = 1u64;
     let mut stopped: Option<Instant> = None;
     runtime.block_on(async {
         loop {
@@ -405,7 +418,9 @@ fn read_nats(url: &str, stream: &str, seen: &Mutex<Seen>, stop: &AtomicBool) {
             if stopped.is_some_and(|at| at.elapsed() > Duration::from_secs(120)) {
                 return;
             }
-            match read_nats_session(url, stream, &mut next, seen, stop).await {
+            let (left, read) = session(state).await;
+            state = left;
+            match read {
                 Ok(()) => {
                     seen.lock().unwrap().drained = true;
                     return;
@@ -521,28 +536,9 @@ async fn read_nats_session(
 /// Consumes `queue` until told to stop and the queue (asked after the stop) is empty, connecting
 /// again while the node is down, frozen or restarted.
 fn read_rabbitmq(url: &str, queue: &str, seen: &Mutex<Seen>, stop: &AtomicBool) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut offset = 0i64;
-    let mut stopped: Option<Instant> = None;
-    runtime.block_on(async {
-        loop {
-            if stop.load(Ordering::Relaxed) && stopped.is_none() {
-                stopped = Some(Instant::now());
-            }
-            if stopped.is_some_and(|at| at.elapsed() > Duration::from_secs(120)) {
-                return;
-            }
-            match read_rabbitmq_session(url, queue, &mut offset, seen, stop).await {
-                Ok(()) => {
-                    seen.lock().unwrap().drained = true;
-                    return;
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
-        }
+    in_sessions(0i64, seen, stop, |mut offset| async move {
+        let read = read_rabbitmq_session(url, queue, &mut offset, seen, stop).await;
+        (offset, read)
     });
 }
 
