@@ -21,6 +21,39 @@ pub fn write(dir: &Path, json: &Value, timeline: &[(u64, u64, u64)], faults: &[(
     plot(&dir.join("timeline.png"), timeline, faults);
 }
 
+/// For a failed run's message: what the Kafka brokers' own logs (saved under `logs`) say about
+/// the events that leave a partition without a leader (a session that timed out, a fencing, an
+/// unclean election) and their warnings and errors, the last 40 such lines; empty for other sinks.
+pub fn broker_events(logs: &Path) -> String {
+    let notable = [
+        " WARN ",
+        " ERROR ",
+        "Fencing broker",
+        "fenced",
+        "UNCLEAN",
+        "leader: -1",
+    ];
+    let mut lines = Vec::new();
+    for n in 0.. {
+        let Ok(log) = std::fs::read_to_string(logs.join(format!("broker-{n}.log"))) else {
+            break;
+        };
+        lines.extend(
+            log.lines()
+                .filter(|l| notable.iter().any(|m| l.contains(m)))
+                .map(|l| format!("broker-{n}: {}", l.chars().take(300).collect::<String>())),
+        );
+    }
+    if lines.is_empty() {
+        return String::new();
+    }
+    let tail = &lines[lines.len().saturating_sub(40)..];
+    format!(
+        "--- the brokers' logs: leadership events, warnings, errors ---\n{}",
+        tail.join("\n")
+    )
+}
+
 /// (kind, start s, end s) of each fault, relative to the run's start.
 pub fn bands(faults: &[Injected], started: std::time::Instant) -> Vec<(Kind, f64, f64)> {
     faults

@@ -211,14 +211,41 @@ impl KafkaReader {
     }
 
     /// Whether the topic holds records (committed ones, read_committed) past `next` in one of
-    /// `quiet` (partitions that delivered nothing for [`STALLED`]): a reader that receives
-    /// nothing from such a partition is stuck there, not caught up.
+    /// `quiet` (partitions that delivered nothing for [`STALLED`]), or the broker did not say: a
+    /// reader that receives nothing from such a partition is stuck there, not caught up.
     fn behind(&self, consumer: &BaseConsumer, next: &HashMap<i32, i64>, quiet: &[i32]) -> bool {
+        // A watermark the broker did not give counts as more: a rebuild too many costs nothing,
+        // a consumer left stuck fails the run.
         quiet.iter().any(|&p| {
             consumer
                 .fetch_watermarks(&self.topic, p, Duration::from_secs(5))
-                .is_ok_and(|(_, high)| high > next.get(&p).copied().unwrap_or(0))
+                .map_or(true, |(_, high)| high > next.get(&p).copied().unwrap_or(0))
         })
+    }
+
+    /// For a run that failed: where the reader stood in each partition that showed no end marker,
+    /// beside what the broker says the partition holds (a reader far behind: the reader was stuck;
+    /// a watermark at the reader: nothing more reached the broker).
+    fn say_where_it_stopped(
+        &self,
+        next: &HashMap<i32, i64>,
+        ended: &std::collections::HashSet<i32>,
+    ) {
+        // A new client: the reader's own may be what is stuck.
+        let consumer = self.consumer(next);
+        let mut stood = Vec::new();
+        for p in (0..self.partitions).filter(|p| !ended.contains(p)) {
+            let reached = next.get(&p).copied().unwrap_or(0);
+            let holds = match consumer.fetch_watermarks(&self.topic, p, Duration::from_secs(5)) {
+                Ok((low, high)) => format!("the broker holds {low}..{high}"),
+                Err(e) => format!("the broker gave no watermarks ({e})"),
+            };
+            stood.push(format!("partition {p}: read up to {reached}, {holds}"));
+        }
+        eprintln!(
+            "soak checker: no end marker within 120 s of the stop; {}",
+            stood.join("; ")
+        );
     }
 
     /// Reads until told to stop and then until every partition's end marker (bounded). A
@@ -243,6 +270,9 @@ impl KafkaReader {
             if let Some(since) = stopped {
                 let at_end = ended.len() == self.partitions as usize;
                 if at_end || since.elapsed() > Duration::from_secs(120) {
+                    if !at_end {
+                        self.say_where_it_stopped(&next, &ended);
+                    }
                     seen.lock().unwrap().drained = at_end;
                     return;
                 }
