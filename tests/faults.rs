@@ -592,6 +592,14 @@ fn per_key_order_holds_when_records_outlive_message_timeout_behind_a_frozen_brok
     check_records(&records, 0..total);
     // The first appearance of every row, per key, is in commit order.
     check_per_key_order(&records);
+    // Each outage was said while it lasted (half the delivery timeout in), not only when a record
+    // timed out.
+    let log = env.outboxd.log();
+    assert!(
+        log.contains("no acknowledgement from the broker for")
+            && log.contains("outboxd resends from the last checkpoint"),
+        "{log}"
+    );
     env.outboxd.stop();
 }
 

@@ -149,14 +149,12 @@ impl<'a> Session<'a> {
         };
         let metrics = &shared.metrics;
         let delivery = config.delivery();
-        let watchdog = delivery.timeout.map(|limit| {
-            tokio::spawn(watch_deliveries(
-                checkpointer.clone(),
-                failure.clone(),
-                metrics.clone(),
-                limit,
-            ))
-        });
+        let watchdog = Some(tokio::spawn(watch_deliveries(
+            checkpointer.clone(),
+            failure.clone(),
+            metrics.clone(),
+            delivery.timeout,
+        )));
         let (changes, reader) =
             reader::spawn(source, config.route.on_update_delete, metrics.clone());
         let (writer_stop, writer_stopped) = watch::channel(false);
@@ -827,34 +825,62 @@ async fn write_checkpoints(
     }
 }
 
-/// Ends the session when a record waits longer than `limit` (the configured `message.timeout.ms`)
-/// for its acknowledgement: the session's producer is then purged and closed, and the next
-/// session resends from the checkpoint (librdkafka itself never times a record out; see the sink).
+/// How long the oldest record may wait for its acknowledgement before outboxd says so (half the
+/// delivery timeout when that is shorter), and how often it says so again while it waits.
+const QUIET_BROKER: Duration = Duration::from_secs(30);
+
+/// Says when the broker has acknowledged nothing for a while ([`QUIET_BROKER`]; a broker can go
+/// silent without an error: a partition without a leader, a frozen node, and librdkafka retries
+/// without a word), and ends the session when a record waits longer than `limit` (the configured
+/// `message.timeout.ms`; `None`: wait forever) for its acknowledgement: the session's producer is
+/// then purged and closed, and the next session resends from the checkpoint (librdkafka itself
+/// never times a record out; see the sink).
 async fn watch_deliveries(
     checkpointer: Arc<Checkpointer>,
     failure: Arc<Failure>,
     metrics: Arc<Metrics>,
-    limit: Duration,
+    limit: Option<Duration>,
 ) {
     let tracker = checkpointer.tracker();
-    let mut tick = tokio::time::interval(Duration::from_millis(250).min(limit));
+    let every = Duration::from_millis(250).min(limit.unwrap_or(Duration::MAX));
+    let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let warn_after = limit.map_or(QUIET_BROKER, |l| QUIET_BROKER.min(l / 2));
+    let mut warned: Option<tokio::time::Instant> = None;
     loop {
         tick.tick().await;
-        if let Some(age) = tracker.oldest_unacked_since().map(|since| since.elapsed()) {
-            if age > limit {
-                metrics.delivery_error();
-                failure.fail(
-                    Error::sink(format!(
-                        "a record has waited {age:?} for the broker's acknowledgement ({} in flight; the delivery timeout, kafka.properties.\"message.timeout.ms\" or the sink's message_timeout_ms, is {} ms)",
-                        tracker.in_flight(),
-                        limit.as_millis()
-                    ))
-                    .remedy("outboxd purges what this session produced and resends from the last checkpoint; check the broker")
-                    .transient(),
-                );
-                return;
-            }
+        let Some(age) = tracker.oldest_unacked_since().map(|since| since.elapsed()) else {
+            warned = None;
+            continue;
+        };
+        if let Some(limit) = limit.filter(|limit| age > *limit) {
+            metrics.delivery_error();
+            failure.fail(
+                Error::sink(format!(
+                    "a record has waited {age:?} for the broker's acknowledgement ({} in flight; the delivery timeout, kafka.properties.\"message.timeout.ms\" or the sink's message_timeout_ms, is {} ms)",
+                    tracker.in_flight(),
+                    limit.as_millis()
+                ))
+                .remedy("outboxd purges what this session produced and resends from the last checkpoint; check the broker")
+                .transient(),
+            );
+            return;
+        }
+        if age >= warn_after && warned.is_none_or(|at| at.elapsed() >= QUIET_BROKER) {
+            warned = Some(tokio::time::Instant::now());
+            let then = match limit {
+                Some(limit) => {
+                    format!("if one waits {limit:?}, outboxd resends from the last checkpoint")
+                }
+                None => {
+                    "the delivery timeout is 0: outboxd waits for as long as it takes".to_string()
+                }
+            };
+            tracing::warn!(
+                in_flight = tracker.in_flight(),
+                "no acknowledgement from the broker for {:.1?}: the oldest record still waits ({then}); check that the broker is up (on Kafka: that every destination partition has a leader)",
+                age
+            );
         }
     }
 }
